@@ -1,0 +1,225 @@
+"""Model configuration: one frozen dataclass for the Qwen2/Qwen2.5 and Llama-3 families.
+
+`ModelConfig.from_hf(dict)` reads a Hugging Face `config.json` (both the transformers 4.x
+keys `rope_theta`/`rope_scaling` and the 5.x `rope_parameters` dict) and `to_hf()` writes one
+that `transformers.AutoConfig` reads back. Anything we do not implement raises
+`UnsupportedModelError` naming the field, rather than silently computing something else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+SUPPORTED_ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "llama": "LlamaForCausalLM",
+}
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint asks for an architecture or option this package does not implement."""
+
+
+_DTYPES = {
+    "float32": jnp.float32,
+    "bfloat16": jnp.bfloat16,
+    "float16": jnp.float16,
+}
+
+
+def as_dtype(dtype: Any) -> jnp.dtype:
+    """'float32' | 'bfloat16' | a jnp dtype -> jnp dtype, with a clear error otherwise."""
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)}")
+        return jnp.dtype(_DTYPES[dtype])
+    return jnp.dtype(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding parameters (HF `rope_parameters` / `rope_scaling`)."""
+
+    theta: float = 10000.0
+    type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of a decoder-only transformer.
+
+    Shape legend: D = hidden_size, N = num_heads, K = num_kv_heads, H = head_dim,
+    F = intermediate_size, V = vocab_size, L = num_layers.
+    """
+
+    model_type: str = "qwen2"
+    vocab_size: int = 128
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = dataclasses.field(default_factory=RopeConfig)
+    qkv_bias: bool = True
+    o_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    # Numerics, not part of the checkpoint: parameter storage and activation dtypes.
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    remat: bool = False
+
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"model_type {self.model_type!r} is not supported; "
+                f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.rope.type not in SUPPORTED_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"rope type {self.rope.type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
+            )
+        as_dtype(self.param_dtype)
+        as_dtype(self.dtype)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        if isinstance(self.eos_token_id, int):
+            return (self.eos_token_id,)
+        return tuple(self.eos_token_id)
+
+    # ---- Hugging Face config.json ----
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> ModelConfig:
+        model_type = hf.get("model_type")
+        if model_type not in SUPPORTED_ARCHITECTURES:
+            archs = hf.get("architectures") or [model_type]
+            raise UnsupportedModelError(
+                f"architecture {archs[0]!r} (model_type {model_type!r}) is not supported; "
+                f"supported: {sorted(SUPPORTED_ARCHITECTURES.values())}"
+            )
+        if hf.get("use_sliding_window", False):
+            raise UnsupportedModelError("use_sliding_window=true is not supported")
+        if model_type == "llama" and hf.get("pretraining_tp", 1) != 1:
+            raise UnsupportedModelError("pretraining_tp != 1 is not supported")
+        hidden = hf["hidden_size"]
+        heads = hf["num_attention_heads"]
+        head_dim = hf.get("head_dim") or hidden // heads
+        if model_type == "qwen2":
+            qkv_bias, o_bias, mlp_bias = True, False, False
+        else:
+            qkv_bias = o_bias = bool(hf.get("attention_bias", False))
+            mlp_bias = bool(hf.get("mlp_bias", False))
+        kwargs = dict(
+            model_type=model_type,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope=_rope_from_hf(hf),
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            mlp_bias=mlp_bias,
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=hf.get("eos_token_id"),
+            pad_token_id=hf.get("pad_token_id"),
+        )
+        act = hf.get("hidden_act", "silu")
+        if act != "silu":
+            raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only 'silu')")
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def to_hf(self) -> dict[str, Any]:
+        """A config.json dict that transformers 4.4x and 5.x both read."""
+        rope_scaling = None
+        if self.rope.type == "linear":
+            rope_scaling = {"rope_type": "linear", "factor": self.rope.factor}
+        elif self.rope.type == "llama3":
+            rope_scaling = {
+                "rope_type": "llama3",
+                "factor": self.rope.factor,
+                "low_freq_factor": self.rope.low_freq_factor,
+                "high_freq_factor": self.rope.high_freq_factor,
+                "original_max_position_embeddings": self.rope.original_max_position_embeddings,
+            }
+        out: dict[str, Any] = {
+            "architectures": [SUPPORTED_ARCHITECTURES[self.model_type]],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope.theta,
+            "rope_scaling": rope_scaling,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+            "torch_dtype": self.param_dtype,
+        }
+        if self.model_type == "llama":
+            out["attention_bias"] = self.qkv_bias
+            out["mlp_bias"] = self.mlp_bias
+        else:
+            out["use_sliding_window"] = False
+        return out
+
+
+def _rope_from_hf(hf: dict[str, Any]) -> RopeConfig:
+    # transformers 5 folds theta and scaling into `rope_parameters`; 4.x uses two keys.
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = hf.get("rope_scaling") or {}
+    params = {**scaling, **params}
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"rope_type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
+        )
+    return RopeConfig(
+        theta=float(theta),
+        type=rope_type,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(
+            params.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192))
+        ),
+    )

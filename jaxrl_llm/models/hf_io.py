@@ -1,0 +1,308 @@
+"""Hugging Face checkpoints: safetensors in, safetensors out.
+
+`from_pretrained` reads `config.json` and `model.safetensors` (or the shards listed in
+`model.safetensors.index.json`) one tensor at a time: each tensor is read from the
+memory-mapped file, converted to our layout, and handed to the devices with
+`jax.make_array_from_callback`, so each device receives only its shard and the host never
+holds more than one tensor. `save_pretrained` writes files that
+`transformers.AutoModelForCausalLM.from_pretrained` loads (a `ValueModel` is written as
+`*ForTokenClassification` with one label, the layout verl's critic uses).
+
+Layout differences (ours <- HF): attention kernels are [D, N, H] <- [N*H, D]; the output
+projection [N, H, D] <- [D, N*H]; dense kernels [in, out] <- [out, in].
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from jaxrl_llm.models.config import ModelConfig, UnsupportedModelError, as_dtype
+from jaxrl_llm.models.transformer import CausalLM, ValueModel
+from jaxrl_llm.sharding.rules import (
+    TRAIN_RULES,
+    Rules,
+    ShardingContext,
+    logical_sharding,
+)
+
+log = logging.getLogger(__name__)
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Tensors some checkpoints carry that hold no parameters.
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupt, or does not fit the config."""
+
+
+Transform = Callable[[np.ndarray], np.ndarray]
+
+
+def _entry(path: tuple, cfg: ModelConfig) -> tuple[str, Transform, Transform]:
+    """For one of our parameter paths: (HF tensor name, HF->ours, ours->HF)."""
+    D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    ident: Transform = lambda w: w
+    transpose: Transform = lambda w: w.T
+    names = [str(p) for p in path]
+    leaf = names[-1]
+    if names[0] == "lm_head":
+        return "lm_head.weight", transpose, transpose
+    if names[0] == "score":
+        return "score.weight", transpose, transpose
+    if names[0] == "score_bias":
+        return "score.bias", ident, ident
+    prefix = ".".join(names[:-1])
+    heads = {"q_proj": N, "k_proj": K, "v_proj": K}
+    if leaf == "embed_tokens":
+        return "model.embed_tokens.weight", ident, ident
+    if leaf == "weight":  # RMSNorm
+        return f"{prefix}.weight", ident, ident
+    if leaf in heads:
+        n = heads[leaf]
+        return (
+            f"{prefix}.{leaf}.weight",
+            lambda w: w.T.reshape(D, n, H),
+            lambda w: w.reshape(D, n * H).T,
+        )
+    if leaf in ("q_bias", "k_bias", "v_bias"):
+        n = heads[leaf[0] + "_proj"]
+        return (
+            f"{prefix}.{leaf[0]}_proj.bias",
+            lambda w: w.reshape(n, H),
+            lambda w: w.reshape(n * H),
+        )
+    if leaf == "o_proj":
+        return (
+            f"{prefix}.o_proj.weight",
+            lambda w: w.T.reshape(N, H, D),
+            lambda w: w.reshape(N * H, D).T,
+        )
+    if leaf in ("gate_proj", "up_proj", "down_proj"):
+        return f"{prefix}.{leaf}.weight", transpose, transpose
+    if leaf.endswith("_bias"):  # o_bias, gate_bias, up_bias, down_bias
+        return f"{prefix}.{leaf[: -len('_bias')]}_proj.bias", ident, ident
+    raise KeyError(f"no Hugging Face name for parameter {'/'.join(names)}")
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{str(cfg_file)!r} is missing: not a Hugging Face checkpoint")
+    try:
+        return json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{str(cfg_file)!r} is not valid JSON: {e}") from e
+
+
+def _weight_files(path: Path) -> dict[str, Path]:
+    """HF tensor name -> file holding it."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{str(index)!r} is not a valid safetensors index: {e}") from e
+        files = {name: path / fname for name, fname in weight_map.items()}
+        for f in set(files.values()):
+            if not f.is_file():
+                raise CheckpointError(f"shard {str(f)!r} listed in {INDEX_FILE} is missing")
+        return files
+    single = path / SINGLE_FILE
+    if not single.is_file():
+        present = sorted(p.name for p in path.iterdir())
+        raise CheckpointError(
+            f"no {SINGLE_FILE} or {INDEX_FILE} in {str(path)!r} (found: {present}); "
+            "only safetensors checkpoints are supported"
+        )
+    return {name: single for name in _tensor_names(single)}
+
+
+def _tensor_names(file: Path) -> list[str]:
+    try:
+        with safe_open(file, framework="numpy") as f:
+            return list(f.keys())
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read safetensors file {str(file)!r}: {e}") from e
+
+
+def _read_tensor(file: Path, name: str) -> np.ndarray:
+    try:
+        with safe_open(file, framework="numpy") as f:
+            return f.get_tensor(name)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read tensor {name!r} from {str(file)!r}: {e}") from e
+
+
+def from_pretrained(
+    path: str | os.PathLike,
+    *,
+    dtype="float32",
+    param_dtype=None,
+    mesh: Mesh | None = None,
+    rules: Rules = TRAIN_RULES,
+    cls: type[CausalLM] | type[ValueModel] = CausalLM,
+    remat: bool = False,
+) -> CausalLM | ValueModel:
+    """Load a Qwen2/Llama safetensors checkpoint into a `CausalLM` (or `ValueModel`).
+
+    `dtype` is the compute dtype and, unless `param_dtype` is given, the storage dtype.
+    With `mesh`, parameters are placed in their `rules` sharding as they are read.
+    A `ValueModel` loaded from a policy checkpoint gets a zero-initialised score head.
+    """
+    path = Path(path)
+    param_dtype = param_dtype or dtype
+    cfg = ModelConfig.from_hf(
+        read_config(path),
+        dtype=str(as_dtype(dtype)),
+        param_dtype=str(as_dtype(param_dtype)),
+        remat=remat,
+    )
+    files = _weight_files(path)
+    ctx = ShardingContext(mesh, rules) if mesh is not None else None
+    abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0), sharding=ctx))
+    graphdef, state = nnx.split(abstract)
+    target = as_dtype(param_dtype)
+    used: set[str] = set()
+    for var_path, var in nnx.to_flat_state(state):
+        hf_name, to_ours, _ = _entry(var_path, cfg)
+        if hf_name not in files:
+            if cls is ValueModel and hf_name.startswith("score"):
+                log.info("%s: no %s in checkpoint; initialising it to zeros", path, hf_name)
+                value = np.zeros(var.shape, dtype=target)
+            else:
+                raise CheckpointError(
+                    f"tensor {hf_name!r} (parameter {'/'.join(map(str, var_path))}) "
+                    f"is missing from {str(path)!r}"
+                )
+        else:
+            used.add(hf_name)
+            raw = _read_tensor(files[hf_name], hf_name)
+            expected = _entry(var_path, cfg)[2](np.empty(var.shape, dtype=np.int8)).shape
+            if tuple(raw.shape) != tuple(expected):
+                raise CheckpointError(
+                    f"tensor {hf_name!r} has shape {tuple(raw.shape)} but config.json implies "
+                    f"{tuple(expected)}"
+                )
+            value = to_ours(raw).astype(target)
+        var.set_value(_place(value, var.get_metadata().get("logical_axes"), mesh, rules))
+    unused = sorted(n for n in files if n not in used and not _IGNORED.match(n))
+    if cls is ValueModel:
+        unused = [n for n in unused if n != "lm_head.weight"]
+    if unused:
+        log.warning("%s: %d tensors not used, e.g. %s", path, len(unused), unused[:5])
+    return nnx.merge(graphdef, state)
+
+
+def _place(value: np.ndarray, logical_axes, mesh: Mesh | None, rules: Rules) -> jax.Array:
+    if mesh is None:
+        return jnp.asarray(value)
+    sharding = logical_sharding(logical_axes, rules, mesh, value.shape)
+    return jax.make_array_from_callback(value.shape, sharding, lambda idx: value[idx])
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
+def save_pretrained(
+    model: CausalLM | ValueModel,
+    path: str | os.PathLike,
+    *,
+    tokenizer=None,
+    max_shard_bytes: int = 4 * 1024**3,
+) -> None:
+    """Write `config.json` and safetensors (sharded with an index past `max_shard_bytes`).
+
+    Parameters are gathered one at a time. In a multi-process run every process must call
+    this (the gathers are collective); only process 0 writes.
+    """
+    path = Path(path)
+    cfg: ModelConfig = model.config
+    writer = jax.process_index() == 0
+    if writer:
+        path.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for var_path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        hf_name, _, to_hf = _entry(var_path, cfg)
+        host = _to_host(var.get_value())
+        if host.dtype == jnp.bfloat16:
+            host = host.view(ml_dtypes.bfloat16)
+        tensor = np.ascontiguousarray(to_hf(host))
+        if size and size + tensor.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][hf_name] = tensor
+        size += tensor.nbytes
+    if not writer:
+        return
+    hf = cfg.to_hf()
+    if isinstance(model, ValueModel):
+        arch = hf["architectures"][0].replace("ForCausalLM", "ForTokenClassification")
+        hf.update(
+            architectures=[arch], num_labels=1, id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0}
+        )
+    (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    meta = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(path / SINGLE_FILE), metadata=meta)
+        (path / INDEX_FILE).unlink(missing_ok=True)
+    else:
+        weight_map = {}
+        total = 0
+        for i, shard in enumerate(shards, start=1):
+            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(path / fname), metadata=meta)
+            weight_map.update(dict.fromkeys(shard, fname))
+            total += sum(t.nbytes for t in shard.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        (path / SINGLE_FILE).unlink(missing_ok=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """The checkpoint's tokenizer through `transformers.AutoTokenizer`, local files only."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"tokenizer directory {str(path)!r} does not exist")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot load a tokenizer from {str(path)!r}: {e}") from e
+
+
+__all__ = [
+    "CheckpointError",
+    "UnsupportedModelError",
+    "from_pretrained",
+    "load_tokenizer",
+    "read_config",
+    "save_pretrained",
+]

@@ -1,0 +1,198 @@
+"""Transformer building blocks: RMSNorm, rotary embeddings, GQA attention, SwiGLU MLP.
+
+Numerics follow Hugging Face's Qwen2/Llama modelling code (the reference the parity tests
+use): RMSNorm normalises in float32 and casts back before the weight; rotary angles are
+computed in float32; attention softmax runs in float32; masked scores use the dtype's
+minimum (not -inf), so fully masked rows, such as left padding, stay finite.
+
+Shapes: B batch, T new tokens, S keys (cache length), D embed, N heads, K kv heads,
+G = N / K query heads per kv head, H head dim, F mlp.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_llm.models.config import ModelConfig, RopeConfig, as_dtype
+from jaxrl_llm.sharding import axes as ax
+from jaxrl_llm.sharding.rules import ShardingContext, constrain
+
+Array = jax.Array
+
+
+def make_param(rngs: nnx.Rngs, init, shape, logical_axes, dtype) -> nnx.Param:
+    """A parameter carrying its logical axis names (read by `sharding.rules`)."""
+    assert len(shape) == len(logical_axes), (shape, logical_axes)
+    return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=tuple(logical_axes))
+
+
+_normal = nnx.initializers.normal(0.02)
+_zeros = nnx.initializers.zeros
+_ones = nnx.initializers.ones
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs):
+        self.weight = make_param(rngs, _ones, (dim,), (None,), param_dtype)
+        self.eps = eps
+
+    def __call__(self, x: Array) -> Array:
+        dtype = x.dtype
+        x32 = x.astype(jnp.float32)
+        var = jnp.mean(x32 * x32, axis=-1, keepdims=True)
+        normed = (x32 * jax.lax.rsqrt(var + self.eps)).astype(dtype)
+        return self.weight[...].astype(dtype) * normed
+
+
+def rope_inv_freq(head_dim: int, rope: RopeConfig) -> np.ndarray:
+    """Inverse frequencies [H/2], including linear and Llama-3.1 ('llama3') scaling.
+
+    llama3 (Meta's Llama 3.1 release): wavelengths longer than
+    original_len / low_freq_factor are divided by `factor`, shorter than
+    original_len / high_freq_factor are kept, and those between are interpolated
+    smoothly in 1/wavelength.
+    """
+    exponent = np.arange(0, head_dim, 2, dtype=np.float32) / head_dim
+    inv_freq = (1.0 / (rope.theta**exponent)).astype(np.float32)
+    if rope.type == "linear":
+        return (inv_freq / rope.factor).astype(np.float32)
+    if rope.type == "llama3":
+        old_len = rope.original_max_position_embeddings
+        low_wavelen = old_len / rope.low_freq_factor
+        high_wavelen = old_len / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv_freq
+
+
+def rope_cos_sin(positions: Array, inv_freq: np.ndarray, dtype) -> tuple[Array, Array]:
+    """cos, sin [B, T, H] for integer positions [B, T] (angles in float32)."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+    """Rotate x [B, T, heads, H] by the half-split convention (HF `rotate_half`)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with optional q/k/v (and o) biases and a KV cache."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pd = as_dtype(cfg.param_dtype)
+        D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = make_param(rngs, _normal, (D, N, H), (ax.EMBED, ax.HEADS, ax.HEAD_DIM), pd)
+        self.k_proj = make_param(rngs, _normal, (D, K, H), (ax.EMBED, ax.KV_HEADS, ax.HEAD_DIM), pd)
+        self.v_proj = make_param(rngs, _normal, (D, K, H), (ax.EMBED, ax.KV_HEADS, ax.HEAD_DIM), pd)
+        self.o_proj = make_param(rngs, _normal, (N, H, D), (ax.HEADS, ax.HEAD_DIM, ax.EMBED), pd)
+        if cfg.qkv_bias:
+            self.q_bias = make_param(rngs, _zeros, (N, H), (ax.HEADS, ax.HEAD_DIM), pd)
+            self.k_bias = make_param(rngs, _zeros, (K, H), (ax.KV_HEADS, ax.HEAD_DIM), pd)
+            self.v_bias = make_param(rngs, _zeros, (K, H), (ax.KV_HEADS, ax.HEAD_DIM), pd)
+        if cfg.o_bias:
+            self.o_bias = make_param(rngs, _zeros, (D,), (None,), pd)
+        self.qkv_bias = cfg.qkv_bias
+        self.use_o_bias = cfg.o_bias
+        self.scale = cfg.head_dim**-0.5
+
+    def __call__(
+        self,
+        x: Array,
+        cos: Array,
+        sin: Array,
+        mask: Array,
+        kv_cache: tuple[Array, Array] | None,
+        write_index: Array | None,
+        ctx: ShardingContext | None,
+    ) -> tuple[Array, tuple[Array, Array] | None]:
+        """x [B,T,D]; mask [B,T,S] (True = may attend); kv_cache ([B,S,K,H], [B,S,K,H]).
+
+        With a cache, the new keys/values are written at `write_index` [B,T] (indices
+        >= S are dropped: padding) and attention runs over the whole cache.
+        """
+        dtype = x.dtype
+        q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dtype))
+        k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dtype))
+        v = jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dtype))
+        if self.qkv_bias:
+            q = q + self.q_bias[...].astype(dtype)
+            k = k + self.k_bias[...].astype(dtype)
+            v = v + self.v_bias[...].astype(dtype)
+        q = constrain(apply_rope(q, cos, sin), (ax.BATCH, ax.SEQ, ax.ACT_HEADS, None), ctx)
+        k = constrain(apply_rope(k, cos, sin), (ax.BATCH, ax.SEQ, ax.ACT_KV_HEADS, None), ctx)
+        v = constrain(v, (ax.BATCH, ax.SEQ, ax.ACT_KV_HEADS, None), ctx)
+
+        new_cache = None
+        if kv_cache is not None:
+            cache_k, cache_v = kv_cache
+            rows = jnp.arange(x.shape[0])[:, None]
+            cache_k = cache_k.at[rows, write_index].set(k.astype(cache_k.dtype), mode="drop")
+            cache_v = cache_v.at[rows, write_index].set(v.astype(cache_v.dtype), mode="drop")
+            cache_spec = (ax.BATCH, ax.CACHE_SEQ, ax.ACT_KV_HEADS, None)
+            cache_k = constrain(cache_k, cache_spec, ctx)
+            cache_v = constrain(cache_v, cache_spec, ctx)
+            new_cache = (cache_k, cache_v)
+            k, v = cache_k.astype(dtype), cache_v.astype(dtype)
+
+        out = attend(q, k, v, mask, self.scale)
+        out = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(dtype))
+        if self.use_o_bias:
+            out = out + self.o_bias[...].astype(dtype)
+        return out, new_cache
+
+
+def attend(q: Array, k: Array, v: Array, mask: Array, scale: float) -> Array:
+    """softmax(q k^T * scale, masked) v with GQA. q [B,T,N,H], k/v [B,S,K,H], mask [B,T,S]."""
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    qg = q.reshape(B, T, K, N // K, H)
+    scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32)
+    scores = scores * scale
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    return out.reshape(B, T, N, H)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pd = as_dtype(cfg.param_dtype)
+        D, F = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = make_param(rngs, _normal, (D, F), (ax.EMBED, ax.MLP), pd)
+        self.up_proj = make_param(rngs, _normal, (D, F), (ax.EMBED, ax.MLP), pd)
+        self.down_proj = make_param(rngs, _normal, (F, D), (ax.MLP, ax.EMBED), pd)
+        if cfg.mlp_bias:
+            self.gate_bias = make_param(rngs, _zeros, (F,), (ax.MLP,), pd)
+            self.up_bias = make_param(rngs, _zeros, (F,), (ax.MLP,), pd)
+            self.down_bias = make_param(rngs, _zeros, (D,), (None,), pd)
+        self.use_bias = cfg.mlp_bias
+
+    def __call__(self, x: Array, ctx: ShardingContext | None) -> Array:
+        dtype = x.dtype
+        gate = x @ self.gate_proj[...].astype(dtype)
+        up = x @ self.up_proj[...].astype(dtype)
+        if self.use_bias:
+            gate = gate + self.gate_bias[...].astype(dtype)
+            up = up + self.up_bias[...].astype(dtype)
+        h = constrain(jax.nn.silu(gate) * up, (ax.BATCH, ax.SEQ, ax.ACT_MLP), ctx)
+        out = h @ self.down_proj[...].astype(dtype)
+        if self.use_bias:
+            out = out + self.down_bias[...].astype(dtype)
+        return out

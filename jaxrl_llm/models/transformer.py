@@ -1,0 +1,264 @@
+"""Decoder-only transformer (Qwen2/Qwen2.5, Llama-3) in Flax NNX, a KV cache, a value model.
+
+Public call: `model(input_ids, positions=None, attention_mask=None) -> logits [B, T, V]`.
+Positions default to `cumsum(attention_mask) - 1`, so left-padded rows get the positions
+their unpadded tokens would have.
+
+Cached decoding uses `extend`: it appends T tokens to each row of a `KVCache` whose row b
+already holds `start[b]` tokens at cache indices [0, start[b]) with positions equal to those
+indices. Prefill is `extend` from start 0; one decode step is `extend` with T = 1; appending
+a tool's output to a live sequence is `extend` with the output's tokens.
+
+Shapes: B batch, T tokens, S cache length, D embed, V vocab, L layers, K kv heads, H head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_llm.models.config import ModelConfig, as_dtype
+from jaxrl_llm.models.layers import (
+    MLP,
+    Attention,
+    RMSNorm,
+    make_param,
+    rope_cos_sin,
+    rope_inv_freq,
+)
+from jaxrl_llm.sharding import axes as ax
+from jaxrl_llm.sharding.rules import ShardingContext, constrain
+
+Array = jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+    """Keys and values for every layer: k, v [L, B, S, K, H]."""
+
+    k: Array
+    v: Array
+
+    @classmethod
+    def zeros(cls, cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
+        dtype = as_dtype(dtype or cfg.dtype)
+        shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+    @staticmethod
+    def logical_axes() -> tuple:
+        return (ax.LAYERS, ax.BATCH, ax.CACHE_SEQ, ax.ACT_KV_HEADS, None)
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pd = as_dtype(cfg.param_dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+        self.self_attn = Attention(cfg, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(
+            cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs
+        )
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, cos, sin, mask, kv_cache, write_index, ctx):
+        h, new_cache = self.self_attn(
+            self.input_layernorm(x), cos, sin, mask, kv_cache, write_index, ctx
+        )
+        x = constrain(x + h, (ax.BATCH, ax.SEQ, ax.ACT_EMBED), ctx)
+        x = x + self.mlp(self.post_attention_layernorm(x), ctx)
+        return constrain(x, (ax.BATCH, ax.SEQ, ax.ACT_EMBED), ctx), new_cache
+
+
+class Decoder(nnx.Module):
+    """Embedding, L decoder layers, final norm: the trunk shared by policy and critic."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pd = as_dtype(cfg.param_dtype)
+        self.embed_tokens = make_param(
+            rngs, nnx.initializers.normal(0.02), (cfg.vocab_size, cfg.hidden_size),
+            (ax.VOCAB, ax.EMBED), pd,
+        )  # fmt: skip
+        self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+        self.config = cfg
+
+    def __call__(
+        self,
+        input_ids: Array,
+        positions: Array,
+        mask: Array,
+        cache: KVCache | None,
+        write_index: Array | None,
+        ctx: ShardingContext | None,
+    ) -> tuple[Array, KVCache | None]:
+        """Final-norm hidden states [B, T, D] and the updated cache."""
+        dtype = as_dtype(self.config.dtype)
+        x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(dtype)
+        x = constrain(x, (ax.BATCH, ax.SEQ, ax.ACT_EMBED), ctx)
+        inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope)
+        cos, sin = rope_cos_sin(positions, inv_freq, dtype)
+
+        def run_layer(layer, x, layer_cache):
+            return layer(x, cos, sin, mask, layer_cache, write_index, ctx)
+
+        if self.config.remat:
+            run_layer = nnx.remat(run_layer)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+            x, layer_cache = run_layer(layer, x, layer_cache)
+            if layer_cache is not None:
+                new_k.append(layer_cache[0])
+                new_v.append(layer_cache[1])
+        new_cache = None
+        if cache is not None:
+            new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v))
+            new_cache = KVCache(
+                constrain(new_cache.k, KVCache.logical_axes(), ctx),
+                constrain(new_cache.v, KVCache.logical_axes(), ctx),
+            )
+        return self.norm(x), new_cache
+
+
+def default_positions(input_ids: Array, attention_mask: Array | None) -> Array:
+    """cumsum(mask) - 1, clipped at 0 (pads get position 0); arange without a mask."""
+    if attention_mask is None:
+        T = input_ids.shape[1]
+        return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), input_ids.shape)
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def full_mask(attention_mask: Array | None, batch: int, length: int) -> Array:
+    """Causal mask [B, T, T], also hiding padded keys when an attention mask is given."""
+    causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None]
+    if attention_mask is None:
+        return jnp.broadcast_to(causal, (batch, length, length))
+    return causal & attention_mask.astype(jnp.bool_)[:, None, :]
+
+
+class _Trunked(nnx.Module):
+    """Shared plumbing for models built on a `Decoder` trunk."""
+
+    model: Decoder
+    config: ModelConfig
+    sharding_ctx: ShardingContext | None
+
+    def hidden_states(
+        self,
+        input_ids: Array,
+        positions: Array | None = None,
+        attention_mask: Array | None = None,
+    ) -> Array:
+        """Final hidden states [B, T, D] of a full (uncached) forward."""
+        if positions is None:
+            positions = default_positions(input_ids, attention_mask)
+        B, T = input_ids.shape
+        mask = full_mask(attention_mask, B, T)
+        h, _ = self.model(input_ids, positions, mask, None, None, self.sharding_ctx)
+        return h
+
+    def set_sharding(self, ctx: ShardingContext | None) -> None:
+        """Use `ctx` for activation constraints (static: re-traces jitted callers)."""
+        self.sharding_ctx = ctx
+
+
+class CausalLM(_Trunked):
+    """The policy: `Decoder` + LM head (tied to the embedding when the config says so)."""
+
+    def __init__(
+        self, cfg: ModelConfig, *, rngs: nnx.Rngs, sharding: ShardingContext | None = None
+    ):
+        self.config = cfg
+        self.model = Decoder(cfg, rngs=rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = make_param(
+                rngs, nnx.initializers.normal(0.02), (cfg.hidden_size, cfg.vocab_size),
+                (ax.EMBED, ax.VOCAB), as_dtype(cfg.param_dtype),
+            )  # fmt: skip
+        self.sharding_ctx = sharding
+
+    def __call__(
+        self,
+        input_ids: Array,
+        positions: Array | None = None,
+        attention_mask: Array | None = None,
+    ) -> Array:
+        """Logits [B, T, V] in float32."""
+        return self.logits(self.hidden_states(input_ids, positions, attention_mask))
+
+    def logits(self, hidden: Array) -> Array:
+        """Project hidden states [..., D] to float32 logits [..., V]."""
+        if self.config.tie_word_embeddings:
+            w = self.model.embed_tokens[...].T
+        else:
+            w = self.lm_head[...]
+        out = jnp.einsum(
+            "...d,dv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32
+        )
+        if out.ndim == 3:
+            out = constrain(out, (ax.BATCH, ax.SEQ, ax.ACT_VOCAB), self.sharding_ctx)
+        return out
+
+    def extend(
+        self,
+        cache: KVCache,
+        input_ids: Array,
+        start: Array,
+        lengths: Array | None = None,
+    ) -> tuple[Array, KVCache]:
+        """Append tokens [B, T] to each cached row; returns hidden states [B, T, D] and cache.
+
+        Row b already holds `start[b]` tokens. Its first `lengths[b]` new tokens (all T by
+        default) are written at cache indices start[b] + t with positions start[b] + t; the
+        rest are padding: not written, and their outputs are meaningless.
+        """
+        B, T = input_ids.shape
+        S = cache.length
+        offsets = jnp.arange(T, dtype=jnp.int32)[None, :]
+        positions = start[:, None].astype(jnp.int32) + offsets
+        if lengths is None:
+            write_index = positions
+        else:
+            write_index = jnp.where(offsets < lengths[:, None], positions, S)
+        mask = jnp.arange(S)[None, None, :] <= positions[:, :, None]
+        h, cache = self.model(input_ids, positions, mask, cache, write_index, self.sharding_ctx)
+        return h, cache
+
+
+class ValueModel(_Trunked):
+    """The critic: the same trunk with a scalar head (`score`, as HF token classification)."""
+
+    def __init__(
+        self, cfg: ModelConfig, *, rngs: nnx.Rngs, sharding: ShardingContext | None = None
+    ):
+        self.config = cfg
+        self.model = Decoder(cfg, rngs=rngs)
+        self.score = make_param(
+            rngs, nnx.initializers.zeros, (cfg.hidden_size, 1), (ax.EMBED, None),
+            as_dtype(cfg.param_dtype),
+        )  # fmt: skip
+        self.score_bias = make_param(
+            rngs, nnx.initializers.zeros, (1,), (None,), as_dtype(cfg.param_dtype)
+        )
+        self.sharding_ctx = sharding
+
+    def __call__(
+        self,
+        input_ids: Array,
+        positions: Array | None = None,
+        attention_mask: Array | None = None,
+    ) -> Array:
+        """Values [B, T] in float32."""
+        h = self.hidden_states(input_ids, positions, attention_mask)
+        v = jnp.einsum(
+            "btd,do->bto", h, self.score[...].astype(h.dtype), preferred_element_type=jnp.float32
+        )
+        return v[..., 0] + self.score_bias[...][0].astype(jnp.float32)

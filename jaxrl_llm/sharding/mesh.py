@@ -1,0 +1,77 @@
+"""Mesh construction from config and the multi-host initialisation hook."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+from jaxrl_llm.sharding.axes import MESH_AXES
+
+log = logging.getLogger(__name__)
+
+
+def resolve_mesh_shape(
+    data: int = 1, fsdp: int = -1, tensor: int = 1, *, num_devices: int | None = None
+) -> tuple[int, int, int]:
+    """Sizes for ("data", "fsdp", "tensor"); at most one may be -1 and fills the rest."""
+    n = jax.device_count() if num_devices is None else num_devices
+    sizes = [data, fsdp, tensor]
+    if sum(s == -1 for s in sizes) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+    if any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"mesh sizes must be positive or -1, got {dict(zip(MESH_AXES, sizes))}")
+    known = int(np.prod([s for s in sizes if s != -1]))
+    if -1 in sizes:
+        if n % known:
+            raise ValueError(f"{n} devices cannot be split into mesh {sizes}")
+        sizes[sizes.index(-1)] = n // known
+    if int(np.prod(sizes)) != n:
+        raise ValueError(
+            f"mesh {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} devices, "
+            f"but {n} are available"
+        )
+    return tuple(sizes)  # type: ignore[return-value]
+
+
+def build_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, *, devices=None) -> Mesh:
+    """A ("data", "fsdp", "tensor") mesh over all (or the given) devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = resolve_mesh_shape(data, fsdp, tensor, num_devices=len(devices))
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> bool:
+    """Call `jax.distributed.initialize` when a multi-process run is configured.
+
+    Arguments win over the environment (`JAXRL_COORDINATOR_ADDRESS`,
+    `JAXRL_NUM_PROCESSES`, `JAXRL_PROCESS_ID`). On TPU VMs (and SLURM / Open MPI) JAX
+    detects everything itself: set `JAXRL_DISTRIBUTED=auto`. Returns whether it initialised.
+    """
+    env = os.environ
+    coordinator_address = coordinator_address or env.get("JAXRL_COORDINATOR_ADDRESS")
+    if num_processes is None and env.get("JAXRL_NUM_PROCESSES"):
+        num_processes = int(env["JAXRL_NUM_PROCESSES"])
+    if process_id is None and env.get("JAXRL_PROCESS_ID"):
+        process_id = int(env["JAXRL_PROCESS_ID"])
+    if coordinator_address is None and env.get("JAXRL_DISTRIBUTED") != "auto":
+        return False
+    log.info(
+        "jax.distributed.initialize(coordinator=%s, num_processes=%s, process_id=%s)",
+        coordinator_address,
+        num_processes,
+        process_id,
+    )
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+    )
+    return True
