@@ -196,10 +196,8 @@ class CausalLM(_Trunked):
 
     def logits(self, hidden: Array) -> Array:
         """Project hidden states [..., D] to float32 logits [..., V]."""
-        if self.config.tie_word_embeddings:
-            w = self.model.embed_tokens[...].T
-        else:
-            w = self.lm_head[...]
+        tied = self.config.tie_word_embeddings
+        w = self.model.embed_tokens[...].T if tied else self.lm_head[...]
         out = jnp.einsum(
             "...d,dv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32
         )
@@ -220,7 +218,7 @@ class CausalLM(_Trunked):
         default) are written at cache indices start[b] + t with positions start[b] + t; the
         rest are padding: not written, and their outputs are meaningless.
         """
-        B, T = input_ids.shape
+        T = input_ids.shape[1]
         S = cache.length
         offsets = jnp.arange(T, dtype=jnp.int32)[None, :]
         positions = start[:, None].astype(jnp.int32) + offsets

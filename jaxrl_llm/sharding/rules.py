@@ -65,11 +65,11 @@ def logical_to_spec(
         target = table.get(name) if name is not None else None
         names = (target,) if isinstance(target, str) else tuple(target or ())
         names = tuple(n for n in names if n not in used and mesh.shape.get(n, 1) > 1)
-        if shape is not None and names:
-            if shape[i] % int(np.prod([mesh.shape[n] for n in names])):
-                # Try the longest prefix that divides before giving up on the dimension.
-                while names and shape[i] % int(np.prod([mesh.shape[n] for n in names])):
-                    names = names[:-1]
+        # Keep the longest prefix of mesh axes that divides the dimension.
+        while (
+            shape is not None and names and shape[i] % int(np.prod([mesh.shape[n] for n in names]))
+        ):
+            names = names[:-1]
         used.update(names)
         out.append(None if not names else names[0] if len(names) == 1 else names)
     while out and out[-1] is None:

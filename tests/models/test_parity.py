@@ -58,7 +58,7 @@ def test_logits_match_transformers_with_left_padding(reference_checkpoint):
 
 
 def test_save_pretrained_roundtrip_through_transformers(reference_checkpoint, tmp_path):
-    name, path, torch_model = reference_checkpoint
+    _, path, torch_model = reference_checkpoint
     model = from_pretrained(path)
     save_pretrained(model, tmp_path / "out")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()

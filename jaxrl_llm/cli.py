@@ -1,0 +1,51 @@
+"""`jaxrl-llm` command line: parse, then call one function.
+
+Each subcommand lives in the module that owns its work and exposes
+`add_arguments(parser)` and `main(args) -> int | None`. Modules are imported only when
+their command runs, so `jaxrl-llm --help` stays fast (no JAX, no TensorFlow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("jaxrl_llm.rollout.commands", "generate completions from a checkpoint"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    lines = "\n".join(f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items())
+    return argparse.ArgumentParser(
+        prog="jaxrl-llm",
+        description="JAX-native RL post-training for LLMs.",
+        usage="jaxrl-llm COMMAND [options]",
+        epilog=f"commands:\n{lines}\n\nRun 'jaxrl-llm COMMAND --help' for a command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    top = _top_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        top.print_help()
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        top.error(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}")
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"jaxrl-llm {name}", description=COMMANDS[name][1])
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    code = module.main(args)
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Field mapping: raw rows -> normalized examples ``{"id", "prompt", "answer", ...}``.
+
+Every source speaks its own column names (MATH: ``problem``/``solution``; GSM8K:
+``question``/``answer``; LIMR: ``prompt``/``answer``; verl parquet: ``prompt`` as chat
+messages and ``reward_model.ground_truth``). ``FieldMap`` lists, for each normalized field,
+the candidate keys tried in order; a dotted key reads a nested field.
+
+The normalized example holds:
+
+- ``id`` (str): the row's id field, or ``"<file name>:<line>"`` when it has none (so the same
+  file always yields the same ids; LIMR's scores and selections rely on that).
+- ``prompt`` (str): the question. When the data holds chat messages (a list of
+  ``{"role", "content"}``), ``prompt`` is the last user message and ``messages`` holds the list.
+- ``answer`` (str, or list of str for datasets with several accepted answers); integers and
+  floats are converted with ``str``.
+- every other top-level field of the row, unchanged (passthrough).
+
+Malformed rows (unparseable, missing prompt or answer, wrong types, duplicate id) are skipped,
+counted and logged with their file and line, or, with ``strict=True``, raise
+``MalformedRowError`` naming the line. All of it happens when the pipeline is built, so a bad
+row can never stop a run midway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from jaxrl_llm.data.sources import RawRecord, SourceConfig, read_records
+
+log = logging.getLogger(__name__)
+
+_MISSING = object()
+_LOGGED_BAD_ROWS = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldMap:
+    """Candidate keys for each normalized field, tried in order (dots read nested fields)."""
+
+    prompt: tuple[str, ...] = ("prompt", "question", "problem")
+    answer: tuple[str, ...] = ("answer", "solution", "ground_truth", "reward_model.ground_truth")
+    id: tuple[str, ...] = ("id",)
+
+
+DEFAULT_FIELDS = FieldMap()
+
+
+class MalformedRowError(ValueError):
+    """A row that cannot become an example, raised in strict mode."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BadRow:
+    """Where a skipped row is and why it was skipped."""
+
+    source: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}: {self.reason}"
+
+
+@dataclasses.dataclass
+class DataReport:
+    """What building a dataset kept and dropped.
+
+    Attributes:
+      rows_read: rows seen in the source (malformed ones included; blank lines not).
+      malformed: the skipped rows with file, line and reason.
+      too_long: ids of prompts dropped for being longer than ``max_prompt_length`` tokens.
+      kept: examples that made it into the dataset.
+    """
+
+    rows_read: int = 0
+    malformed: list[BadRow] = dataclasses.field(default_factory=list)
+    too_long: list[str] = dataclasses.field(default_factory=list)
+    kept: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"{self.kept} prompts kept of {self.rows_read} rows read; "
+            f"{len(self.malformed)} malformed rows skipped; "
+            f"{len(self.too_long)} prompts filtered as too long"
+        )
+
+    def as_metrics(self) -> dict[str, float]:
+        """Counts under metric names, for the run's metrics log."""
+        return {
+            "data/rows_read": float(self.rows_read),
+            "data/malformed_rows": float(len(self.malformed)),
+            "data/filtered_too_long": float(len(self.too_long)),
+            "data/prompts": float(self.kept),
+        }
+
+
+def get_field(row: dict[str, Any], key: str) -> Any:
+    """``row[key]``, following dots into nested dicts; ``_MISSING`` when absent."""
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def _first_field(row: dict[str, Any], keys: Iterable[str]) -> tuple[str | None, Any]:
+    for key in keys:
+        value = get_field(row, key)
+        if value is not _MISSING and value is not None:
+            return key, value
+    return None, _MISSING
+
+
+def _as_text(value: Any) -> str | None:
+    """Answers may be strings or plain numbers; anything else is not an answer."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return str(value)
+    return None
+
+
+def _normalize_prompt(value: Any) -> tuple[str, list[dict[str, str]] | None]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("empty prompt")
+        return value, None
+    if isinstance(value, list) and value:
+        messages = []
+        for message in value:
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+            ):
+                raise ValueError("prompt messages must be {'role': str, 'content': str}")
+            messages.append({"role": message["role"], "content": message["content"]})
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        if not users or not users[-1].strip():
+            raise ValueError("prompt messages have no non-empty user message")
+        return users[-1], messages
+    raise ValueError(f"prompt must be a string or chat messages, got {type(value).__name__}")
+
+
+def _normalize_answer(value: Any) -> str | list[str]:
+    text = _as_text(value)
+    if text is not None:
+        return text
+    if isinstance(value, list) and value:
+        texts = [_as_text(v) for v in value]
+        if all(t is not None for t in texts):
+            return texts
+    raise ValueError(f"answer must be a string, a number or a list of them, got {value!r:.60}")
+
+
+def normalize_row(row: dict[str, Any], fields: FieldMap, *, default_id: str) -> dict[str, Any]:
+    """Maps one raw row to a normalized example; raises ``ValueError`` saying what is wrong."""
+    prompt_key, prompt_value = _first_field(row, fields.prompt)
+    if prompt_key is None:
+        raise ValueError(f"no prompt field (looked for {', '.join(fields.prompt)})")
+    answer_key, answer_value = _first_field(row, fields.answer)
+    if answer_key is None:
+        raise ValueError(f"no answer field (looked for {', '.join(fields.answer)})")
+    id_key, id_value = _first_field(row, fields.id)
+    if id_key is None:
+        example_id = default_id
+    elif isinstance(id_value, str | int) and not isinstance(id_value, bool):
+        example_id = str(id_value)
+    else:
+        raise ValueError(f"id must be a string or an integer, got {type(id_value).__name__}")
+    prompt, messages = _normalize_prompt(prompt_value)
+    answer = _normalize_answer(answer_value)
+
+    consumed = {key for key in (prompt_key, answer_key, id_key) if key and "." not in key}
+    example = {k: v for k, v in row.items() if k not in consumed}
+    example.update(id=example_id, prompt=prompt, answer=answer)
+    if messages is not None:
+        example["messages"] = messages
+    return example
+
+
+def default_id(record: RawRecord) -> str:
+    """The id given to a row without an id field: ``"<file name>:<line>"``."""
+    return f"{Path(record.source).name}:{record.line}"
+
+
+def iter_examples(
+    records: Iterable[RawRecord],
+    fields: FieldMap,
+    report: DataReport,
+    *,
+    strict: bool = False,
+) -> Iterator[tuple[RawRecord, dict[str, Any]]]:
+    """Normalizes ``records``, yielding ``(record, example)`` and filling ``report``."""
+    seen: dict[str, BadRow] = {}
+    for record in records:
+        report.rows_read += 1
+        reason = record.error
+        example = None
+        if reason is None:
+            try:
+                example = normalize_row(record.row, fields, default_id=default_id(record))
+            except ValueError as e:
+                reason = str(e)
+        if example is not None and example["id"] in seen:
+            first = seen[example["id"]]
+            reason = f"duplicate id {example['id']!r} (first at line {first.line})"
+            example = None
+        if example is None:
+            bad = BadRow(record.source, record.line, reason)
+            if strict:
+                raise MalformedRowError(str(bad))
+            report.malformed.append(bad)
+            continue
+        seen[example["id"]] = BadRow(record.source, record.line, "")
+        yield record, example
+
+
+def load_examples(
+    source: SourceConfig, fields: FieldMap = DEFAULT_FIELDS, *, strict: bool = False
+) -> tuple[list[dict[str, Any]], DataReport]:
+    """Reads and normalizes every row of ``source``.
+
+    Returns:
+      the examples in source order, and a ``DataReport`` (``too_long`` is filled later by the
+      pipeline, which knows the tokenizer).
+
+    Raises:
+      MalformedRowError: in strict mode, at the first malformed row, naming its line.
+    """
+    report = DataReport()
+    examples = [ex for _, ex in iter_examples(read_records(source), fields, report, strict=strict)]
+    report.kept = len(examples)
+    log_bad_rows(report)
+    return examples, report
+
+
+def log_bad_rows(report: DataReport) -> None:
+    """Logs the malformed rows (the first few in full, then a count)."""
+    if not report.malformed:
+        return
+    log.warning("skipped %d malformed rows:", len(report.malformed))
+    for bad in report.malformed[:_LOGGED_BAD_ROWS]:
+        log.warning("  %s", bad)
+    if len(report.malformed) > _LOGGED_BAD_ROWS:
+        log.warning("  ... and %d more", len(report.malformed) - _LOGGED_BAD_ROWS)

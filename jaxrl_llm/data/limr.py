@@ -1,0 +1,413 @@
+"""LIMR: Learning Impact Measurement, scoring and selecting RL prompts by their learning curves.
+
+LIMR (Li, Zou and Liu 2025, "LIMR: Less is More for RL Scaling", arXiv:2502.11886; code at
+GAIR-NLP/LIMR, ``lim/lim_selection.py``) trains once on the full prompt set, records every
+sample's reward, and keeps the prompts whose per-epoch accuracy curve follows the average
+curve: those are the ones the model learned from.
+
+The workflow, as plain functions (the ``jaxrl-llm limr score|select`` CLI calls them):
+
+1. during training, ``record_samples(run_dir, step, prompt_ids, rewards)`` writes
+   ``run_dir/samples/step_<step>.jsonl`` (one line per sample: step, prompt id, reward);
+2. ``score_run(run_dir, steps_per_epoch, epochs)`` turns those files into per-epoch accuracies
+   and LIM scores, written to ``run_dir/lim_scores.json``;
+3. ``select(scores, data_path, threshold, out_path)`` writes the prompts with score >= threshold
+   in the training data's own format; ``random_subset(data_path, n, seed, out_path)`` writes the
+   RAND baseline of the same size;
+4. ``plot_lim_curves`` (``jaxrl_llm.data.limr_plot``) draws the mean curve with a few selected
+   and rejected prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxrl_llm.data.examples import DEFAULT_FIELDS, DataReport, FieldMap, iter_examples
+from jaxrl_llm.data.sources import SourceConfig, detect_format, read_records
+
+log = logging.getLogger(__name__)
+
+SAMPLES_DIR = "samples"
+SCORES_FILE = "lim_scores.json"
+_STEP_FILE = re.compile(r"^step_(\d+)(?:\.p(\d+))?\.jsonl$")
+
+
+def lim_scores(accuracy: np.ndarray) -> np.ndarray:
+    """LIM score of each prompt: how closely its accuracy curve follows the mean curve.
+
+    s_i = 1 - sum_k (r_ik - rbar_k)^2 / sum_k (1 - rbar_k)^2, with rbar_k = mean_i r_ik
+    (LIMR, eq. 2-3). A prompt on the mean curve scores 1; the denominator is the distance of
+    the mean curve from perfect accuracy, so scores can be negative for far-off curves.
+
+    Degenerate case: when every prompt is solved in every epoch, rbar_k = 1 for all k and the
+    ratio is 0/0 (every curve equals the mean curve); all scores are then defined as 1.0 and a
+    warning is logged. (LIMR's script would divide by zero there.)
+
+    Args:
+      accuracy: float ``[prompts, epochs]`` array of accuracies in [0, 1], no NaN.
+
+    Returns:
+      float64 ``[prompts]`` scores.
+    """
+    r = np.asarray(accuracy, dtype=np.float64)
+    if r.ndim != 2:
+        raise ValueError(f"accuracy must be [prompts, epochs], got shape {r.shape}")
+    if r.shape[0] == 0:
+        return np.zeros((0,), dtype=np.float64)
+    if r.shape[1] == 0 or not np.all(np.isfinite(r)) or r.min() < 0 or r.max() > 1:
+        raise ValueError("accuracy needs at least one epoch and finite values in [0, 1]")
+    mean_curve = r.mean(axis=0)
+    denominator = np.sum((1.0 - mean_curve) ** 2)
+    if denominator == 0.0:
+        log.warning("every prompt is solved in every epoch: LIM scores are all defined as 1")
+        return np.ones(r.shape[0], dtype=np.float64)
+    return 1.0 - np.sum((r - mean_curve) ** 2, axis=1) / denominator
+
+
+def record_samples(
+    run_dir: str | os.PathLike,
+    step: int,
+    prompt_ids: Sequence[str],
+    rewards: Sequence[float] | np.ndarray,
+    *,
+    process_index: int = 0,
+) -> Path:
+    """Writes one RL step's sample rewards to ``run_dir/samples/step_<step>.jsonl``, atomically.
+
+    Call once per step with every sample of the step (G per prompt: repeat the prompt's id).
+    The file appears complete or not at all (written to a temporary file, then renamed), so a
+    run killed mid-write leaves no half file. Re-recording a step (after a resume) replaces it.
+
+    Args:
+      run_dir: the run directory.
+      step: the 1-based RL step (the batch with ``PromptBatch.index == i`` is step ``i + 1``).
+      prompt_ids: ``[samples]`` the id of each sample's prompt.
+      rewards: ``[samples]`` each sample's scalar reward.
+      process_index: on multi-host runs where each host records its own samples, pass
+        ``jax.process_index()``; hosts other than 0 write ``step_<step>.p<index>.jsonl``.
+
+    Returns:
+      the path written.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    if len(prompt_ids) != len(rewards):
+        raise ValueError(f"{len(prompt_ids)} prompt ids but {len(rewards)} rewards")
+    folder = Path(run_dir) / SAMPLES_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    suffix = f".p{process_index}" if process_index else ""
+    path = folder / f"step_{int(step)}{suffix}.jsonl"
+    lines = [
+        json.dumps({"step": int(step), "prompt_id": str(pid), "reward": float(r)})
+        for pid, r in zip(prompt_ids, rewards, strict=True)
+    ]
+    _write_atomic(path, "".join(line + "\n" for line in lines))
+    return path
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclasses.dataclass
+class LimScores:
+    """The result of scoring a run.
+
+    Attributes:
+      ids: prompt ids, sorted, one per row of ``accuracy``.
+      accuracy: float ``[prompts, epochs]`` per-epoch accuracy after back-filling.
+      scores: float ``[prompts]`` LIM scores.
+      mean_curve: float ``[epochs]`` mean accuracy curve over the kept prompts.
+      dropped: ids left out because an epoch was still missing after back-filling.
+      backfilled: number of (prompt, epoch) cells filled from the next epoch.
+      steps_per_epoch, epochs, correct_reward: the settings used.
+    """
+
+    ids: list[str]
+    accuracy: np.ndarray
+    scores: np.ndarray
+    mean_curve: np.ndarray
+    dropped: list[str]
+    backfilled: int
+    steps_per_epoch: int
+    epochs: int
+    correct_reward: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "steps_per_epoch": self.steps_per_epoch,
+            "epochs": self.epochs,
+            "correct_reward": self.correct_reward,
+            "mean_curve": self.mean_curve.tolist(),
+            "backfilled": self.backfilled,
+            "dropped": self.dropped,
+            "prompts": [
+                {"id": pid, "score": float(s), "accuracy": acc.tolist()}
+                for pid, s, acc in zip(self.ids, self.scores, self.accuracy, strict=True)
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LimScores:
+        prompts = d["prompts"]
+        epochs = int(d["epochs"])
+        return cls(
+            ids=[p["id"] for p in prompts],
+            accuracy=np.asarray([p["accuracy"] for p in prompts], dtype=np.float64).reshape(
+                len(prompts), epochs
+            ),
+            scores=np.asarray([p["score"] for p in prompts], dtype=np.float64),
+            mean_curve=np.asarray(d["mean_curve"], dtype=np.float64),
+            dropped=list(d["dropped"]),
+            backfilled=int(d["backfilled"]),
+            steps_per_epoch=int(d["steps_per_epoch"]),
+            epochs=epochs,
+            correct_reward=float(d["correct_reward"]),
+        )
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, json.dumps(self.as_dict()) + "\n")
+        return path
+
+
+def load_scores(path: str | os.PathLike) -> LimScores:
+    """Reads a scores file written by ``score_run``."""
+    return LimScores.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def backfill_and_drop(accuracy: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """LIMR's rules for prompts missing from some epochs (NaN cells in ``accuracy``).
+
+    A missing epoch k takes epoch k+1's value when epoch k+1 was itself observed (one step
+    only, as in LIMR's ``process_accuracy_sequences``: a gap of two epochs is not bridged, and
+    a missing last epoch cannot be filled). Prompts still missing an epoch are dropped.
+
+    Args:
+      accuracy: float ``[prompts, epochs]`` with NaN for epochs without samples.
+
+    Returns:
+      (filled accuracy, boolean ``[prompts]`` mask of complete prompts, cells filled).
+    """
+    observed = ~np.isnan(accuracy)
+    filled = accuracy.copy()
+    fill = ~observed[:, :-1] & observed[:, 1:]
+    filled[:, :-1][fill] = accuracy[:, 1:][fill]
+    complete = ~np.isnan(filled).any(axis=1)
+    return filled, complete, int(fill.sum())
+
+
+def _read_sample_files(run_dir: Path, steps_per_epoch: int, epochs: int, first_step: int):
+    """Per (prompt, epoch): [correct, total] counts, from every ``samples/step_*.jsonl``."""
+    last_step = first_step + steps_per_epoch * epochs - 1
+    files = []
+    for path in sorted((run_dir / SAMPLES_DIR).glob("step_*.jsonl")):
+        match = _STEP_FILE.match(path.name)
+        if match and first_step <= int(match.group(1)) <= last_step:
+            files.append((int(match.group(1)), path))
+    missing = set(range(first_step, last_step + 1)) - {step for step, _ in files}
+    if missing:
+        log.warning(
+            "%d of %d steps have no sample file (first missing: step %d)",
+            len(missing),
+            last_step - first_step + 1,
+            min(missing),
+        )
+    return files
+
+
+def score_run(
+    run_dir: str | os.PathLike,
+    steps_per_epoch: int,
+    epochs: int,
+    *,
+    correct_reward: float = 1.0,
+    first_step: int = 1,
+    out_path: str | os.PathLike | None = None,
+) -> LimScores:
+    """Computes every prompt's per-epoch accuracy and LIM score from a run's sample records.
+
+    Step s belongs to epoch ``(s - first_step) // steps_per_epoch``; steps past
+    ``epochs * steps_per_epoch`` are ignored. A sample is correct when its reward equals
+    ``correct_reward`` (LIMR: reward == 1). Missing epochs are back-filled from the next one and
+    prompts still incomplete are dropped (``backfill_and_drop``). Unreadable sample lines are
+    skipped with a warning.
+
+    Args:
+      run_dir: the run directory holding ``samples/``.
+      steps_per_epoch: RL steps per pass over the data (``PromptPipeline.steps_per_epoch``).
+      epochs: how many epochs to score (LIMR: 21).
+      correct_reward: the reward of a correct sample.
+      first_step: the number of the first step (1, as ``record_samples`` is documented).
+      out_path: where to write the scores; default ``run_dir/lim_scores.json``.
+
+    Returns:
+      the ``LimScores`` (also written to ``out_path``).
+    """
+    run_dir = Path(run_dir)
+    if steps_per_epoch < 1 or epochs < 1:
+        raise ValueError("steps_per_epoch and epochs must be positive")
+    counts: dict[str, np.ndarray] = {}
+    bad_lines = 0
+    for step, path in _read_sample_files(run_dir, steps_per_epoch, epochs, first_step):
+        epoch = (step - first_step) // steps_per_epoch
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    sample = json.loads(line)
+                    pid, reward = str(sample["prompt_id"]), float(sample["reward"])
+                except (ValueError, KeyError, TypeError):
+                    bad_lines += 1
+                    continue
+                cell = counts.setdefault(pid, np.zeros((epochs, 2)))[epoch]
+                cell[0] += math.isclose(reward, correct_reward, rel_tol=0.0, abs_tol=1e-9)
+                cell[1] += 1
+    if bad_lines:
+        log.warning("skipped %d unreadable sample lines", bad_lines)
+    if not counts:
+        raise ValueError(f"no sample records for steps {first_step}.. in {run_dir / SAMPLES_DIR}")
+
+    all_ids = sorted(counts)
+    table = np.stack([counts[pid] for pid in all_ids])  # [P, E, 2]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        accuracy = np.where(table[..., 1] > 0, table[..., 0] / table[..., 1], np.nan)
+    filled, complete, backfilled = backfill_and_drop(accuracy)
+    kept = filled[complete]
+    result = LimScores(
+        ids=[pid for pid, ok in zip(all_ids, complete, strict=True) if ok],
+        accuracy=kept,
+        scores=lim_scores(kept),
+        mean_curve=kept.mean(axis=0) if len(kept) else np.full((epochs,), np.nan),
+        dropped=[pid for pid, ok in zip(all_ids, complete, strict=True) if not ok],
+        backfilled=backfilled,
+        steps_per_epoch=steps_per_epoch,
+        epochs=epochs,
+        correct_reward=correct_reward,
+    )
+    result.save(out_path or run_dir / SCORES_FILE)
+    log.info(
+        "LIM scores for %d prompts (%d dropped as incomplete, %d epochs back-filled)",
+        len(result.ids),
+        len(result.dropped),
+        backfilled,
+    )
+    return result
+
+
+def _read_data(data_path: str | os.PathLike, fields: FieldMap, data_format: str):
+    source = SourceConfig(str(data_path), format=data_format)
+    fmt = detect_format(source)
+    if fmt not in ("jsonl", "json", "parquet"):
+        raise ValueError(f"selection writes jsonl, json or parquet files, not {fmt!r}")
+    report = DataReport()
+    return fmt, list(iter_examples(read_records(source), fields, report))
+
+
+def write_subset(
+    data_path: str | os.PathLike,
+    keep_ids: set[str] | Sequence[str],
+    out_path: str | os.PathLike,
+    *,
+    fields: FieldMap = DEFAULT_FIELDS,
+    data_format: str = "auto",
+) -> int:
+    """Writes the rows of ``data_path`` whose id is in ``keep_ids``, in the same format.
+
+    jsonl lines are copied byte for byte; a json array stays a json array of the original
+    objects; parquet keeps its schema. Row order is the file's. Returns the rows written.
+    """
+    keep = set(keep_ids)
+    fmt, records = _read_data(data_path, fields, data_format)
+    chosen = [(record, ex) for record, ex in records if ex["id"] in keep]
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "jsonl":
+        _write_atomic(out_path, "".join(record.text + "\n" for record, _ in chosen))
+    elif fmt == "json":
+        rows = [record.row for record, _ in chosen]
+        _write_atomic(out_path, json.dumps(rows, indent=4, ensure_ascii=False) + "\n")
+    else:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(data_path).take([record.line - 1 for record, _ in chosen])
+        pq.write_table(table, out_path)
+    return len(chosen)
+
+
+def select(
+    scores: LimScores | str | os.PathLike,
+    data_path: str | os.PathLike,
+    threshold: float,
+    out_path: str | os.PathLike,
+    *,
+    fields: FieldMap = DEFAULT_FIELDS,
+    data_format: str = "auto",
+) -> int:
+    """Writes the LIM subset: the prompts of ``data_path`` with score >= ``threshold``.
+
+    Args:
+      scores: a ``LimScores`` or the path of a scores file from ``score_run``.
+      data_path: the training data the run used (jsonl, LIMR-style json array, or parquet).
+      threshold: keep scores >= threshold (inclusive; LIMR used 0.2 in its script, the issue's
+        example 0.6).
+      out_path: where to write the subset, in ``data_path``'s format.
+      fields: the field mapping the run used (ids must match the recorded prompt ids).
+      data_format: ``data_path``'s format, or ``"auto"``.
+
+    Returns:
+      the number of prompts written.
+    """
+    if not isinstance(scores, LimScores):
+        scores = load_scores(scores)
+    keep = {pid for pid, s in zip(scores.ids, scores.scores, strict=True) if s >= threshold}
+    n = write_subset(data_path, keep, out_path, fields=fields, data_format=data_format)
+    if n < len(keep):
+        log.warning("%d selected ids are not in %s", len(keep) - n, data_path)
+    log.info("selected %d prompts with LIM score >= %g -> %s", n, threshold, out_path)
+    return n
+
+
+def random_ids(ids: Sequence[str], n: int, seed: int) -> list[str]:
+    """``n`` ids drawn uniformly without replacement, deterministically from ``seed``."""
+    if not 0 <= n <= len(ids):
+        raise ValueError(f"cannot draw {n} of {len(ids)} prompts")
+    picks = np.random.default_rng(seed).choice(len(ids), size=n, replace=False)
+    return [ids[i] for i in sorted(picks)]
+
+
+def random_subset(
+    data_path: str | os.PathLike,
+    n: int,
+    seed: int,
+    out_path: str | os.PathLike,
+    *,
+    fields: FieldMap = DEFAULT_FIELDS,
+    data_format: str = "auto",
+) -> int:
+    """Writes LIMR's RAND baseline: ``n`` prompts of ``data_path`` chosen at random by ``seed``.
+
+    Use the LIM subset's size for ``n``. Same inputs give the same subset. Returns ``n``.
+    """
+    _, records = _read_data(data_path, fields, data_format)
+    chosen = random_ids([ex["id"] for _, ex in records], n, seed)
+    return write_subset(data_path, chosen, out_path, fields=fields, data_format=data_format)

@@ -1,0 +1,292 @@
+"""Readers that turn prompt data on disk into a stream of raw rows with their line numbers.
+
+Formats (``SourceConfig.format``; ``"auto"`` picks one from the path):
+
+- ``jsonl``: one JSON object per line; the line number is the file's 1-based line.
+- ``json``: a JSON array of objects, as LIMR releases ``math.8k.json`` (``id``, ``prompt``,
+  ``answer``, ``source``); the line number is the line on which each object starts.
+- ``parquet`` (pyarrow): verl-style files; the "line" is the 1-based row number.
+- ``arrow``: an Arrow IPC stream or file (what ``datasets.save_to_disk`` writes).
+- ``hf``: a local Hugging Face-format folder, read without the ``datasets`` package:
+  a ``save_to_disk`` folder (``state.json`` listing ``*.arrow`` shards, or a
+  ``dataset_dict.json`` with one such folder per split), or a hub-style folder of
+  ``*.parquet`` / ``*.jsonl`` / ``*.json`` / ``*.arrow`` files whose names (or parent folder)
+  start with the split name, e.g. ``data/train-00000-of-00001.parquet`` or ``train/x.jsonl``.
+  Scripts (``load_dataset("foo.py")``) and remote repositories are not supported.
+- ``tfds``: ``tfds.data_source(name, split=, data_dir=)`` over an already prepared local
+  ``data_dir`` (ArrayRecord files); never downloads. TensorFlow Datasets is imported only here,
+  when such a source is read, because importing it is slow.
+
+A row that cannot be parsed (bad JSON, bad UTF-8, not an object) comes out as a ``RawRecord``
+with ``row=None`` and an ``error``; deciding whether that skips or raises is the caller's job
+(see ``jaxrl_llm.data.examples``). A file that cannot be read at all (a JSON array with a
+syntax error, a missing file) raises ``ValueError`` / ``FileNotFoundError`` at once, before
+any training starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMATS = ("auto", "jsonl", "json", "parquet", "arrow", "hf", "tfds")
+_FILE_SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
+_WHITESPACE = re.compile(r"\s*")
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceConfig:
+    """Where prompts come from.
+
+    Attributes:
+      path: a file or folder; for ``format="tfds"`` the TFDS name, e.g. ``"math_dataset/x"``.
+      format: one of ``FORMATS``; ``"auto"`` decides from the suffix (a folder is ``"hf"``).
+      split: the split to read from ``hf`` folders and TFDS datasets.
+      data_dir: TFDS only: the local ``data_dir`` holding the prepared dataset.
+    """
+
+    path: str
+    format: str = "auto"
+    split: str = "train"
+    data_dir: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RawRecord:
+    """One row as read from disk.
+
+    Attributes:
+      source: the file it came from (``"tfds:<name>/<split>"`` for TFDS).
+      line: 1-based line number (jsonl, json) or row number (parquet, arrow, tfds).
+      row: the parsed object, or None when it could not be parsed.
+      error: why ``row`` is None.
+      text: jsonl only: the line exactly as in the file, so selections can copy it unchanged.
+    """
+
+    source: str
+    line: int
+    row: dict[str, Any] | None
+    error: str | None = None
+    text: str | None = None
+
+
+def detect_format(config: SourceConfig) -> str:
+    """Returns the concrete format of ``config`` (resolving ``"auto"``)."""
+    if config.format not in FORMATS:
+        raise ValueError(f"unknown data format {config.format!r}; expected one of {FORMATS}")
+    if config.format != "auto":
+        return config.format
+    path = Path(config.path)
+    if path.is_dir():
+        return "hf"
+    fmt = _FILE_SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise ValueError(
+            f"cannot tell the format of {config.path!r} from its suffix; set format= to one of "
+            f"{FORMATS[1:]}"
+        )
+    return fmt
+
+
+def read_records(config: SourceConfig) -> Iterator[RawRecord]:
+    """Yields every row of the source described by ``config``, in file order."""
+    fmt = detect_format(config)
+    if fmt == "tfds":
+        yield from read_tfds(config.path, split=config.split, data_dir=config.data_dir)
+        return
+    path = Path(config.path)
+    if not path.exists():
+        raise FileNotFoundError(f"data source not found: {path}")
+    if fmt == "hf":
+        yield from read_hf_folder(path, split=config.split)
+    else:
+        yield from read_file(path, fmt)
+
+
+def read_file(path: Path, fmt: str) -> Iterator[RawRecord]:
+    """Reads one file of a known format (``jsonl``, ``json``, ``parquet`` or ``arrow``)."""
+    readers = {
+        "jsonl": read_jsonl,
+        "json": read_json_array,
+        "parquet": read_parquet,
+        "arrow": read_arrow,
+    }
+    if fmt not in readers:
+        raise ValueError(f"{path}: {fmt!r} is not a single-file format")
+    return readers[fmt](path)
+
+
+def read_jsonl(path: Path) -> Iterator[RawRecord]:
+    """One object per line; blank lines are ignored, broken lines come back with an error."""
+    with open(path, "rb") as f:
+        for line_number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                yield RawRecord(str(path), line_number, None, f"invalid UTF-8: {e.reason}")
+                continue
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                yield RawRecord(str(path), line_number, None, f"invalid JSON: {e.msg}", text)
+                continue
+            if not isinstance(obj, dict):
+                error = f"expected a JSON object, got {type(obj).__name__}"
+                yield RawRecord(str(path), line_number, None, error, text)
+                continue
+            yield RawRecord(str(path), line_number, obj, None, text)
+
+
+def read_json_array(path: Path) -> Iterator[RawRecord]:
+    """A JSON array of objects, decoded one element at a time to know each one's line.
+
+    A syntax error anywhere makes the rest of an array unreadable, so it raises ``ValueError``
+    with the line and column rather than skipping.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+
+    def skip(pos: int) -> int:
+        return _WHITESPACE.match(text, pos).end()
+
+    def fail(pos: int, message: str) -> ValueError:
+        line = text.count("\n", 0, pos) + 1
+        column = pos - text.rfind("\n", 0, pos)
+        return ValueError(f"{path}:{line}:{column}: {message}")
+
+    pos = skip(0)
+    if not text.startswith("[", pos):
+        raise fail(pos, "expected a JSON array of objects")
+    pos = skip(pos + 1)
+    if text.startswith("]", pos):
+        return
+    line, counted_to = 1, 0
+    while True:
+        line += text.count("\n", counted_to, pos)
+        counted_to = pos
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise fail(e.pos, f"invalid JSON: {e.msg}") from e
+        if isinstance(obj, dict):
+            yield RawRecord(str(path), line, obj)
+        else:
+            error = f"expected a JSON object, got {type(obj).__name__}"
+            yield RawRecord(str(path), line, None, error)
+        pos = skip(end)
+        if text.startswith(",", pos):
+            pos = skip(pos + 1)
+        elif text.startswith("]", pos):
+            if skip(pos + 1) != len(text):
+                raise fail(skip(pos + 1), "unexpected data after the JSON array")
+            return
+        else:
+            raise fail(pos, "expected ',' or ']' in the JSON array")
+
+
+def read_parquet(path: Path) -> Iterator[RawRecord]:
+    """Rows of a parquet file (needs ``pyarrow``)."""
+    import pyarrow.parquet as pq
+
+    yield from _table_records(str(path), pq.read_table(path))
+
+
+def read_arrow(path: Path) -> Iterator[RawRecord]:
+    """Rows of an Arrow IPC stream (``datasets.save_to_disk`` shards) or IPC file."""
+    yield from _table_records(str(path), _read_arrow_table(path))
+
+
+def _read_arrow_table(path: Path):
+    import pyarrow as pa
+
+    try:
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_stream(source).read_all()
+    except pa.ArrowInvalid:
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_file(source).read_all()
+
+
+def _table_records(source: str, table) -> Iterator[RawRecord]:
+    row_number = 0
+    for batch in table.to_batches():
+        for row in batch.to_pylist():
+            row_number += 1
+            yield RawRecord(source, row_number, row)
+
+
+def hf_data_files(folder: Path, split: str) -> list[tuple[Path, str]]:
+    """The data files of ``split`` in a Hugging Face-format folder, with their formats.
+
+    ``save_to_disk`` layouts are read from their own metadata (``dataset_dict.json``,
+    ``state.json``); other folders are searched for data files named after the split.
+    """
+    folder = Path(folder)
+    dict_meta = folder / "dataset_dict.json"
+    if dict_meta.exists():
+        splits = json.loads(dict_meta.read_text())["splits"]
+        if split not in splits:
+            raise ValueError(f"{folder}: no split {split!r}; it has {splits}")
+        return hf_data_files(folder / split, split)
+    state = folder / "state.json"
+    if state.exists():
+        shards = json.loads(state.read_text())["_data_files"]
+        return [(folder / shard["filename"], "arrow") for shard in shards]
+    files = sorted(
+        p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in _FILE_SUFFIXES
+    )
+    files = [p for p in files if p.name not in ("dataset_info.json", "state.json")]
+    split_re = re.compile(rf"^{re.escape(split)}([-._ 0-9]|$)", re.IGNORECASE)
+    chosen = [
+        p
+        for p in files
+        if split_re.match(p.name) or any(split_re.match(d) for d in p.relative_to(folder).parts)
+    ]
+    if not chosen:
+        raise ValueError(f"{folder}: no data files for split {split!r} among {len(files)} files")
+    return [(p, _FILE_SUFFIXES[p.suffix.lower()]) for p in chosen]
+
+
+def read_hf_folder(folder: Path, split: str = "train") -> Iterator[RawRecord]:
+    """Rows of one split of a local Hugging Face-format folder (see the module docstring)."""
+    for path, fmt in hf_data_files(folder, split):
+        yield from read_file(path, fmt)
+
+
+def read_tfds(name: str, split: str = "train", data_dir: str | None = None) -> Iterator[RawRecord]:
+    """Rows of a prepared TFDS dataset through ``tfds.data_source`` (random access, no TF graph).
+
+    Bytes features are decoded as UTF-8 and numpy values become Python values.
+    """
+    import tensorflow_datasets as tfds  # slow import (TensorFlow), so only when used
+
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    tag = f"tfds:{name}/{split}"
+    for index in range(len(source)):
+        row = _to_python(source[index])
+        if isinstance(row, dict):
+            yield RawRecord(tag, index + 1, row)
+        else:
+            yield RawRecord(tag, index + 1, None, f"expected a feature dict, got {type(row)}")
+
+
+def _to_python(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, dict):
+        return {k: _to_python(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return [_to_python(v) for v in value.tolist()] if value.ndim else _to_python(value.item())
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, list | tuple):
+        return [_to_python(v) for v in value]
+    return value

@@ -1,0 +1,1 @@
+"""Built-in tasks with exact, automatically checkable answers (see ``arithmetic``)."""

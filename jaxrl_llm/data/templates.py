@@ -1,0 +1,123 @@
+"""Prompt templates: what text the policy sees for a normalized example.
+
+Templates (``TEMPLATES``):
+
+- ``raw``: the prompt as it is (or the data's own chat messages).
+- ``chat``: ``raw`` passed through the tokenizer's chat template
+  (``tokenizer.apply_chat_template(..., add_generation_prompt=True)``).
+- ``torl``: ToRL's tool-integrated-reasoning instruction as the system message and the
+  problem as the user message.
+- ``search_r1``: Search-R1's instruction with the question appended, as one user message.
+
+Every template first builds chat messages; ``render_prompt`` then either applies the tokenizer's
+chat template (``use_chat_template=True``, always for ``chat``) or joins the message contents
+as plain text, which is how base models are prompted (ToRL and Search-R1 both start from base
+models).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TEMPLATES = ("raw", "chat", "torl", "search_r1")
+
+# ToRL (Li, Zou and Liu 2025, "ToRL: Scaling Tool-Integrated RL", arXiv:2503.23383; code at
+# github.com/GAIR-NLP/ToRL): the system prompt of its MATH training data, as in the ToRL recipe
+# reproduced by VerlTool (examples/train/torl/math.py), with the problem as the user turn. Code
+# goes in ```python blocks and the sandbox's result comes back in an ```output block.
+TORL_SYSTEM_PROMPT = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant "
+    "solves it. The assistant first thinks about the reasoning process in the mind and then "
+    "provides the user with the answer. User: Please integrate natural language reasoning with "
+    "programs to solve the problem above, and put your final answer within \\boxed{}.:\n"
+)
+
+# Search-R1 (Jin et al. 2025, arXiv:2503.09516): the "base" template of
+# PeterGriffinJin/Search-R1, scripts/data_process/nq_search.py (make_prefix). That script strips
+# the question and appends "?" when missing before filling it in; search_r1_prompt does the same.
+SEARCH_R1_TEMPLATE = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first every time you get new "
+    "information. "
+    "After reasoning, if you find you lack some knowledge, you can call a search engine by "
+    "<search> query </search> and it will return the top searched results between "
+    "<information> and </information>. "
+    "You can search as many times as your want. "
+    "If you find no further external knowledge needed, you can directly provide the answer "
+    "inside <answer> and </answer>, without detailed illustrations. For example, "
+    "<answer> Beijing </answer>. Question: {question}\n"
+)
+
+
+def search_r1_prompt(question: str) -> str:
+    """Search-R1's user turn for ``question`` (stripped, with a trailing "?" ensured)."""
+    question = question.strip()
+    if not question.endswith("?"):
+        question += "?"
+    return SEARCH_R1_TEMPLATE.format(question=question)
+
+
+def prompt_messages(
+    example: dict[str, Any], template: str, *, system_prompt: str | None = None
+) -> list[dict[str, str]]:
+    """The chat messages for ``example`` under ``template``.
+
+    Args:
+      example: a normalized example (``prompt``; optionally ``messages`` from the data).
+      template: one of ``TEMPLATES``.
+      system_prompt: a system message to put first (for ``torl``, replaces ToRL's).
+    """
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown prompt template {template!r}; expected one of {TEMPLATES}")
+    if template in ("raw", "chat"):
+        messages = list(example.get("messages") or [{"role": "user", "content": example["prompt"]}])
+    elif template == "torl":
+        return [
+            {"role": "system", "content": system_prompt or TORL_SYSTEM_PROMPT},
+            {"role": "user", "content": example["prompt"]},
+        ]
+    else:
+        messages = [{"role": "user", "content": search_r1_prompt(example["prompt"])}]
+    if system_prompt is not None:
+        messages = [m for m in messages if m["role"] != "system"]
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def plain_text(messages: list[dict[str, str]]) -> str:
+    """Message contents joined for a model without a chat template (newline between turns)."""
+    parts: list[str] = []
+    for message in messages:
+        if parts and not parts[-1].endswith("\n"):
+            parts.append("\n")
+        parts.append(message["content"])
+    return "".join(parts)
+
+
+def render_prompt(
+    example: dict[str, Any],
+    template: str = "raw",
+    *,
+    tokenizer: Any = None,
+    use_chat_template: bool = False,
+    system_prompt: str | None = None,
+) -> str:
+    """The prompt text for ``example``.
+
+    Args:
+      example: a normalized example.
+      template: one of ``TEMPLATES``; ``chat`` implies ``use_chat_template``.
+      tokenizer: a ``transformers`` tokenizer; needed with the chat template.
+      use_chat_template: render through ``tokenizer.apply_chat_template`` with a generation
+        prompt, instead of joining the message contents.
+      system_prompt: optional system message (see ``prompt_messages``).
+    """
+    messages = prompt_messages(example, template, system_prompt=system_prompt)
+    if not (use_chat_template or template == "chat"):
+        return plain_text(messages)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"template {template!r} with the chat template needs a tokenizer that has one "
+            "(tokenizer.chat_template is empty)"
+        )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -1,0 +1,1 @@
+"""Rollout: JetStream-API engine, sampling, KV cache management, RL rollout driver."""
