@@ -15,6 +15,7 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("jaxrl_llm.rollout.commands", "generate completions from a checkpoint"),
+    "sft": ("jaxrl_llm.learner.commands", "supervised fine-tuning (builds the tiny default)"),
 }
 
 

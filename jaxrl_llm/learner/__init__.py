@@ -1,0 +1,1 @@
+"""Learner: TrainState, optimiser, jitted train steps, SFT and RL loops, checkpoints."""

@@ -1,0 +1,65 @@
+"""Optimiser: optax AdamW with warmup and decay, global-norm clipping.
+
+The gradient norm is reported before clipping (what verl logs as `actor/grad_norm`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gin
+import optax
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW hyperparameters. `decay`: 'constant' | 'cosine' | 'linear' after warmup."""
+
+    lr: float = 1e-6
+    warmup_steps: int = 0
+    decay: str = "constant"
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self):
+        if self.decay not in ("constant", "cosine", "linear"):
+            raise ValueError(f"decay must be constant|cosine|linear, got {self.decay!r}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+
+
+def learning_rate_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
+    """Linear warmup from 0 to lr over `warmup_steps`, then the chosen decay to the end."""
+    decay_steps = max(total_steps - cfg.warmup_steps, 1)
+    end = cfg.lr * cfg.min_lr_ratio
+    if cfg.decay == "cosine":
+        after = optax.cosine_decay_schedule(cfg.lr, decay_steps, alpha=cfg.min_lr_ratio)
+    elif cfg.decay == "linear":
+        after = optax.linear_schedule(cfg.lr, end, decay_steps)
+    else:
+        after = optax.constant_schedule(cfg.lr)
+    if cfg.warmup_steps <= 0:
+        return after
+    warmup = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+    return optax.join_schedules([warmup, after], [cfg.warmup_steps])
+
+
+def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+    chain = []
+    if cfg.max_grad_norm and cfg.max_grad_norm > 0:
+        chain.append(optax.clip_by_global_norm(cfg.max_grad_norm))
+    chain.append(
+        optax.adamw(
+            learning_rate_schedule(cfg, total_steps),
+            b1=cfg.b1,
+            b2=cfg.b2,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+        )
+    )
+    return optax.chain(*chain)

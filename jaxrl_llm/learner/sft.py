@@ -1,0 +1,205 @@
+"""Supervised fine-tuning on the built-in task (or any prompt/response jsonl).
+
+The loss is the token-mean negative log-likelihood of the response tokens. Text that an
+environment writes, not the model (a tool's "\\n{result}\\n```\\n" after the model's
+"```output"), is masked out, exactly as RL will mask it. The model's own stop string
+"```output" is trained, so the policy learns to ask for the tool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_llm.algorithms import token_logprobs
+from jaxrl_llm.assets import resolve_checkpoint
+from jaxrl_llm.data.tasks import arithmetic
+from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
+from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
+from jaxrl_llm.models import from_pretrained, load_tokenizer, save_pretrained
+
+log = logging.getLogger(__name__)
+
+TOOL_SYSTEM_PROMPT = "You can run Python."
+OUTPUT_STOP = "```output"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning settings (built-in arithmetic task unless `train_file`)."""
+
+    checkpoint: str = "builtin"
+    out_dir: str = "runs/sft"
+    train_file: str | None = None  # jsonl with prompt / response; None = built-in task
+    n_train: int = 20000
+    n_val: int = 256
+    levels: tuple[int, ...] = (1, 2, 3, 4)
+    tool_fraction: float = 0.5
+    steps: int = 2000
+    batch_size: int = 32
+    micro_batches: int = 1
+    seq_len: int = 192
+    eval_every: int = 200
+    seed: int = 0
+    optim: OptimConfig = dataclasses.field(
+        default_factory=lambda: OptimConfig(lr=2e-3, warmup_steps=100, decay="cosine")
+    )
+
+
+def builtin_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
+    """(train, val) prompt/response pairs from the arithmetic task, tool and no-tool mixed."""
+    problems = arithmetic.generate_problems(
+        cfg.n_train + cfg.n_val, seed=cfg.seed, levels=cfg.levels, id_prefix="sft"
+    )
+    rng = np.random.default_rng(cfg.seed)
+    out = []
+    for p in problems:
+        tool = rng.random() < cfg.tool_fraction
+        out.append(
+            {
+                "system": TOOL_SYSTEM_PROMPT if tool else None,
+                "prompt": p["prompt"],
+                "response": p["tool_solution"] if tool else p["solution"],
+            }
+        )
+    return out[: cfg.n_train], out[cfg.n_train :]
+
+
+def _environment_spans(response: str) -> list[tuple[int, int]]:
+    """Character spans written by the tool: after each "```output" up to its closing fence."""
+    spans, i = [], 0
+    while (j := response.find(OUTPUT_STOP, i)) >= 0:
+        start = j + len(OUTPUT_STOP)
+        close = response.find("```", start)
+        end = len(response) if close < 0 else min(len(response), close + 4)  # "```\n"
+        spans.append((start, end))
+        i = end
+    return spans
+
+
+def encode_example(example: dict, tokenizer: Any) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask (1 = train on it) for one prompt/response pair."""
+    messages = [{"role": "user", "content": example["prompt"]}]
+    if example.get("system"):
+        messages.insert(0, {"role": "system", "content": example["system"]})
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    mask = [0] * len(ids)
+    response = example["response"]
+    cursor = 0
+    for start, end in [*_environment_spans(response), (len(response), len(response))]:
+        model_part = tokenizer(response[cursor:start], add_special_tokens=False)["input_ids"]
+        env_part = tokenizer(response[start:end], add_special_tokens=False)["input_ids"]
+        ids += model_part + env_part
+        mask += [1] * len(model_part) + [0] * len(env_part)
+        cursor = end
+    ids.append(tokenizer.eos_token_id)
+    mask.append(1)
+    return ids, mask
+
+
+def pack(examples: list[dict], tokenizer: Any, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids and masks [N, seq_len]; longer examples are dropped and counted."""
+    rows, masks, dropped = [], [], 0
+    for ex in examples:
+        ids, mask = encode_example(ex, tokenizer)
+        if len(ids) > seq_len:
+            dropped += 1
+            continue
+        pad = seq_len - len(ids)
+        rows.append(ids + [tokenizer.pad_token_id or 0] * pad)
+        masks.append(mask + [0] * pad)
+    if dropped:
+        log.warning(
+            "dropped %d of %d examples longer than %d tokens", dropped, len(examples), seq_len
+        )
+    if not rows:
+        raise ValueError(f"no example fits in seq_len={seq_len}")
+    return np.asarray(rows, np.int32), np.asarray(masks, np.float32)
+
+
+def nll_loss(graphdef, params, batch, normalizer):
+    """Token-sum NLL of masked targets divided by `normalizer` (global token count)."""
+    ids, mask = batch["ids"], batch["mask"]
+    model = nnx.merge(graphdef, params)
+    logits = model(ids[:, :-1])
+    logp = token_logprobs(logits, ids[:, 1:])
+    target_mask = mask[:, 1:]
+    loss = -jnp.sum(logp * target_mask) / normalizer
+    return loss, {"tokens": jnp.sum(target_mask)}
+
+
+def make_train_step(graphdef, tx):
+    @jax.jit(donate_argnums=0)
+    def train_step(state: TrainState, batch):
+        normalizer = jnp.maximum(jnp.sum(batch["mask"][..., 1:]), 1.0)
+        loss_fn = lambda p, mb: nll_loss(graphdef, p, mb, normalizer)
+        loss, grads, metrics = accumulate_gradients(loss_fn, state.params, batch)
+        state, opt_metrics = apply_gradients(state, grads, tx)
+        return state, {"loss": loss, **metrics, **opt_metrics}
+
+    return train_step
+
+
+def run_sft(cfg: SFTConfig | None = None) -> dict[str, float]:
+    """Train, evaluate the validation NLL every `eval_every` steps, export HF to out_dir."""
+    cfg = cfg or SFTConfig()
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    src = resolve_checkpoint(cfg.checkpoint)
+    tokenizer = load_tokenizer(src)
+    model = from_pretrained(src)
+    if cfg.train_file:
+        rows = [json.loads(x) for x in Path(cfg.train_file).read_text().splitlines() if x.strip()]
+        train, val = rows[cfg.n_val :], rows[: cfg.n_val]
+    else:
+        train, val = builtin_examples(cfg)
+    train_ids, train_mask = pack(train, tokenizer, cfg.seq_len)
+    val_ids, val_mask = pack(val, tokenizer, cfg.seq_len)
+    graphdef, params = nnx.split(model)
+    tx = make_optimizer(cfg.optim, cfg.steps)
+    state = TrainState.create(params, tx, jax.random.key(cfg.seed))
+    step_fn = make_train_step(graphdef, tx)
+    eval_fn = jax.jit(lambda p, b, n: nll_loss(graphdef, p, b, n)[0])
+    rng = np.random.default_rng(cfg.seed)
+    M = cfg.micro_batches
+    if cfg.batch_size % M:
+        raise ValueError(f"batch_size {cfg.batch_size} not divisible by micro_batches {M}")
+    metrics_file = open(out / "sft_metrics.jsonl", "w")  # noqa: SIM115
+    history: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for step in range(1, cfg.steps + 1):
+        idx = rng.integers(0, len(train_ids), cfg.batch_size)
+        batch = {
+            "ids": jnp.asarray(train_ids[idx].reshape(M, -1, cfg.seq_len)),
+            "mask": jnp.asarray(train_mask[idx].reshape(M, -1, cfg.seq_len)),
+        }
+        state, m = step_fn(state, batch)
+        record = {"step": step, **{k: float(v) for k, v in m.items()}}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            vb = {"ids": jnp.asarray(val_ids), "mask": jnp.asarray(val_mask)}
+            record["val/loss"] = float(eval_fn(state.params, vb, float(val_mask[:, 1:].sum())))
+            record["timing/elapsed_s"] = time.perf_counter() - t0
+            log.info(
+                "step %d loss %.4f val/loss %.4f (%.0fs)",
+                step, record["loss"], record["val/loss"], record["timing/elapsed_s"],
+            )  # fmt: skip
+        metrics_file.write(json.dumps(record) + "\n")
+        history = record
+    metrics_file.close()
+    model = nnx.merge(graphdef, state.params)
+    save_pretrained(model, out / "hf", tokenizer=tokenizer)
+    log.info("saved %s (perplexity %.3f)", out / "hf", math.exp(history.get("val/loss", 0.0)))
+    return history

@@ -1,0 +1,73 @@
+"""`TrainState`: the one pytree a train step takes and returns.
+
+A model is split once into its static graph definition (kept outside jit) and its
+parameters; the state holds the parameters, the optimiser state, the step and an RNG key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+    step: jax.Array  # int32 []
+    params: Any  # nnx.State of Params
+    opt_state: Any
+    rng: jax.Array  # PRNG key
+
+    @classmethod
+    def create(cls, params: Any, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+        # jit keeps the optimiser moments in the parameters' shardings.
+        opt_state = jax.jit(tx.init)(params)
+        return cls(jnp.zeros((), jnp.int32), params, opt_state, rng)
+
+
+def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, Any]:
+    """(graphdef, params) with every Variable in `params` (all are Params here)."""
+    return nnx.split(model)
+
+
+def apply_gradients(
+    state: TrainState, grads: Any, tx: optax.GradientTransformation
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimiser update; returns the new state and {'grad_norm', 'update_norm'}."""
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new = dataclasses.replace(state, step=state.step + 1, params=params, opt_state=opt_state)
+    return new, {"grad_norm": grad_norm, "update_norm": optax.global_norm(updates)}
+
+
+def accumulate_gradients(
+    loss_fn: Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]],
+    params: Any,
+    micro_batches: Any,
+) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
+    """Sum loss, gradients and metrics over micro-batches (leading axis M) with `lax.scan`.
+
+    `loss_fn(params, micro_batch)` must already be normalised by the whole batch (pass a
+    global normaliser), so the sums equal the full-batch loss and gradient exactly.
+    """
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def body(carry, mb):
+        loss_sum, grad_sum, metric_sum = carry
+        (loss, metrics), grads = grad_fn(params, mb)
+        grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
+        metric_sum = jax.tree.map(jnp.add, metric_sum, metrics)
+        return (loss_sum + loss, grad_sum, metric_sum), None
+
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    (loss0, metrics0), grads0 = grad_fn(params, first)
+    rest = jax.tree.map(lambda x: x[1:], micro_batches)
+    (loss, grads, metrics), _ = jax.lax.scan(body, (loss0, grads0, metrics0), rest)
+    return loss, grads, metrics

@@ -1,0 +1,160 @@
+"""Verifiable rewards on decoded text: math answers, exact match, format.
+
+All share the signature `reward(response, ground_truth, **options) -> float` so that
+`rewards/registry.py` can pick and combine them by name.
+
+Time limits: `math_verify` bounds its own parsing and comparison with signal.alarm, which
+works only in the main thread, and cannot interrupt long C-level work (a huge integer power
+such as 9^{9^{9^{9}}} ran past 30 s here, holding the GIL so that no other thread could even
+notice). `math_reward` uses those signal limits when called in the main thread and none
+elsewhere; to bound every sample from any thread, score through `rewards.RewardPool`, which
+runs rewards in worker processes and kills one that overruns.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import string
+import threading
+from collections.abc import Sequence
+
+from math_verify import parse, verify
+
+from jaxrl_llm.rewards.extraction import extract_answer, last_tag
+from jaxrl_llm.tools.python_tool import any_code_failed
+
+logger = logging.getLogger(__name__)
+
+TORL_CODE_FAILURE_PENALTY = -0.5
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _as_latex(answer: str) -> str:
+    """Wraps a bare answer so that math_verify's LaTeX extraction sees it as one expression."""
+    if "\\boxed" in answer or answer.lstrip().startswith("$"):
+        return answer
+    return "\\boxed{" + answer + "}"
+
+
+def answers_equivalent(predicted: str, gold: str, *, timeout_s: float = 5.0) -> bool:
+    """Whether two answers are mathematically equal, by math_verify's parse + verify.
+
+    Covers fractions vs decimals, \\dfrac, units in \\text{}, intervals, sets, \\text{}
+    wrappers and percentages (see tests/rewards). `timeout_s` applies only in the main thread.
+    """
+    if _normalise_latex(predicted) == _normalise_latex(gold):
+        return True
+    seconds = max(1, math.ceil(timeout_s)) if _in_main_thread() else None
+    try:
+        gold_parsed = parse(_as_latex(gold), parsing_timeout=seconds)
+        pred_parsed = parse(_as_latex(predicted), parsing_timeout=seconds)
+        if not gold_parsed or not pred_parsed:
+            return False
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=seconds))
+    except Exception as e:  # math_verify raises on malformed LaTeX and on timeouts
+        logger.debug("math_verify failed on %r vs %r: %s", predicted, gold, e)
+        return False
+
+
+def _normalise_latex(text: str) -> str:
+    return re.sub(r"\s+", "", text).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+
+
+def math_reward(
+    response: str,
+    ground_truth: str,
+    *,
+    correct: float = 1.0,
+    incorrect: float = -1.0,
+    fallbacks: Sequence[str] = ("boxed",),
+    code_failure_penalty: float = 0.0,
+    timeout_s: float = 5.0,
+) -> float:
+    """`correct` if the response's final answer equals `ground_truth`, else `incorrect`.
+
+    The answer is the last \\boxed{} (then the `fallbacks`, see `rewards/extraction.py`); no
+    answer scores `incorrect`. Defaults are ToRL's +1/-1. `code_failure_penalty` is added
+    when any ```output block in the response shows a failed run (ToRL: -0.5; off by
+    default); detection is `tools.python_tool.any_code_failed`.
+    """
+    answer = extract_answer(response, fallbacks)
+    ok = answer is not None and answers_equivalent(answer, str(ground_truth), timeout_s=timeout_s)
+    reward = correct if ok else incorrect
+    if code_failure_penalty and any_code_failed(response):
+        reward += code_failure_penalty
+    return float(reward)
+
+
+def normalize_answer(text: str) -> str:
+    """Search-R1 / SQuAD normalisation: lowercase, drop punctuation and the articles
+    a/an/the, collapse whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def exact_match_reward(
+    response: str,
+    ground_truth: str | Sequence[str],
+    *,
+    correct: float = 1.0,
+    incorrect: float = 0.0,
+    tag: str = "answer",
+) -> float:
+    """Search-R1's EM: the last <answer>...</answer>, normalised, equals any gold answer.
+
+    Deviation: Search-R1 scores None when the *whole* sequence (prompt included) has at most
+    one <answer> tag, because its prompt shows one; here only the response is scored, so its
+    last tag is the answer.
+    """
+    answer = last_tag(response, tag)
+    if answer is None:
+        return float(incorrect)
+    golds = [ground_truth] if isinstance(ground_truth, str) else list(ground_truth)
+    predicted = normalize_answer(answer)
+    return float(correct if any(predicted == normalize_answer(g) for g in golds) else incorrect)
+
+
+_FORMATS = {
+    # A final \boxed{...} answer exists (the math prompt's request).
+    "boxed": None,
+    # DeepSeek-R1 style: <think>...</think> then <answer>...</answer>, nothing else.
+    "think_answer": re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL),
+    # Search-R1 style: <think>/<search>/<information> turns ending in one <answer>.
+    "search_r1": re.compile(
+        r"\s*(?:<think>.*?</think>\s*|<search>.*?</search>\s*|"
+        r"<information>.*?</information>\s*)*<answer>.*?</answer>\s*",
+        re.DOTALL,
+    ),
+}
+
+
+def format_reward(
+    response: str,
+    ground_truth: object = None,
+    *,
+    style: str = "boxed",
+    correct: float = 1.0,
+    incorrect: float = 0.0,
+) -> float:
+    """`correct` when the response follows the format `style` (see `_FORMATS`), else
+    `incorrect`; `ground_truth` is ignored."""
+    if style not in _FORMATS:
+        raise ValueError(f"unknown format style {style!r}; choose from {sorted(_FORMATS)}")
+    pattern = _FORMATS[style]
+    if pattern is None:
+        ok = extract_answer(response, ("boxed",)) is not None
+    else:
+        ok = pattern.fullmatch(response) is not None
+    return float(correct if ok else incorrect)
+
+
+def code_failure_reward(response: str, ground_truth: object = None, *, penalty: float = -0.5):
+    """`penalty` when any code run shown in the response failed, else 0 (for combining)."""
+    return float(penalty if any_code_failed(response) else 0.0)

@@ -1,0 +1,146 @@
+"""The ToRL code-interpreter tool: run the model's last ```python block, show its output.
+
+Format (ToRL, Li et al. 2025): the model writes
+
+    ```python
+    print(2 ** 10)
+    ```
+
+and generation stops at "```output"; the tool appends "```output\\n{result}\\n```\\n".
+`result` is stdout for a clean run. For a failed run it is the stdout followed by the last
+line of stderr (e.g. "ZeroDivisionError: division by zero"); a timeout reads
+"TimeoutError: ...". Each part is truncated ToRL-style: beyond 256 characters keep the first
+128, "...", and the last 128.
+
+`any_code_failed(response)` reads those output blocks back for the reward's code penalty:
+a block failed when it holds a "Traceback (most recent call last)" line or its last line
+looks like "SomethingError: ..." / "SomethingException" / "SystemExit"/"KeyboardInterrupt".
+So a program that itself prints a line such as "ValueError: x" last counts as failed; the
+rollout, which sees `ExecResult.ok`, can use that instead when it records per-call results.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import re
+
+from jaxrl_llm.tools.executor import PythonExecutor
+from jaxrl_llm.tools.sandbox import ExecResult, SandboxConfig, run_python
+
+CODE_START = "```python"
+OUTPUT_START = "```output"
+_FENCE = "```"
+_BLOCK = re.compile(r"```python[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_OUTPUT_BLOCK = re.compile(r"```output[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\)", re.MULTILINE)
+_ERROR_LAST_LINE = re.compile(
+    r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:.*)?$|^\[sandbox\]"
+)
+
+
+def truncate_middle(text: str, limit: int = 256, keep: int = 128) -> str:
+    """ToRL's truncation: text longer than `limit` becomes first `keep` + "..." + last `keep`."""
+    if len(text) <= limit:
+        return text
+    return text[:keep] + "..." + text[-keep:]
+
+
+def last_code_block(text: str) -> str | None:
+    """The last ```python block's code (an unclosed final block runs to the end of text)."""
+    blocks = _BLOCK.findall(text)
+    return blocks[-1] if blocks else None
+
+
+def format_result(result: ExecResult, *, limit: int = 256, keep: int = 128) -> str:
+    """The text placed inside the output block (see the module docstring)."""
+    stdout = truncate_middle(result.stdout.strip("\n"), limit, keep)
+    if result.ok:
+        return stdout
+    if result.timed_out:
+        error = "TimeoutError: code execution timed out"
+    elif result.sandbox_error is not None:
+        error = "SandboxError: " + result.sandbox_error.splitlines()[-1]
+    else:
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        error = lines[-1].strip() if lines else f"Error: exit code {result.exit_code}"
+    error = truncate_middle(error, limit, keep)
+    return f"{stdout}\n{error}" if stdout else error
+
+
+def format_observation(result: ExecResult, *, limit: int = 256, keep: int = 128) -> str:
+    return f"{OUTPUT_START}\n{format_result(result, limit=limit, keep=keep)}\n{_FENCE}\n"
+
+
+def output_blocks(response: str) -> list[str]:
+    """The contents of every ```output block in a response."""
+    return _OUTPUT_BLOCK.findall(response)
+
+
+def is_error_output(block: str) -> bool:
+    lines = [line.strip() for line in block.splitlines() if line.strip()]
+    return bool(_TRACEBACK.search(block)) or bool(lines and _ERROR_LAST_LINE.match(lines[-1]))
+
+
+def any_code_failed(response: str) -> bool:
+    """Whether any code execution shown in `response` failed (read from its output blocks)."""
+    return any(is_error_output(block) for block in output_blocks(response))
+
+
+@dataclasses.dataclass
+class PythonTool:
+    """The `Tool` for ToRL rollouts; `observe` blocks, `submit` returns a future.
+
+    observe(text) returns None when the text has no ```python block, or when its last code
+    block already has an output block after it (nothing new to run).
+    """
+
+    config: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
+    max_workers: int | None = None
+    limit: int = 256
+    keep: int = 128
+    name: str = "python"
+    stop_strings: tuple[str, ...] = (OUTPUT_START,)
+
+    def __post_init__(self):
+        self._executor: PythonExecutor | None = None
+
+    def pending_code(self, text: str) -> str | None:
+        start = text.rfind(CODE_START)
+        if start < 0 or OUTPUT_START in text[start:]:
+            return None
+        return last_code_block(text[start:])
+
+    def observe(self, text: str) -> str | None:
+        code = self.pending_code(text)
+        if code is None:
+            return None
+        return format_observation(
+            run_python(code, config=self.config), limit=self.limit, keep=self.keep
+        )
+
+    def submit(self, text: str) -> concurrent.futures.Future[str | None]:
+        """A future of `observe(text)` (None resolved immediately when there is no call)."""
+        code = self.pending_code(text)
+        if code is None:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(None)
+            return done
+        if self._executor is None:
+            self._executor = PythonExecutor(self.config, max_workers=self.max_workers)
+        inner = self._executor.submit(code)
+        outer: concurrent.futures.Future = concurrent.futures.Future()
+
+        def _finish(f):
+            try:
+                outer.set_result(format_observation(f.result(), limit=self.limit, keep=self.keep))
+            except BaseException as e:
+                outer.set_exception(e)
+
+        inner.add_done_callback(_finish)
+        return outer
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None

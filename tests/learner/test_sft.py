@@ -1,0 +1,80 @@
+"""SFT: environment text is masked, accumulation equals the full batch, loss goes down."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxrl_llm.assets import builtin_checkpoint
+from jaxrl_llm.learner.optim import OptimConfig, learning_rate_schedule
+from jaxrl_llm.learner.sft import SFTConfig, encode_example, make_train_step, pack, run_sft
+from jaxrl_llm.learner.state import TrainState
+from jaxrl_llm.models import ModelConfig, init_model, load_tokenizer
+
+
+def test_tool_output_is_masked_and_stop_string_trained():
+    tok = load_tokenizer(builtin_checkpoint())
+    ex = {
+        "system": "You can run Python.",
+        "prompt": "What is 2 * 3?",
+        "response": "```python\nprint(2 * 3)\n```\n```output\n6\n```\nThe answer is \\boxed{6}.",
+    }
+    ids, mask = encode_example(ex, tok)
+    trained = "".join(tok.decode([i]) for i, m in zip(ids, mask) if m)
+    assert trained == (
+        "```python\nprint(2 * 3)\n```\n```output" + "The answer is \\boxed{6}." + "<|im_end|>"
+    )
+    assert tok.decode(ids).endswith(ex["response"] + "<|im_end|>")
+    assert "What is" not in trained  # prompt not trained
+
+
+def test_learning_rate_schedule_warmup_then_cosine():
+    sched = learning_rate_schedule(OptimConfig(lr=1.0, warmup_steps=10, decay="cosine"), 110)
+    assert float(sched(0)) == 0.0
+    np.testing.assert_allclose(float(sched(5)), 0.5, rtol=1e-6)
+    np.testing.assert_allclose(float(sched(10)), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(float(sched(60)), 0.5, rtol=1e-5)  # half-way down the cosine
+    np.testing.assert_allclose(float(sched(110)), 0.0, atol=1e-6)
+
+
+def test_micro_batch_accumulation_equals_full_batch():
+    cfg = ModelConfig(vocab_size=32, num_layers=1)
+    model = init_model(cfg, seed=0)
+    graphdef, params = nnx.split(model)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 32, (4, 10)).astype(np.int32)
+    mask = (rng.random((4, 10)) < 0.7).astype(np.float32)  # uneven tokens per row
+    tx = optax.sgd(1.0)  # the update is the gradient itself: Adam would amplify rounding
+    step = make_train_step(graphdef, tx)
+
+    def run(M):
+        state = TrainState.create(jax.tree.map(jnp.copy, params), tx, jax.random.key(0))
+        batch = {
+            "ids": jnp.asarray(ids.reshape(M, -1, 10)),
+            "mask": jnp.asarray(mask.reshape(M, -1, 10)),
+        }
+        return step(state, batch)
+
+    s1, m1 = run(1)
+    s4, m4 = run(4)
+    np.testing.assert_allclose(float(m4["loss"]), float(m1["loss"]), rtol=1e-6)
+    np.testing.assert_allclose(float(m4["grad_norm"]), float(m1["grad_norm"]), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s4.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_sft_reduces_validation_loss(tmp_path):
+    cfg = SFTConfig(
+        out_dir=str(tmp_path / "sft"), n_train=64, n_val=16, levels=(1,), steps=30,
+        batch_size=8, seq_len=160, eval_every=30,
+        optim=OptimConfig(lr=3e-3, warmup_steps=5),
+    )  # fmt: skip
+    tok = load_tokenizer(builtin_checkpoint())
+    ids, _ = pack([{"prompt": "hi", "response": "x"}], tok, 160)
+    assert ids.shape == (1, 160)
+    first = run_sft(cfg.__class__(**{**cfg.__dict__, "steps": 1, "eval_every": 1}))
+    last = run_sft(cfg)
+    assert last["val/loss"] < first["val/loss"] - 0.5
+    assert (tmp_path / "sft" / "hf" / "model.safetensors").is_file()
+    assert (tmp_path / "sft" / "hf" / "tokenizer.json").is_file()

@@ -1,0 +1,89 @@
+"""Rewards by name, weighted combination, and the hard per-sample time limit."""
+
+import functools
+import threading
+import time
+
+import pytest
+
+from jaxrl_llm.rewards import (
+    RewardPool,
+    combine_rewards,
+    get_reward,
+    register_reward,
+    registry,
+    reward_names,
+)
+
+PATHOLOGICAL = r"\boxed{9^{9^{9^{9}}}}"  # math_verify ran > 30 s on this outside the main thread
+
+
+def test_registry_picks_by_name_and_fails_clearly():
+    assert {"math", "exact_match", "format", "code_failure"} <= set(reward_names())
+    assert get_reward("math")(r"\boxed{2}", "2") == 1.0
+    assert get_reward("math", incorrect=0.0)(r"\boxed{3}", "2") == 0.0
+    with pytest.raises(KeyError, match=r"unknown reward 'maths'.*registered"):
+        get_reward("maths")
+    with pytest.raises(TypeError, match="bad options for reward 'math'"):
+        get_reward("math", incorect=0.0)
+
+
+def test_register_reward(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+    @register_reward("length_test_only")
+    def length(response, ground_truth):
+        return float(len(response))
+
+    assert get_reward("length_test_only")("abc", None) == 3.0
+    with pytest.raises(ValueError, match="already registered"):
+        register_reward("length_test_only")(lambda r, g: 0.0)
+
+
+def test_combined_reward_weights_and_components():
+    reward = combine_rewards({"math": 1.0, "format": (0.5, {"style": "boxed"})})
+    assert reward(r"\boxed{1/2}", "0.5") == 1.5
+    assert reward("0.5", "0.5") == -1.0
+    assert reward.components(r"\boxed{1}", "2") == {"math": -1.0, "format": 1.0}
+    with pytest.raises(KeyError):
+        combine_rewards({"nope": 1.0})
+    with pytest.raises(ValueError):
+        combine_rewards({})
+
+
+def test_pool_bounds_every_sample_and_carries_on():
+    # pow(10, 10**9) runs for minutes inside C code, where no signal can interrupt it.
+    with RewardPool(pow, num_workers=2, timeout_s=1.0, timeout_value=-1.0) as pool:
+        pool.score([2, 2], [3, 3])
+        start = time.monotonic()
+        scores = pool.score([2, 10, 2, 2], [3, 10**9, 3, 3])
+        elapsed = time.monotonic() - start
+        assert scores == [8.0, -1.0, 8.0, 8.0]
+        assert pool.last_failures == {1: "timeout"}
+        assert elapsed < 2.5, elapsed
+        assert pool.score([3], [2]) == [9.0]
+
+
+def test_pool_scores_math_with_a_time_limit():
+    reward = combine_rewards({"math": 1.0})
+    with RewardPool(reward, num_workers=2, timeout_s=3.0) as pool:
+        start = time.monotonic()
+        scores = pool.score([r"\boxed{0.5}", PATHOLOGICAL, r"\boxed{2}"], ["1/2", "1", "3"])
+        assert scores == [1.0, -1.0, -1.0]
+        assert time.monotonic() - start < 6.0
+
+
+def test_pool_reports_reward_errors():
+    with RewardPool(
+        functools.partial(get_reward("math"), fallbacks=("bogus",)), num_workers=1
+    ) as pool:
+        assert pool.score(["x"], ["1"]) == [-1.0]
+        assert "unknown answer fallback" in pool.last_failures[0]
+
+
+def test_math_reward_is_usable_from_threads():
+    out = []
+    thread = threading.Thread(target=lambda: out.append(get_reward("math")(r"\boxed{3}", "3")))
+    thread.start()
+    thread.join()
+    assert out == [1.0]

@@ -1,0 +1,108 @@
+"""Math, exact-match and format rewards; answer extraction."""
+
+import pytest
+
+from jaxrl_llm.rewards import (
+    exact_match_reward,
+    extract_answer,
+    format_reward,
+    last_boxed,
+    math_reward,
+    normalize_answer,
+)
+
+EQUIVALENT = [  # (model's boxed answer, ground truth)
+    ("0.5", r"\frac{1}{2}"),
+    (r"\dfrac{3}{4}", "0.75"),
+    (r"\tfrac12", "1/2"),
+    (r"5\text{ cm}", "5"),
+    ("5 cm", "5"),
+    ("5", r"5 \text{ cm}"),
+    ("[1,3)", "[1, 3)"),
+    (r"(0, \infty)", r"(0,\infty)"),
+    (r"\{3,2,1\}", r"\{1,2,3\}"),
+    ("1,2,3", r"\{1,2,3\}"),
+    ("B", r"\text{B}"),
+    (r"\text{(B)}", "B"),
+    (r"\frac{\sqrt2}{2}", r"\sqrt{2}/2"),
+    ("50", r"50\%"),
+    (r"x \in [2,5]", "[2, 5]"),
+    ("-7", "-7.0"),
+]
+MISMATCHED = [("3", "4"), ("0.33", r"\frac{1}{3}"), ("100", "10"), ("(1,3)", "[1,3]")]
+MISMATCHED += [(r"\{1,2\}", r"\{1,2,3\}"), (r"\sqrt{3}", r"\sqrt{2}"), ("A", "B")]
+
+
+@pytest.mark.parametrize(("answer", "truth"), EQUIVALENT)
+def test_equivalent_answers_score_plus_one(answer, truth):
+    assert math_reward(f"Work... so the answer is $\\boxed{{{answer}}}$.", truth) == 1.0
+
+
+@pytest.mark.parametrize(("answer", "truth"), MISMATCHED)
+def test_mismatches_score_minus_one(answer, truth):
+    assert math_reward(f"\\boxed{{{answer}}}", truth) == -1.0
+
+
+def test_last_boxed_with_nested_braces():
+    text = r"first \boxed{1} then \boxed{\frac{a^{2}}{\sqrt{b}}} and \{x\}"
+    assert last_boxed(text) == r"\frac{a^{2}}{\sqrt{b}}"
+    assert last_boxed(r"\boxed{\{1, 2\}}") == r"\{1, 2\}"
+    assert last_boxed(r"so \boxed 7 is it") == "7"
+    assert last_boxed(r"\fbox{9}") == "9"
+    assert last_boxed(r"\boxed{unclosed") is None
+
+
+def test_fallbacks_are_configurable():
+    text = "Therefore, the final answer is 12. Done"
+    assert extract_answer(text) is None
+    assert extract_answer(text, ("boxed", "answer_is")) == "12"
+    assert extract_answer("we get 3 apples and then 1,024", ("last_number",)) == "1024"
+    assert extract_answer("<answer>Paris</answer>", ("answer_tag",)) == "Paris"
+    with pytest.raises(ValueError, match="unknown answer fallback"):
+        extract_answer("x", ("guess",))
+    assert math_reward(text, "12") == -1.0
+    assert math_reward(text, "12", fallbacks=("boxed", "answer_is")) == 1.0
+
+
+def test_reward_values_and_missing_answer():
+    assert math_reward("no answer", "1") == -1.0
+    assert math_reward(r"\boxed{1}", "1", correct=1.0, incorrect=0.0) == 1.0
+    assert math_reward(r"\boxed{2}", "1", correct=1.0, incorrect=0.0) == 0.0
+    assert math_reward(r"\boxed{\frac{1}{}", "1") == -1.0  # malformed LaTeX is just wrong
+
+
+def test_code_failure_penalty_is_off_by_default():
+    response = (
+        "```python\n1/0\n```\n```output\nZeroDivisionError: division by zero\n```\n\\boxed{2}"
+    )
+    assert math_reward(response, "2") == 1.0
+    assert math_reward(response, "2", code_failure_penalty=-0.5) == 0.5
+    assert math_reward(response, "3", code_failure_penalty=-0.5) == -1.5
+    clean = "```python\nprint(2)\n```\n```output\n2\n```\n\\boxed{2}"
+    assert math_reward(clean, "2", code_failure_penalty=-0.5) == 1.0
+
+
+def test_normalize_answer_like_search_r1():
+    assert normalize_answer("  The Eiffel-Tower!  ") == "eiffeltower"
+    assert normalize_answer("An apple, a day") == "apple day"
+
+
+def test_exact_match_reward():
+    response = "<think>hmm</think><search>q</search><answer> The Beatles </answer>"
+    assert exact_match_reward(response, "beatles") == 1.0
+    assert exact_match_reward(response, ["Rolling Stones", "the beatles."]) == 1.0
+    assert exact_match_reward(response, "Beatles band") == 0.0
+    assert exact_match_reward("no tag", "x") == 0.0
+    assert exact_match_reward("<answer>a</answer> <answer>b</answer>", "b") == 1.0
+
+
+def test_format_reward_styles():
+    assert format_reward(r"so \boxed{3}") == 1.0 and format_reward("3") == 0.0
+    ok = "<think>plan</think>\n<answer>4</answer>"
+    assert format_reward(ok, style="think_answer") == 1.0
+    assert format_reward(ok + " extra", style="think_answer") == 0.0
+    search = "<think>a</think><search>q</search><information>d</information><answer>x</answer>"
+    assert format_reward(search, style="search_r1") == 1.0
+    assert format_reward("<answer>x</answer><answer>y</answer>!", style="search_r1") == 0.0
+    with pytest.raises(ValueError, match="unknown format style"):
+        format_reward("x", style="xml")

@@ -1,0 +1,98 @@
+"""The ToRL tool: block extraction, output format and truncation, parallel execution."""
+
+import time
+
+import pytest
+
+from jaxrl_llm.tools import (
+    ExecResult,
+    PythonExecutor,
+    PythonTool,
+    SandboxConfig,
+    Tool,
+    any_code_failed,
+    format_observation,
+    observe_many,
+    run_python_many,
+    truncate_middle,
+)
+from jaxrl_llm.tools.python_tool import format_result, last_code_block
+
+pytestmark = pytest.mark.filterwarnings("ignore:SANDBOX IS WEAK")
+
+
+def test_truncate_middle_is_torl_truncation():
+    assert truncate_middle("a" * 256) == "a" * 256
+    text = "".join(chr(65 + i % 26) for i in range(300))
+    out = truncate_middle(text)
+    assert out == text[:128] + "..." + text[-128:] and len(out) == 259
+
+
+def test_last_code_block_takes_the_last_and_unclosed_blocks():
+    text = "```python\nprint(1)\n```\n```output\n1\n```\nthen\n```python\nx = 2\nprint(x)\n```\n"
+    assert last_code_block(text) == "x = 2\nprint(x)\n"
+    assert last_code_block("```python\nprint(3)\n") == "print(3)\n"
+    assert last_code_block("no code here") is None
+
+
+def test_format_result_success_error_timeout():
+    ok = ExecResult("4\n", "", 0, False)
+    assert format_observation(ok) == "```output\n4\n```\n"
+    err = ExecResult(
+        "partial\n", "Traceback (most recent call last):\n  ...\nKeyError: 'a'\n", 1, False
+    )
+    assert format_result(err) == "partial\nKeyError: 'a'"
+    slow = ExecResult("", "", -9, True)
+    assert format_result(slow).startswith("TimeoutError")
+    long_out = ExecResult("x" * 1000, "", 0, False)
+    assert format_result(long_out) == "x" * 128 + "..." + "x" * 128
+    long_error = ExecResult("", "ValueError: " + "y" * 500, 1, False)
+    assert (
+        format_result(long_error).startswith("ValueError: ")
+        and len(format_result(long_error)) == 259
+    )
+
+
+def test_any_code_failed_reads_output_blocks():
+    good = "```python\nprint(1)\n```\n```output\n1\n```\nSo \\boxed{1}."
+    bad = good + "\n```python\n1/0\n```\n```output\nZeroDivisionError: division by zero\n```\n"
+    timeout = "```output\nTimeoutError: code execution timed out\n```"
+    assert not any_code_failed(good) and any_code_failed(bad) and any_code_failed(timeout)
+    assert not any_code_failed("The Error: in my reasoning is absent")
+    assert any_code_failed("```output\nTraceback (most recent call last):\n  File x\n```")
+    assert not any_code_failed("```output\nError rate 5%\n```")
+
+
+def test_python_tool_observes_and_skips_executed_blocks():
+    tool = PythonTool(SandboxConfig(timeout_s=5))
+    assert isinstance(tool, Tool) and tool.stop_strings == ("```output",)
+    text = "Compute.\n```python\nprint(6 * 7)\n```\n"
+    observation = tool.observe(text)
+    assert observation == "```output\n42\n```\n"
+    assert tool.observe(text + observation + "The answer is 42.") is None
+    assert tool.observe("no code") is None
+    failing = tool.observe("```python\nundefined_name\n```\n")
+    assert failing == "```output\nNameError: name 'undefined_name' is not defined\n```\n"
+    assert tool.submit("plain text").result() is None
+    assert tool.submit(text).result() == observation
+    tool.close()
+
+
+def test_runs_in_parallel_without_blocking():
+    codes = [f"import time; time.sleep(0.5); print({i})" for i in range(8)]
+    start = time.monotonic()
+    results = run_python_many(codes, timeout_s=5, max_workers=8)
+    elapsed = time.monotonic() - start
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
+    assert elapsed < 8 * 0.5 * 0.6, elapsed  # well under the serial time of 4 s
+    with PythonExecutor(SandboxConfig(timeout_s=5), max_workers=4) as executor:
+        submitted = time.monotonic()
+        future = executor.submit("import time; time.sleep(0.5); print('done')")
+        assert time.monotonic() - submitted < 0.1 and not future.done()
+        assert future.result().stdout == "done\n"
+
+
+def test_observe_many_keeps_order():
+    tool = PythonTool(SandboxConfig(timeout_s=5))
+    texts = [f"```python\nprint({i} ** 2)\n```\n" for i in range(4)] + ["none"]
+    assert observe_many(tool, texts) == [f"```output\n{i * i}\n```\n" for i in range(4)] + [None]
