@@ -12,15 +12,26 @@ import importlib
 import logging
 import sys
 
-# name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
+# name -> (module, one-line help); the module's add_arguments/main, or the names given.
+COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
+    "train": (
+        "jaxrl_llm.learner.commands",
+        "RL training (GRPO/PPO); no flags: the built-in tiny GRPO run on CPU",
+        "add_train_arguments",
+        "train_main",
+    ),
     "generate": ("jaxrl_llm.rollout.commands", "generate completions from a checkpoint"),
-    "sft": ("jaxrl_llm.learner.commands", "supervised fine-tuning (builds the tiny default)"),
+    "sft": (
+        "jaxrl_llm.learner.commands",
+        "supervised fine-tuning (builds the tiny default)",
+        "add_sft_arguments",
+        "sft_main",
+    ),
 }
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    lines = "\n".join(f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items())
+    lines = "\n".join(f"  {name:<10} {entry[1]}" for name, entry in COMMANDS.items())
     return argparse.ArgumentParser(
         prog="jaxrl-llm",
         description="JAX-native RL post-training for LLMs.",
@@ -39,12 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         top.error(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}")
-    module = importlib.import_module(COMMANDS[name][0])
-    parser = argparse.ArgumentParser(prog=f"jaxrl-llm {name}", description=COMMANDS[name][1])
-    module.add_arguments(parser)
+    entry = COMMANDS[name]
+    module = importlib.import_module(entry[0])
+    add_fn, main_fn = entry[2:] if len(entry) == 4 else ("add_arguments", "main")
+    parser = argparse.ArgumentParser(prog=f"jaxrl-llm {name}", description=entry[1])
+    getattr(module, add_fn)(parser)
     args = parser.parse_args(rest)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    code = module.main(args)
+    for noisy in ("jax._src.xla_bridge", "absl"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    code = getattr(module, main_fn)(args)
     return int(code or 0)
 
 

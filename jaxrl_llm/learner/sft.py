@@ -53,9 +53,7 @@ class SFTConfig:
     seq_len: int = 192
     eval_every: int = 200
     seed: int = 0
-    optim: OptimConfig = dataclasses.field(
-        default_factory=lambda: OptimConfig(lr=2e-3, warmup_steps=100, decay="cosine")
-    )
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)  # configs/sft_tiny.gin
 
 
 def builtin_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
@@ -197,6 +195,7 @@ def run_sft(cfg: SFTConfig | None = None) -> dict[str, float]:
                 step, record["loss"], record["val/loss"], record["timing/elapsed_s"],
             )  # fmt: skip
         metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
         history = record
     metrics_file.close()
     model = nnx.merge(graphdef, state.params)

@@ -1,0 +1,134 @@
+"""From rollout completions to a `TrainBatch`: packing, forwards, rewards, advantages.
+
+Host-side packing is numpy; the forwards (old / reference logprobs, values) and the
+advantage computation are jitted and take the parameters as arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_llm.algorithms import (
+    kl_shaped_rewards,
+    outcome_token_rewards,
+    token_logprobs,
+)
+from jaxrl_llm.algorithms.registry import resolve
+
+
+def pack_sequences(completions: Sequence[Any], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Prompt + response rows, right-padded to `seq_len` (static for the whole run).
+
+    Returns input_ids [B,T], response_mask [B,T] (1 = model token), rollout_logprobs [B,T],
+    response_length [B] (all response tokens, inserted ones included), truncated [B].
+    """
+    B = len(completions)
+    ids = np.full((B, seq_len), pad_id, np.int32)
+    mask = np.zeros((B, seq_len), np.float32)
+    logp = np.zeros((B, seq_len), np.float32)
+    lengths = np.zeros(B, np.int32)
+    for b, c in enumerate(completions):
+        p = np.asarray(c.prompt_ids, np.int32)
+        r = np.asarray(c.token_ids, np.int32)
+        if len(p) + len(r) > seq_len:
+            raise ValueError(
+                f"sequence of {len(p)} prompt + {len(r)} response tokens exceeds {seq_len}"
+            )
+        ids[b, : len(p)] = p
+        ids[b, len(p) : len(p) + len(r)] = r
+        mask[b, len(p) : len(p) + len(r)] = c.response_mask
+        logp[b, len(p) : len(p) + len(r)] = c.logprobs
+        lengths[b] = len(r)
+    truncated = np.asarray([c.finish_reason == "length" for c in completions])
+    return {
+        "input_ids": ids,
+        "response_mask": mask,
+        "rollout_logprobs": logp,
+        "response_length": lengths,
+        "truncated": truncated,
+    }
+
+
+def shift_right(x: jax.Array) -> jax.Array:
+    """[B, T-1] per-target values -> [B, T] action-aligned (index 0 gets 0)."""
+    return jnp.pad(x, ((0, 0), (1, 0)))
+
+
+def sequence_logprobs(model, input_ids: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """Action-aligned log p(input_ids[t] | input_ids[<t]) [B, T] under softmax(logits / temp)."""
+    logits = model(input_ids[:, :-1])
+    return shift_right(token_logprobs(logits, input_ids[:, 1:], temperature=temperature))
+
+
+def sequence_values(critic, input_ids: jax.Array) -> jax.Array:
+    """Action-aligned values [B, T]: the critic's output one position before each token."""
+    return shift_right(critic(input_ids[:, :-1]))
+
+
+def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float, micro_batch: int):
+    """Jitted `(params, input_ids [B,T]) -> logprobs [B,T]`, in micro-batches (lax.map)."""
+
+    @jax.jit
+    def fn(params, input_ids):
+        model = nnx.merge(graphdef, params)
+        B, T = input_ids.shape
+        mb = min(micro_batch, B)
+        chunks = input_ids.reshape(B // mb, mb, T)
+        out = jax.lax.map(lambda x: sequence_logprobs(model, x, temperature), chunks)
+        return out.reshape(B, T)
+
+    return fn
+
+
+def make_value_fn(graphdef: nnx.GraphDef, micro_batch: int):
+    @jax.jit
+    def fn(params, input_ids):
+        critic = nnx.merge(graphdef, params)
+        B, T = input_ids.shape
+        mb = min(micro_batch, B)
+        out = jax.lax.map(lambda x: sequence_values(critic, x), input_ids.reshape(B // mb, mb, T))
+        return out.reshape(B, T)
+
+    return fn
+
+
+def make_advantage_fn(algo, group_size: int):
+    """Jitted `(scores [B], loss_mask, old_logprobs, ref_logprobs, values) -> (adv, returns)`.
+
+    The outcome score sits on the last trained token; with `kl_in_reward_coef > 0` the
+    per-token KL to the reference is subtracted (verl `apply_kl_penalty`).
+    """
+    kwargs: dict[str, Any] = {}
+    if algo.estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+        kwargs["group_size"] = group_size
+    if algo.estimator == "grpo":
+        kwargs["norm_by_std"] = algo.norm_by_std
+    if algo.estimator == "gae":
+        kwargs.update(gamma=algo.gamma, lam=algo.lam)
+    if algo.estimator == "reinforce_plus_plus":
+        kwargs["gamma"] = algo.gamma
+    estimator = resolve("advantage", algo.estimator, **kwargs)
+
+    @jax.jit
+    def fn(scores, loss_mask, old_logprobs, ref_logprobs, values):
+        token_rewards = outcome_token_rewards(scores, loss_mask)
+        if algo.kl_in_reward_coef > 0:
+            token_rewards = kl_shaped_rewards(
+                token_rewards, old_logprobs, ref_logprobs, loss_mask,
+                kl_coef=algo.kl_in_reward_coef, kind=algo.kl_in_reward_kind,
+            )  # fmt: skip
+        return estimator(token_rewards, loss_mask, values=values)
+
+    return fn
+
+
+def all_equal_groups(scores: np.ndarray, group_size: int) -> np.ndarray:
+    """[prompts] True where every sample of the group got the same score (no signal)."""
+    g = scores.reshape(-1, group_size)
+    return np.all(g == g[:, :1], axis=1)

@@ -1,0 +1,152 @@
+"""RL run configuration: nested, frozen, gin-configurable dataclasses, one per concern.
+
+gin files override fields (`GRPOConfig.clip_high = 0.28`); anything unknown fails at parse
+time. `RLConfig.validate()` checks cross-field rules before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gin
+
+from jaxrl_llm.learner.optim import OptimConfig
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+    checkpoint: str = "builtin"  # HF folder or 'builtin'
+    critic_checkpoint: str | None = None  # None: the critic starts from the policy trunk
+    dtype: str = "float32"  # compute dtype
+    param_dtype: str = "float32"  # master weights
+    rollout_dtype: str | None = None  # e.g. 'bfloat16' rollout weights; None = same params
+    remat: bool = False
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Prompts. With no `train_file`, the built-in arithmetic task is generated."""
+
+    train_file: str | None = None
+    val_file: str | None = None
+    prompt_key: str | None = None  # None: try prompt / question / problem
+    answer_key: str | None = None  # None: try answer / solution / ground_truth
+    template: str = "chat"
+    system_prompt: str | None = None
+    max_prompt_length: int = 160
+    prompts_per_step: int = 8
+    val_size: int = 64
+    builtin_train_size: int = 2000
+    builtin_levels: tuple[int, ...] = (1, 2, 3, 4)
+    seed: int = 0
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    n: int = 8  # samples per prompt (G)
+    max_new_tokens: int = 96
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    tool: str = "none"  # 'none' | 'python'
+    max_tool_calls: int = 2
+    max_slots: int = 64  # concurrent decode slots
+    steps_per_call: int = 8
+    val_temperature: float = 0.0  # greedy validation
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class AlgoConfig:
+    """Algorithm options, named as in verl. estimator: grpo | rloo | gae | reinforce_plus_plus."""
+
+    estimator: str = "grpo"
+    policy_loss: str = "ppo"  # 'ppo' (clipped) | 'gspo'
+    loss_agg: str = "token-mean"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip_c: float | None = 3.0
+    norm_by_std: bool = True
+    gamma: float = 1.0
+    lam: float = 1.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_kind: str = "low_var_kl"
+    kl_in_reward_coef: float = 0.0
+    kl_in_reward_kind: str = "k1"
+    entropy_coef: float = 0.0
+    ppo_epochs: int = 1
+    mini_batches: int = 1  # optimizer updates per epoch
+    micro_batch_size: int = 16  # sequences per forward/backward
+    value_clip: float | None = 0.5
+    dynamic_sampling: bool = False  # DAPO: drop all-equal groups, refill
+    max_sampling_tries: int = 3
+    tis_cap: float | None = None  # truncated importance sampling vs rollout logprobs
+    overlong_filter: bool = False  # truncated responses excluded from the loss
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    name: str = "math"
+    correct: float = 1.0
+    incorrect: float = 0.0
+    code_failure_penalty: float = 0.0
+    timeout_s: float = 5.0
+    workers: int = 2
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    run_dir: str = "runs/grpo_tiny"
+    steps: int = 20
+    eval_every: int = 5
+    save_every: int = 5
+    seed: int = 0
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    # Both default to OptimConfig's bindings; give the critic its own with a gin scope:
+    # `RLConfig.critic_optim = @critic/OptimConfig()` and `critic/OptimConfig.lr = 1e-5`.
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    critic_optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.algo.estimator == "gae"
+
+    def validate(self) -> None:
+        from jaxrl_llm.algorithms import registry
+
+        a = self.algo
+        registry.lookup("advantage", a.estimator)
+        registry.lookup("policy_loss", a.policy_loss)
+        registry.lookup("loss_agg", a.loss_agg)
+        registry.lookup("kl", a.kl_loss_kind)
+        registry.lookup("kl", a.kl_in_reward_kind)
+        batch = self.data.prompts_per_step * self.rollout.n
+        if batch % a.mini_batches:
+            raise ValueError(f"batch {batch} (prompts x n) not divisible by {a.mini_batches=}")
+        mini = batch // a.mini_batches
+        if mini % a.micro_batch_size and a.micro_batch_size < mini:
+            raise ValueError(f"mini-batch {mini} not divisible by {a.micro_batch_size=}")
+        if self.rollout.tool not in ("none", "python"):
+            raise ValueError(f"rollout.tool must be 'none' or 'python', got {self.rollout.tool!r}")
+        if a.estimator in ("grpo", "rloo") and self.rollout.n < 2:
+            raise ValueError(f"{a.estimator} needs rollout.n >= 2 samples per prompt")

@@ -1,0 +1,295 @@
+"""The RL loop: orchestration only (the math lives in `algorithms/`, `experience.py`, `steps.py`).
+
+One step: prompts -> rollout with the live params -> rewards -> old/ref logprobs and values
+-> advantages -> ppo_epochs x mini-batches of critic and policy updates -> metrics ->
+validation / checkpoint. Every random draw derives from `RLConfig.seed` and the step, so a
+resumed run repeats an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_llm.assets import resolve_checkpoint
+from jaxrl_llm.learner import run_setup
+from jaxrl_llm.learner.checkpoint import Checkpointer
+from jaxrl_llm.learner.experience import (
+    all_equal_groups,
+    make_advantage_fn,
+    make_logprob_fn,
+    make_value_fn,
+    pack_sequences,
+)
+from jaxrl_llm.learner.optim import make_optimizer
+from jaxrl_llm.learner.rl_config import RLConfig
+from jaxrl_llm.learner.state import TrainState
+from jaxrl_llm.learner.steps import make_critic_step, make_policy_step, to_micro_batches
+from jaxrl_llm.metrics import MetricsWriter
+from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer, save_pretrained
+from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
+from jaxrl_llm.types import TrainBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RunState:
+    """What a checkpoint restores: device state plus host counters."""
+
+    policy: TrainState
+    critic: TrainState | None
+    step: int = 0
+
+
+def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None) -> list[dict]:
+    """Train; returns the metric records written this call. `stop_after` ends early (tests)."""
+    cfg.validate()
+    run_dir = Path(cfg.run_dir)
+    mesh = build_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    src = resolve_checkpoint(cfg.policy.checkpoint)
+    tokenizer = load_tokenizer(src)
+    load = dict(dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype, mesh=mesh)
+    policy = from_pretrained(src, rules=TRAIN_RULES, remat=cfg.policy.remat, **load)
+    graphdef, params = nnx.split(policy)
+    a = cfg.algo
+    needs_ref = a.use_kl_loss or a.kl_in_reward_coef > 0
+    ref_params = jax.tree.map(jnp.copy, params) if needs_ref else None
+
+    updates_per_step = a.ppo_epochs * a.mini_batches
+    tx = make_optimizer(cfg.optim, cfg.steps * updates_per_step)
+    state = RunState(TrainState.create(params, tx, jax.random.PRNGKey(cfg.seed)), None)
+    critic_graphdef = critic_step = value_fn = None
+    if cfg.uses_critic:
+        critic_src = resolve_checkpoint(cfg.policy.critic_checkpoint or cfg.policy.checkpoint)
+        critic = from_pretrained(critic_src, cls=ValueModel, rules=TRAIN_RULES, **load)
+        critic_graphdef, critic_params = nnx.split(critic)
+        ctx_ = make_optimizer(cfg.critic_optim, cfg.steps * updates_per_step)
+        state.critic = TrainState.create(critic_params, ctx_, jax.random.PRNGKey(cfg.seed + 1))
+        critic_step = make_critic_step(critic_graphdef, ctx_, a)
+        value_fn = make_value_fn(critic_graphdef, a.micro_batch_size)
+
+    policy_step = make_policy_step(graphdef, tx, a, cfg.rollout.temperature)
+    logprob_fn = make_logprob_fn(graphdef, cfg.rollout.temperature, a.micro_batch_size)
+    adv_fn = make_advantage_fn(a, cfg.rollout.n)
+
+    data = run_setup.prompt_data(cfg, tokenizer, run_dir)
+    rollout = run_setup.Rollout(cfg, policy, tokenizer, mesh)
+    reward = run_setup.make_reward_pool(cfg.reward)
+    seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    it = data.train.iterator()
+    if resume and ckpt.latest_step() is not None:
+        step0 = ckpt.latest_step()
+        restored, extra = ckpt.restore(step0, _device_state(state))
+        state.policy, state.critic = restored["policy"], restored.get("critic")
+        it.set_state(extra["data"])
+        state.step = step0
+        log.info("resumed from %s step %d", ckpt.directory, step0)
+    elif run_dir.joinpath("checkpoints").exists() and ckpt.latest_step() is not None:
+        raise FileExistsError(
+            f"{run_dir} already has checkpoints; pass --resume or choose another run_dir"
+        )
+    if jax.process_index() == 0:
+        run_setup.write_config(run_dir)
+    writer = MetricsWriter(run_dir, resume_step=state.step if resume else None)
+    records: list[dict] = []
+    try:
+        if state.step == 0 and cfg.eval_every:
+            m = rollout.validate(state.policy.params, data.val, reward)
+            writer.write(0, m)
+            records.append({"step": 0, **m})
+        while state.step < cfg.steps:
+            step = state.step + 1
+            t0 = time.perf_counter()
+            exp, metrics = _collect(cfg, step, it, rollout, reward, state.policy.params)
+            metrics["timing/gen"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            batch = _make_batch(
+                cfg, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn
+            )
+            metrics.update(_batch_metrics(batch, exp))
+            metrics["timing/old_log_prob"] = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            metrics.update(_update(cfg, step, state, batch, policy_step, critic_step))
+            metrics["timing/update_actor"] = time.perf_counter() - t2
+            run_setup.record_samples(run_dir, step, exp)
+            state.step = step
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                metrics.update(rollout.validate(state.policy.params, data.val, reward))
+            metrics["timing/step"] = time.perf_counter() - t0
+            writer.write(step, metrics)
+            records.append({"step": step, **metrics})
+            log.info(run_setup.summary_line(step, metrics))
+            if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
+                ckpt.save(step, _device_state(state), {"data": it.get_state(), "step": step})
+            if stop_after is not None and step >= stop_after:
+                break
+        if state.step >= cfg.steps:
+            model = nnx.merge(graphdef, state.policy.params)
+            save_pretrained(model, run_dir / "hf", tokenizer=tokenizer)
+    finally:
+        writer.close()
+        ckpt.close()
+        reward.close()
+        rollout.close()
+    return records
+
+
+def _device_state(state: RunState) -> dict[str, Any]:
+    out: dict[str, Any] = {"policy": state.policy}
+    if state.critic is not None:
+        out["critic"] = state.critic
+    return out
+
+
+def _collect(cfg, step, it, rollout, reward, params):
+    """Rollouts and rewards for one step; DAPO dynamic sampling refills all-equal groups."""
+    n = cfg.rollout.n
+    want = cfg.data.prompts_per_step
+    kept: list[dict] = []
+    tries = dropped = 0
+    metrics: dict[str, float] = {}
+    while True:
+        tries += 1
+        batch = next(it)
+        exp = rollout.generate(params, batch, step, tries)
+        exp["scores"] = np.asarray(
+            reward.score([c.text for c in exp["completions"]], exp["answers"]), np.float32
+        )
+        if not kept:
+            metrics.update(rollout.env_metrics(exp))
+        if not cfg.algo.dynamic_sampling:
+            kept.append(exp)
+            break
+        equal = all_equal_groups(exp["scores"], n)
+        dropped += int(equal.sum())
+        kept.append(_select_groups(exp, ~equal, n))
+        have = sum(len(e["prompt_ids"]) for e in kept)
+        if have >= want or tries >= cfg.algo.max_sampling_tries:
+            break
+    exp = _concat(kept, want, n)
+    metrics["dynamic_sampling/tries"] = tries
+    metrics["dynamic_sampling/dropped_groups"] = dropped
+    if cfg.algo.dynamic_sampling and len(exp["prompt_ids"]) < want:
+        log.warning(
+            "step %d: only %d of %d prompts had mixed rewards after %d tries; "
+            "training on a smaller batch is not possible with static shapes, so the "
+            "batch is topped up with all-equal groups (no gradient from them)",
+            step, len(exp["prompt_ids"]), want, tries,
+        )  # fmt: skip
+        exp = _concat([*kept, _select_groups(kept[-1], np.ones(want, bool), n)], want, n)
+    return exp, metrics
+
+
+def _select_groups(exp: dict, keep: np.ndarray, n: int) -> dict:
+    rows = np.repeat(keep, n)
+    return {
+        "completions": [c for c, k in zip(exp["completions"], rows) if k],
+        "answers": [x for x, k in zip(exp["answers"], rows) if k],
+        "prompt_ids": [x for x, k in zip(exp["prompt_ids"], keep) if k],
+        "scores": exp["scores"][rows],
+    }
+
+
+def _concat(parts: list[dict], want: int, n: int) -> dict:
+    out = {
+        "completions": [c for p in parts for c in p["completions"]][: want * n],
+        "answers": [x for p in parts for x in p["answers"]][: want * n],
+        "prompt_ids": [x for p in parts for x in p["prompt_ids"]][:want],
+        "scores": np.concatenate([p["scores"] for p in parts])[: want * n],
+    }
+    return out
+
+
+def _make_batch(cfg, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn):
+    packed = pack_sequences(exp["completions"], seq_len, pad_id)
+    ids = jnp.asarray(packed["input_ids"])
+    loss_mask = packed["response_mask"]
+    if cfg.algo.overlong_filter:
+        loss_mask = loss_mask * (~packed["truncated"])[:, None]
+    loss_mask = jnp.asarray(loss_mask)
+    old_lp = logprob_fn(state.policy.params, ids)
+    ref_lp = logprob_fn(ref_params, ids) if ref_params is not None else jnp.zeros_like(old_lp)
+    values = value_fn(state.critic.params, ids) if value_fn is not None else None
+    scores = jnp.asarray(exp["scores"])
+    adv, returns = adv_fn(scores, loss_mask, old_lp, ref_lp, values)
+    exp["packed"] = packed
+    return TrainBatch(
+        input_ids=ids,
+        loss_mask=loss_mask,
+        old_logprobs=old_lp,
+        ref_logprobs=ref_lp,
+        advantages=adv,
+        returns=returns,
+        old_values=values if values is not None else jnp.zeros_like(old_lp),
+        rollout_logprobs=jnp.asarray(packed["rollout_logprobs"]),
+    )
+
+
+def _batch_metrics(batch: TrainBatch, exp: dict) -> dict[str, float]:
+    mask = np.asarray(batch.loss_mask)
+    model_mask = np.asarray(exp["packed"]["response_mask"])
+    scores = exp["scores"]
+    lengths = exp["packed"]["response_length"]
+    adv = np.asarray(batch.advantages)[mask > 0]
+    diff = np.abs(np.asarray(batch.old_logprobs) - np.asarray(batch.rollout_logprobs))
+    diff = diff[model_mask > 0]
+    m = {
+        "critic/score/mean": scores.mean(),
+        "critic/score/max": scores.max(),
+        "critic/score/min": scores.min(),
+        "critic/advantages/mean": adv.mean() if adv.size else 0.0,
+        "critic/advantages/max": adv.max() if adv.size else 0.0,
+        "critic/advantages/min": adv.min() if adv.size else 0.0,
+        "response_length/mean": lengths.mean(),
+        "response_length/max": lengths.max(),
+        "response_length/min": lengths.min(),
+        "response_length/clip_ratio": exp["packed"]["truncated"].mean(),
+        "rollout/logprob_diff/mean": diff.mean() if diff.size else 0.0,
+        "rollout/logprob_diff/max": diff.max() if diff.size else 0.0,
+    }
+    if np.asarray(batch.old_values).any():
+        vals = np.asarray(batch.old_values)[mask > 0]
+        rets = np.asarray(batch.returns)[mask > 0]
+        m["critic/values/mean"] = vals.mean()
+        m["critic/returns/mean"] = rets.mean()
+    return {k: float(v) for k, v in m.items()}
+
+
+def _update(cfg, step, state: RunState, batch: TrainBatch, policy_step, critic_step):
+    a = cfg.algo
+    B = batch.input_ids.shape[0]
+    mini = B // a.mini_batches
+    sums: dict[str, float] = {}
+    count = 0
+    rng = np.random.default_rng([cfg.seed, step])
+    for _ in range(a.ppo_epochs):
+        order = rng.permutation(B)
+        for k in range(a.mini_batches):
+            idx = jnp.asarray(order[k * mini : (k + 1) * mini])
+            mb = to_micro_batches(batch, idx, a.micro_batch_size)
+            if critic_step is not None:
+                state.critic, cm = critic_step(state.critic, mb)
+                _add(sums, cm)
+            state.policy, pm = policy_step(state.policy, mb)
+            _add(sums, pm)
+            count += 1
+    out = {k: v / count for k, v in sums.items()}
+    out["actor/lr_step"] = float(state.policy.step)
+    return out
+
+
+def _add(sums: dict[str, float], metrics: dict[str, Any]) -> None:
+    for k, v in metrics.items():
+        sums[k] = sums.get(k, 0.0) + float(v)

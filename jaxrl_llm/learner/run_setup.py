@@ -1,0 +1,236 @@
+"""What an RL run is built from: prompt data, the rollout side, rewards, run-dir files.
+
+Kept apart from `rl_loop.py` so the loop reads as the algorithm's outline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_llm.config import write_resolved_config
+from jaxrl_llm.data import limr
+from jaxrl_llm.data.examples import FieldMap
+from jaxrl_llm.data.pipeline import PipelineConfig, build_prompt_pipeline
+from jaxrl_llm.data.sources import SourceConfig
+from jaxrl_llm.data.tasks import arithmetic
+from jaxrl_llm.learner.rl_config import RewardConfig, RLConfig
+
+log = logging.getLogger(__name__)
+OUTPUT_STOP = "```output"
+
+
+@dataclasses.dataclass
+class PromptData:
+    train: Any  # PromptPipeline
+    val: Any  # PromptPipeline
+
+
+def prompt_data(cfg: RLConfig, tokenizer: Any, run_dir: Path) -> PromptData:
+    """Train and validation pipelines; the built-in task is written to run_dir/data first."""
+    d = cfg.data
+    train_file, val_file = d.train_file, d.val_file
+    if train_file is None:
+        paths = arithmetic.write_splits(
+            run_dir / "data",
+            n_train=d.builtin_train_size,
+            n_val=d.val_size,
+            seed=d.seed,
+            levels=d.builtin_levels,
+        )
+        train_file, val_file = str(paths["train"]), str(paths["val"])
+    fields = FieldMap(
+        prompt=(d.prompt_key,) if d.prompt_key else FieldMap().prompt,
+        answer=(d.answer_key,) if d.answer_key else FieldMap().answer,
+    )
+    common = dict(
+        fields=fields,
+        template=d.template,
+        system_prompt=d.system_prompt,
+        max_prompt_length=d.max_prompt_length,
+        seed=d.seed,
+    )
+    proc = dict(process_index=jax.process_index(), process_count=jax.process_count())
+    train = build_prompt_pipeline(
+        PipelineConfig(
+            source=SourceConfig(train_file),
+            global_batch_size=d.prompts_per_step,
+            num_epochs=None,
+            **common,
+        ),
+        tokenizer,
+        **proc,
+    )
+    val = None
+    if val_file is not None:
+        val = build_prompt_pipeline(
+            PipelineConfig(
+                source=SourceConfig(val_file),
+                global_batch_size=min(d.val_size, 64),
+                num_epochs=1,
+                shuffle=False,
+                drop_remainder=False,
+                **common,
+            ),
+            tokenizer,
+        )
+    for name, pipe in (("train", train), ("val", val)):
+        if pipe is not None:
+            log.info("%s prompts: %s", name, pipe.report.summary())
+    return PromptData(train, val)
+
+
+class Rollout:
+    """The engine and driver, plus the tool callback and validation."""
+
+    def __init__(self, cfg: RLConfig, policy, tokenizer, mesh):
+        from jaxrl_llm.rollout import Engine, RolloutDriver
+
+        r = cfg.rollout
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.engine = Engine(
+            policy,
+            max_concurrent_decodes=r.max_slots,
+            max_cache_length=cfg.data.max_prompt_length + r.max_new_tokens + 1,
+            max_prefill_length=cfg.data.max_prompt_length,
+            mesh=mesh,
+            tokenizer=tokenizer,
+        )
+        self.driver = RolloutDriver(
+            self.engine,
+            tokenizer,
+            steps_per_call=r.steps_per_call,
+            max_tool_turns=r.max_tool_calls,
+        )
+        self.tool = None
+        self.stop = tuple(r.stop)
+        if r.tool == "python":
+            from jaxrl_llm.tools import PythonTool
+
+            python = PythonTool()
+            self.stop = (*self.stop, OUTPUT_STOP)
+            self.tool = lambda text: torl_observation(python, text)
+
+    def _sampling(self, seed: int, *, n: int, temperature: float):
+        from jaxrl_llm.rollout import SamplingParams
+
+        r = self.cfg.rollout
+        return SamplingParams(
+            temperature=temperature,
+            top_k=r.top_k,
+            top_p=r.top_p,
+            max_new_tokens=r.max_new_tokens,
+            stop=self.stop,
+            n=n,
+            seed=seed,
+        )
+
+    def generate(self, params, batch, step: int, attempt: int) -> dict:
+        r = self.cfg.rollout
+        seed = int(np.random.default_rng([self.cfg.seed, step, attempt]).integers(2**31))
+        prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(len(batch))]
+        completions = self.driver.generate(
+            prompts,
+            self._sampling(seed, n=r.n, temperature=r.temperature),
+            params=params,
+            tool=self.tool,
+        )
+        return {
+            "completions": completions,
+            "answers": [a for a in batch.answers for _ in range(r.n)],
+            "prompt_ids": list(batch.ids),
+        }
+
+    def env_metrics(self, exp: dict) -> dict[str, float]:
+        comps = exp["completions"]
+        reasons = [c.finish_reason for c in comps]
+        m = {f"rollout/finish/{k}": reasons.count(k) / len(comps) for k in set(reasons)}
+        if self.tool is not None:
+            from jaxrl_llm.tools.python_tool import is_error_output, output_blocks
+
+            calls = np.asarray([c.tool_calls for c in comps], np.float32)
+            blocks = [b for c in comps for b in output_blocks(c.text)]
+            ok = [not is_error_output(b) for b in blocks]
+            m["env/tool_calls/mean"] = float(calls.mean())
+            m["env/number_of_actions/mean"] = float(calls.mean())
+            m["env/ratio_of_valid_action"] = float(np.mean(calls > 0))
+            m["env/code_success_rate"] = float(np.mean(ok)) if ok else 0.0
+        return m
+
+    def validate(self, params, val, reward) -> dict[str, float]:
+        """Greedy (by default) pass over the validation set: `val/test_score` is accuracy."""
+        if val is None:
+            return {}
+        r = self.cfg.rollout
+        texts, answers = [], []
+        for batch in val.iterator():
+            prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(len(batch))]
+            comps = self.driver.generate(
+                prompts,
+                self._sampling(self.cfg.seed, n=1, temperature=r.val_temperature),
+                params=params,
+                tool=self.tool,
+            )
+            texts += [c.text for c in comps]
+            answers += list(batch.answers)
+        scores = np.asarray(reward.score(texts, answers), np.float32)
+        correct = scores >= self.cfg.reward.correct
+        return {"val/test_score": float(correct.mean()), "val/reward/mean": float(scores.mean())}
+
+    def close(self) -> None:
+        pass
+
+
+def torl_observation(python_tool, text: str) -> str | None:
+    """ToRL turn: the model stopped on "```output" (kept as its own token, so it is trained);
+    run its last ```python block and return the rest of the block: "\\n{result}\\n```\\n"."""
+    if not text.endswith(OUTPUT_STOP):
+        return None
+    obs = python_tool.observe(text[: -len(OUTPUT_STOP)])
+    if obs is None:
+        return None
+    return obs[len(OUTPUT_STOP) :] if obs.startswith(OUTPUT_STOP) else obs
+
+
+def make_reward_pool(cfg: RewardConfig):
+    from jaxrl_llm.rewards import RewardPool, get_reward
+
+    options: dict[str, Any] = {"correct": cfg.correct, "incorrect": cfg.incorrect}
+    if cfg.name == "math":
+        options.update(code_failure_penalty=cfg.code_failure_penalty, timeout_s=cfg.timeout_s)
+    fn = get_reward(cfg.name, **options)
+    return RewardPool(
+        fn, num_workers=cfg.workers, timeout_s=cfg.timeout_s, timeout_value=cfg.incorrect
+    )
+
+
+def record_samples(run_dir: Path, step: int, exp: dict) -> None:
+    """LIMR's per-sample record: samples/step_N.jsonl with prompt id and reward."""
+    n = len(exp["completions"]) // max(len(exp["prompt_ids"]), 1)
+    ids = [p for p in exp["prompt_ids"] for _ in range(n)]
+    limr.record_samples(run_dir, step, ids, exp["scores"], process_index=jax.process_index())
+
+
+def write_config(run_dir: Path) -> Path:
+    return write_resolved_config(run_dir)
+
+
+def summary_line(step: int, m: dict[str, float]) -> str:
+    keys = [
+        ("score", "critic/score/mean"),
+        ("val", "val/test_score"),
+        ("len", "response_length/mean"),
+        ("pg", "actor/pg_loss"),
+        ("kl", "actor/kl_loss"),
+        ("ent", "actor/entropy"),
+        ("clip", "actor/pg_clipfrac"),
+        ("t", "timing/step"),
+    ]
+    parts = [f"{name}={m[k]:.3g}" for name, k in keys if k in m]
+    return f"step {step}: " + " ".join(parts)
