@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
         "train_main",
     ),
     "generate": ("jaxrl_llm.rollout.commands", "generate completions from a checkpoint"),
+    "serve": ("jaxrl_llm.rollout.server", "serve a checkpoint over JetStream's gRPC API"),
+    "bench": ("jaxrl_llm.bench.rollout", "benchmarks (rollout), JSON output"),
     "sft": (
         "jaxrl_llm.learner.commands",
         "supervised fine-tuning (builds the tiny default)",

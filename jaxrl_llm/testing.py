@@ -57,3 +57,26 @@ def write_reference_checkpoint(
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(str(path))
     return model
+
+
+def digit_fraction_reward(
+    response: str, ground_truth: Any = None, *, correct: float = 1.0, incorrect: float = 0.0
+) -> float:
+    """A dense test reward: the fraction of the response's characters that are digits.
+
+    Even an untrained model's samples differ in it, so RL tests get a learning signal.
+    """
+    del ground_truth
+    if not response:
+        return incorrect
+    frac = sum(ch.isdigit() for ch in response) / len(response)
+    return incorrect + (correct - incorrect) * frac
+
+
+def _register_test_rewards() -> None:
+    from jaxrl_llm.rewards.registry import register_reward
+
+    register_reward("digit_fraction")(digit_fraction_reward)
+
+
+_register_test_rewards()

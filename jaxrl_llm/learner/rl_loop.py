@@ -157,7 +157,8 @@ def _collect(cfg, step, it, rollout, reward, params):
     """Rollouts and rewards for one step; DAPO dynamic sampling refills all-equal groups."""
     n = cfg.rollout.n
     want = cfg.data.prompts_per_step
-    kept: list[dict] = []
+    mixed: list[dict] = []  # groups with a learning signal
+    equal: list[dict] = []  # all-equal groups, used only to top up a short batch
     tries = dropped = 0
     metrics: dict[str, float] = {}
     while True:
@@ -167,29 +168,29 @@ def _collect(cfg, step, it, rollout, reward, params):
         exp["scores"] = np.asarray(
             reward.score([c.text for c in exp["completions"]], exp["answers"]), np.float32
         )
-        if not kept:
+        if tries == 1:
             metrics.update(rollout.env_metrics(exp))
         if not cfg.algo.dynamic_sampling:
-            kept.append(exp)
+            mixed.append(exp)
             break
-        equal = all_equal_groups(exp["scores"], n)
-        dropped += int(equal.sum())
-        kept.append(_select_groups(exp, ~equal, n))
-        have = sum(len(e["prompt_ids"]) for e in kept)
+        same = all_equal_groups(exp["scores"], n)
+        dropped += int(same.sum())
+        mixed.append(_select_groups(exp, ~same, n))
+        equal.append(_select_groups(exp, same, n))
+        have = sum(len(e["prompt_ids"]) for e in mixed)
         if have >= want or tries >= cfg.algo.max_sampling_tries:
             break
-    exp = _concat(kept, want, n)
     metrics["dynamic_sampling/tries"] = tries
     metrics["dynamic_sampling/dropped_groups"] = dropped
-    if cfg.algo.dynamic_sampling and len(exp["prompt_ids"]) < want:
+    have = sum(len(e["prompt_ids"]) for e in mixed)
+    if have < want:
         log.warning(
-            "step %d: only %d of %d prompts had mixed rewards after %d tries; "
-            "training on a smaller batch is not possible with static shapes, so the "
-            "batch is topped up with all-equal groups (no gradient from them)",
-            step, len(exp["prompt_ids"]), want, tries,
+            "step %d: only %d of %d prompts had mixed rewards after %d tries; the batch is "
+            "topped up with all-equal groups (shapes are static; they add no gradient)",
+            step, have, want, tries,
         )  # fmt: skip
-        exp = _concat([*kept, _select_groups(kept[-1], np.ones(want, bool), n)], want, n)
-    return exp, metrics
+        mixed += equal
+    return _concat(mixed, want, n), metrics
 
 
 def _select_groups(exp: dict, keep: np.ndarray, n: int) -> dict:
@@ -225,6 +226,7 @@ def _make_batch(cfg, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_
     scores = jnp.asarray(exp["scores"])
     adv, returns = adv_fn(scores, loss_mask, old_lp, ref_lp, values)
     exp["packed"] = packed
+    exp["has_values"] = values is not None
     return TrainBatch(
         input_ids=ids,
         loss_mask=loss_mask,
@@ -259,7 +261,7 @@ def _batch_metrics(batch: TrainBatch, exp: dict) -> dict[str, float]:
         "rollout/logprob_diff/mean": diff.mean() if diff.size else 0.0,
         "rollout/logprob_diff/max": diff.max() if diff.size else 0.0,
     }
-    if np.asarray(batch.old_values).any():
+    if exp["has_values"]:
         vals = np.asarray(batch.old_values)[mask > 0]
         rets = np.asarray(batch.returns)[mask > 0]
         m["critic/values/mean"] = vals.mean()

@@ -40,11 +40,11 @@ def apply_gradients(
     state: TrainState, grads: Any, tx: optax.GradientTransformation
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimiser update; returns the new state and {'grad_norm', 'update_norm'}."""
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new = dataclasses.replace(state, step=state.step + 1, params=params, opt_state=opt_state)
-    return new, {"grad_norm": grad_norm, "update_norm": optax.global_norm(updates)}
+    return new, {"grad_norm": grad_norm, "update_norm": optax.tree.norm(updates)}
 
 
 def accumulate_gradients(

@@ -1,1 +1,38 @@
-"""Rollout: JetStream-API engine, sampling, KV cache management, RL rollout driver."""
+"""Rollout: JetStream-API engine, sampling, KV cache management, RL rollout driver.
+
+Names are imported lazily: the engine imports `jetstream.engine.engine_api`, which pulls in
+seqio and TensorFlow (seconds and hundreds of MB), so `import jaxrl_llm.rollout` stays light
+and the cost is paid on first use of `Engine`, `RolloutDriver` or `generate`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Engine": "jaxrl_llm.rollout.engine",
+    "ParamsRef": "jaxrl_llm.rollout.engine",
+    "Prefix": "jaxrl_llm.rollout.engine",
+    "DecodeState": "jaxrl_llm.rollout.engine",
+    "RolloutDriver": "jaxrl_llm.rollout.driver",
+    "Completion": "jaxrl_llm.rollout.driver",
+    "generate": "jaxrl_llm.rollout.driver",
+    "pad_completions": "jaxrl_llm.rollout.driver",
+    "SamplingParams": "jaxrl_llm.rollout.sampling",
+    "sample_tokens": "jaxrl_llm.rollout.sampling",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,88 @@
+"""Name -> function tables for the algorithm options a config can pick.
+
+Each kind of option (``advantage``, ``policy_loss``, ``kl``, ``loss_agg``) is one table of
+small functions. A config names an option by string; :func:`resolve` turns it into a callable
+once, at start-up, so a typo or an unknown keyword fails with the list of valid choices before
+anything is traced or compiled.
+
+Example::
+
+    adv_fn = resolve("advantage", "grpo", group_size=8)       # at start-up
+    advantages, returns = adv_fn(token_rewards, response_mask)  # inside the jitted step
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+KINDS = ("advantage", "policy_loss", "kl", "loss_agg")
+
+_TABLES: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
+
+
+def _table(kind: str) -> dict[str, Callable[..., Any]]:
+    if kind not in _TABLES:
+        raise ValueError(f"unknown option kind {kind!r}; kinds are: {', '.join(KINDS)}")
+    return _TABLES[kind]
+
+
+def register(kind: str, *names: str) -> Callable[[F], F]:
+    """Decorator: register a function under one or more names (aliases) of ``kind``.
+
+    Registering a different function under a taken name is an error (two modules silently
+    fighting over a name is worse than a crash at import).
+    """
+    if not names:
+        raise ValueError("register needs at least one name")
+    table = _table(kind)
+
+    def decorator(fn: F) -> F:
+        for name in names:
+            if name in table and table[name] is not fn:
+                raise ValueError(f"{kind} {name!r} is already registered to {table[name]!r}")
+            table[name] = fn
+        return fn
+
+    return decorator
+
+
+def available(kind: str) -> tuple[str, ...]:
+    """Sorted names registered for ``kind``."""
+    return tuple(sorted(_table(kind)))
+
+
+def lookup(kind: str, name: str) -> Callable[..., Any]:
+    """The function registered as ``name``; a ValueError lists the choices if there is none."""
+    table = _table(kind)
+    if name not in table:
+        raise ValueError(f"unknown {kind} {name!r}; choose one of: {', '.join(available(kind))}")
+    return table[name]
+
+
+def resolve(kind: str, name: str, /, **kwargs: Any) -> Callable[..., Any]:
+    """Look ``name`` up and bind keyword hyperparameters, checking them against its signature.
+
+    Returns ``functools.partial(fn, **kwargs)`` (or ``fn`` itself when no kwargs are given).
+    An unknown keyword raises a ValueError naming the keywords the function accepts.
+    """
+    fn = lookup(kind, name)
+    if not kwargs:
+        return fn
+    params = inspect.signature(fn).parameters
+    keyword_ok = {
+        p.name
+        for p in params.values()
+        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    }
+    unknown = sorted(set(kwargs) - keyword_ok)
+    if unknown:
+        raise ValueError(
+            f"{kind} {name!r} does not take {', '.join(unknown)}; "
+            f"it takes: {', '.join(sorted(keyword_ok))}"
+        )
+    return functools.partial(fn, **kwargs)

@@ -1,0 +1,1 @@
+"""`jaxrl-llm bench` suites; each prints JSON with same-run baselines and machine ceilings."""

@@ -1,0 +1,165 @@
+"""`jaxrl-llm bench rollout`: prefill and decode tokens/s of our engine vs HF `generate`.
+
+Same checkpoint, batch, prompt length and number of new tokens for both, measured in the
+same run, with the machine's ceilings (float32 matmul FLOP/s, streaming read bytes/s), so the
+output reads as ratios and roofline fractions. Greedy decoding with EOS disabled, so every
+row produces exactly `--new-tokens` tokens. Prompts are random token ids.
+
+`--checkpoint` is a directory, 'builtin' (the shipped tiny model) or a random-weight shape
+name from `SHAPES` (written once to a temporary HF checkpoint that both sides load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {
+    "qwen2.5-0.5b": dict(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=True, rope_theta=1000000.0,
+    ),
+}  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("suite", choices=["rollout"])
+    parser.add_argument("--checkpoint", default="builtin")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--steps-per-call", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
+
+
+def machine_ceilings() -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    n = 2048
+    a = jnp.ones((n, n), jnp.float32)
+    mm = jax.jit(lambda x: x @ x)
+    mm(a).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        mm(a).block_until_ready()
+    flops = 5 * 2 * n**3 / (time.perf_counter() - t0)
+    big = jnp.ones(64 * 2**20, jnp.float32)  # 256 MB, well past the caches
+    total = jax.jit(jnp.sum)
+    total(big).block_until_ready()
+    best = float("inf")
+    for _ in range(5):  # a streaming read, as decode reads the weights
+        t0 = time.perf_counter()
+        total(big).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    bandwidth = big.nbytes / best
+    return {"matmul_flops": flops, "read_bytes_per_s": bandwidth}
+
+
+def _checkpoint(name: str, tmp: Path) -> Path:
+    from jaxrl_llm.assets import resolve_checkpoint
+
+    if name not in SHAPES:
+        return resolve_checkpoint(name)
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(**SHAPES[name])).save_pretrained(str(tmp))
+    return tmp
+
+
+def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -> dict:
+    import jax
+    from flax import nnx
+
+    from jaxrl_llm.models import from_pretrained
+    from jaxrl_llm.rollout.engine import Engine
+    from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling
+
+    model = from_pretrained(path)
+    engine = Engine(model, max_concurrent_decodes=B, max_cache_length=P + N + 1,
+                    max_prefill_length=P, eos_ids=())  # fmt: skip
+    params = engine.load_params()
+    V = model.config.vocab_size
+    prompts = np.random.RandomState(0).randint(3, V, (B, P)).astype(np.int32)
+    greedy = SlotSampling.one(SamplingParams(temperature=0.0), 0)
+    best = None
+    for _ in range(repeats + 1):  # the first run compiles
+        state = engine.init_decode_state()
+        t0 = time.perf_counter()
+        for b in range(B):
+            prefix = engine.prefill(params=params, padded_tokens=prompts[b], true_length=P)
+            state = engine.insert_slot(prefix, state, b, greedy, N)
+        jax.block_until_ready(state)
+        t1 = time.perf_counter()
+        for _ in range(-(-N // steps)):
+            state, rec = engine.generate_steps(params, state, steps)
+        jax.block_until_ready(rec)
+        t2 = time.perf_counter()
+        run = (t1 - t0, t2 - t1)
+        best = run if best is None or sum(run) < sum(best) else best
+    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
+    param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
+    prefill_s, decode_s = best
+    return {
+        "params": int(n_params),
+        "param_bytes": int(param_bytes),
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "prefill_tokens_per_s": B * P / prefill_s,
+        "decode_tokens_per_s": B * N / decode_s,
+        "tokens_per_s": B * N / (prefill_s + decode_s),
+        "decode_weight_bytes_per_s": param_bytes * N / decode_s,
+    }
+
+
+def bench_hf(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    V = model.config.vocab_size
+    ids = torch.from_numpy(np.random.RandomState(0).randint(3, V, (B, P)).astype(np.int64))
+    kwargs = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0)
+    best = None
+    with torch.no_grad():
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+            dt = time.perf_counter() - t0
+            best = dt if best is None else min(best, dt)
+    return {"total_s": best, "tokens_per_s": B * N / best, "torch_threads": torch.get_num_threads()}
+
+
+def main(args: argparse.Namespace) -> int:
+    B, P, N = args.batch, args.prompt_len, args.new_tokens
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _checkpoint(args.checkpoint, Path(tmp))
+        ours = bench_engine(path, B, P, N, args.steps_per_call, args.repeats)
+        hf = None if args.skip_hf else bench_hf(path, B, P, N, args.repeats)
+    ceilings = machine_ceilings()
+    result = {
+        "suite": "rollout",
+        "checkpoint": args.checkpoint,
+        "batch": B,
+        "prompt_len": P,
+        "new_tokens": N,
+        "engine": ours,
+        "hf_generate": hf,
+        "ceilings": ceilings,
+        "speedup_vs_hf": None if hf is None else ours["tokens_per_s"] / hf["tokens_per_s"],
+        "decode_bandwidth_roofline_fraction": (
+            ours["decode_weight_bytes_per_s"] / ceilings["read_bytes_per_s"]
+        ),
+    }
+    print(json.dumps(result, indent=1))
+    return 0

@@ -1,0 +1,378 @@
+"""The RL rollout driver: many prompts x n samples through one `Engine`, with tool turns.
+
+    driver = RolloutDriver(engine, tokenizer)
+    completions = driver.generate(prompts, SamplingParams(n=8, stop=("```output",)),
+                                  params=train_state.params, tool=python_tool)
+
+- One prefill per prompt; the prefix is inserted into n decode slots, each sample with its
+  own seed (`sample_seed(seed, prompt, sample)`), so results do not depend on slot order.
+- Continuous batching: whenever a slot finishes it is refilled before the next call.
+- Prompts are padded to power-of-two buckets (`Engine.prefill_bucket`), so the number of
+  compiles is bounded by the number of buckets, whatever lengths arrive.
+- `steps_per_call` decode steps run inside one jitted scan between host checks.
+- Stops: EOS and the token budget on device; stop strings on the host, on decoded text
+  (they may span tokens): the sample is cut right after the token that completes the
+  first match, and the stop string stays in the output.
+- Tool turns: when a sample stops on a stop string and `tool` is given, `tool(text)` runs
+  in a worker thread on the response text so far (everything after the prompt, earlier
+  tool outputs included). It returns the observation text, or None to end the sample.
+  The observation's tokens are appended to the sample's cache row (`Engine.append_tokens`,
+  no re-prefill), marked 0 in `response_mask`, and sampling resumes in the same slot.
+  Other slots keep decoding while a tool runs.
+- `max_new_tokens` bounds the whole response, inserted tokens included (as verl's
+  response length); a response that hits it or the cache ends with reason "length".
+
+Results come back in order prompt-major: completion `p * n + i` is sample i of prompt p,
+so per-group arrays are `x.reshape(-1, n)`.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_llm.rollout.engine import Engine
+from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_seed
+
+log = logging.getLogger(__name__)
+
+ToolCallback = Callable[[str], "str | None"]
+FINISH_REASONS = ("eos", "stop", "length", "prompt_too_long")
+DEFAULT_SAMPLING = SamplingParams()
+
+
+@dataclasses.dataclass
+class Completion:
+    """One sample. Arrays are [T] over response tokens (model and inserted)."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: np.ndarray
+    token_ids: np.ndarray  # int32
+    logprobs: np.ndarray  # float32, under the sampled distribution; 0 on inserted tokens
+    raw_logprobs: np.ndarray  # float32, log_softmax of raw logits; 0 on inserted tokens
+    response_mask: np.ndarray  # int32, 1 = model token, 0 = inserted (tool output)
+    finish_reason: str  # one of FINISH_REASONS
+    text: str
+    stop_string: str | None = None
+    tool_calls: int = 0
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class _Sample:
+    """Host-side state of a live sample."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: np.ndarray
+    params: SamplingParams
+    seed: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    raw: list[float] = dataclasses.field(default_factory=list)
+    mask: list[int] = dataclasses.field(default_factory=list)
+    turn_start: int = 0  # index in `tokens` where the current model turn began
+    checked: int = 0  # tokens of this turn already searched for stop strings
+    tool_calls: int = 0
+    error: str | None = None
+
+    @property
+    def cached(self) -> int:
+        return len(self.prompt_ids) + len(self.tokens)
+
+
+class RolloutDriver:
+    """Continuous-batching generation of prompts x n samples on an `Engine`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any = None,
+        *,
+        steps_per_call: int = 8,
+        max_tool_turns: int = 4,
+        tool_workers: int = 4,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+        self.steps_per_call = int(steps_per_call)
+        self.max_tool_turns = int(max_tool_turns)
+        self.tool_workers = int(tool_workers)
+        self.eos_ids = {int(i) for i in engine.eos_ids if i >= 0}
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    # -------------------------------------------------------------- helpers
+    def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer")
+            return np.asarray(self.tokenizer(prompt)["input_ids"], np.int32)
+        return np.asarray(prompt, np.int32).reshape(-1)
+
+    def _decode(self, ids: Sequence[int], skip_special: bool) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
+
+    def _too_long(self, ids: np.ndarray) -> str | None:
+        if len(ids) == 0:
+            return "empty prompt"
+        if len(ids) > self.engine.max_prefill_length:
+            return (
+                f"prompt of {len(ids)} tokens exceeds max_prefill_length "
+                f"{self.engine.max_prefill_length}"
+            )
+        return None
+
+    def _find_stop(self, s: _Sample) -> tuple[int, str] | None:
+        """(tokens of this turn up to and including the match, stop string) or None."""
+        turn = s.tokens[s.turn_start :]
+        stops = s.params.stop
+
+        def match(count: int) -> str | None:
+            text = self._decode(turn[:count], skip_special=False)
+            hits = [(text.find(x), x) for x in stops if x in text]
+            return min(hits)[1] if hits else None
+
+        if not turn or match(len(turn)) is None:
+            s.checked = len(turn)
+            return None
+        lo, hi = s.checked + 1, len(turn)  # smallest prefix that contains a stop string
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if match(mid) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo, match(lo)
+
+    def _completion(self, s: _Sample, reason: str, stop: str | None = None) -> Completion:
+        return Completion(
+            prompt_index=s.prompt_index,
+            sample_index=s.sample_index,
+            prompt_ids=s.prompt_ids,
+            token_ids=np.asarray(s.tokens, np.int32),
+            logprobs=np.asarray(s.logprobs, np.float32),
+            raw_logprobs=np.asarray(s.raw, np.float32),
+            response_mask=np.asarray(s.mask, np.int32),
+            finish_reason=reason,
+            text=self._decode(s.tokens, skip_special=True),
+            stop_string=stop,
+            tool_calls=s.tool_calls,
+            error=s.error,
+        )
+
+    # ----------------------------------------------------------------- main
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams] = DEFAULT_SAMPLING,
+        *,
+        params: Any = None,
+        tool: ToolCallback | None = None,
+        on_long_prompt: str = "raise",
+    ) -> list[Completion]:
+        """Complete every prompt `n` times; returns completions prompt-major.
+
+        `params`: the policy params to sample with (the trainer's current params: no copy
+        on a shared layout); None uses the engine's own. `sampling`: one SamplingParams for
+        all prompts or one per prompt (their `n` may differ; results stay prompt-major).
+        `on_long_prompt`: "raise" (ValueError before any compute) or "skip" (those
+        prompts' samples end with finish reason "prompt_too_long").
+        """
+        if on_long_prompt not in ("raise", "skip"):
+            raise ValueError(f"on_long_prompt must be 'raise' or 'skip', got {on_long_prompt!r}")
+        if isinstance(sampling, SamplingParams):
+            sampling = [sampling] * len(prompts)
+        if len(sampling) != len(prompts):
+            raise ValueError(f"{len(sampling)} sampling params for {len(prompts)} prompts")
+        ids = [self.encode(p) for p in prompts]
+        problems = {i: msg for i, p in enumerate(ids) if (msg := self._too_long(p))}
+        if problems and on_long_prompt == "raise":
+            shown = "; ".join(f"prompt {i}: {m}" for i, m in list(problems.items())[:5])
+            raise ValueError(f"{len(problems)} prompt(s) cannot be generated: {shown}")
+
+        eng = self.engine
+        params = eng.place_params(eng.load_params() if params is None else params)
+        results: dict[tuple[int, int], Completion] = {}
+        for i, msg in problems.items():
+            for j in range(sampling[i].n):
+                s = _Sample(i, j, ids[i], sampling[i], 0, error=msg)
+                results[(i, j)] = self._completion(s, "prompt_too_long")
+        queue = collections.deque(i for i in range(len(ids)) if i not in problems)
+        current: tuple[int, Any, collections.deque] | None = None
+        slots: list[_Sample | None] = [None] * eng.batch
+        free = collections.deque(range(eng.batch))
+        pending: dict[int, cf.Future] = {}
+        state = eng.init_decode_state()
+        pool = cf.ThreadPoolExecutor(self.tool_workers) if tool is not None else None
+        try:
+            while True:
+                state = self._resume_tools(params, state, slots, free, pending, results)
+                while free and (queue or (current and current[2])):
+                    if current is None or not current[2]:
+                        i = queue.popleft()
+                        width = eng.prefill_bucket(len(ids[i]))
+                        padded = np.zeros(width, np.int32)
+                        padded[: len(ids[i])] = ids[i]
+                        prefix = eng.prefill(
+                            params=params, padded_tokens=padded, true_length=len(ids[i])
+                        )
+                        self.stats["prefills"] += 1
+                        current = (i, prefix, collections.deque(range(sampling[i].n)))
+                    i, prefix, todo = current
+                    j, slot, sp = todo.popleft(), free.popleft(), sampling[i]
+                    seed = sample_seed(sp.seed, i, j)
+                    slots[slot] = _Sample(i, j, ids[i], sp, seed)
+                    state = eng.insert_slot(
+                        prefix, state, slot, SlotSampling.one(sp, seed), sp.max_new_tokens
+                    )
+                    self.stats["inserts"] += 1
+                running = [b for b, s in enumerate(slots) if s is not None and b not in pending]
+                if not running:
+                    if pending:
+                        cf.wait(list(pending.values()), return_when=cf.FIRST_COMPLETED)
+                        continue
+                    break
+                state, rec = eng.generate_steps(params, state, self.steps_per_call)
+                self.stats["generate_calls"] += 1
+                rec = jax.device_get(rec)
+                stopped = []
+                for b in running:
+                    done = self._absorb(slots[b], rec, b)
+                    finish = self._check_finish(slots[b], done)
+                    if finish is None:
+                        continue
+                    reason, stop = finish
+                    if not done:
+                        stopped.append(b)
+                    s = slots[b]
+                    if reason == "stop" and tool is not None and s.tool_calls < self.max_tool_turns:
+                        text = self._decode(s.tokens, skip_special=True)
+                        pending[b] = pool.submit(tool, text)
+                        continue
+                    results[(s.prompt_index, s.sample_index)] = self._completion(s, reason, stop)
+                    slots[b] = None
+                    free.append(b)
+                if stopped:
+                    state = eng.deactivate(state, stopped)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        return [results[(i, j)] for i in range(len(ids)) for j in range(sampling[i].n)]
+
+    def _absorb(self, s: _Sample, rec, b: int) -> bool:
+        """Append slot b's sampled tokens from the step records; True if the device
+        finished the sample (EOS, budget or full cache)."""
+        valid = rec.valid[:, b]
+        s.tokens.extend(rec.tokens[valid, b].tolist())
+        s.logprobs.extend(rec.logprobs[valid, b].tolist())
+        s.raw.extend(rec.raw_logprobs[valid, b].tolist())
+        s.mask.extend([1] * int(valid.sum()))
+        return bool(rec.done[:, b].any())
+
+    def _check_finish(self, s: _Sample, device_done: bool) -> tuple[str, str | None] | None:
+        if s.params.stop:
+            found = self._find_stop(s)
+            if found is not None:
+                count, stop = found
+                keep = s.turn_start + count
+                for lst in (s.tokens, s.logprobs, s.raw, s.mask):
+                    del lst[keep:]
+                return "stop", stop
+        if not device_done:
+            return None
+        return ("eos" if s.tokens and s.tokens[-1] in self.eos_ids else "length"), None
+
+    def _resume_tools(self, params, state, slots, free, pending, results):
+        """Append finished tool outputs to their samples and resume them, or finish them."""
+        eng = self.engine
+        for b in [b for b, f in pending.items() if f.done()]:
+            fut, s = pending.pop(b), slots[b]
+            try:
+                obs = fut.result()
+            except Exception as e:  # a tool failure ends the sample, not the batch
+                log.warning("tool failed for prompt %d: %s", s.prompt_index, e)
+                s.error, obs = f"tool error: {e}", None
+            reason = "stop"
+            if obs is not None:
+                obs_ids = self.encode_observation(obs)
+                budget = s.params.max_new_tokens - len(s.tokens)
+                room = eng.cache_length - 1 - s.cached
+                fit = max(0, min(len(obs_ids), budget, room))
+                start = s.cached
+                s.tokens.extend(obs_ids[:fit])
+                s.logprobs.extend([0.0] * fit)
+                s.raw.extend([0.0] * fit)
+                s.mask.extend([0] * fit)
+                s.tool_calls += 1
+                if fit == len(obs_ids) and fit < budget:  # room for the whole output and more
+                    resume = list(obs_ids)
+                    if not resume:  # nothing appended: recompute the last kept token
+                        resume, start = [s.tokens[-1]], start - 1
+                    s.turn_start, s.checked = len(s.tokens), 0
+                    sp = s.params
+                    # A fresh key stream per turn: positions after a rollback repeat.
+                    seed = sample_seed(s.seed, s.tool_calls, 0)
+                    state = eng.append_tokens(
+                        params, state, b, np.asarray(resume, np.int32), start,
+                        SlotSampling.one(sp, seed), budget - fit,
+                    )  # fmt: skip
+                    self.stats["tool_resumes"] += 1
+                    continue
+                reason = "length"
+            results[(s.prompt_index, s.sample_index)] = self._completion(s, reason)
+            slots[b] = None
+            free.append(b)
+        return state
+
+    def encode_observation(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def generate(
+    engine: Engine,
+    prompts: Sequence[str | Sequence[int]],
+    sampling: SamplingParams | Sequence[SamplingParams] = DEFAULT_SAMPLING,
+    *,
+    params: Any = None,
+    tool: ToolCallback | None = None,
+    tokenizer: Any = None,
+    steps_per_call: int = 8,
+    on_long_prompt: str = "raise",
+) -> list[Completion]:
+    """One-shot `RolloutDriver(engine, tokenizer).generate(...)`."""
+    driver = RolloutDriver(engine, tokenizer, steps_per_call=steps_per_call)
+    return driver.generate(
+        prompts, sampling, params=params, tool=tool, on_long_prompt=on_long_prompt
+    )
+
+
+def pad_completions(completions: Sequence[Completion], length: int | None = None, pad_id: int = 0):
+    """Right-padded arrays [N, T] for the trainer: response ids, both logprobs, the
+    response mask (0 on padding too) and lengths [N]."""
+    T = length or max((len(c.token_ids) for c in completions), default=0)
+    N = len(completions)
+    out = {
+        "response_ids": np.full((N, T), pad_id, np.int32),
+        "logprobs": np.zeros((N, T), np.float32),
+        "raw_logprobs": np.zeros((N, T), np.float32),
+        "response_mask": np.zeros((N, T), np.int32),
+        "response_lengths": np.zeros(N, np.int32),
+    }
+    for n, c in enumerate(completions):
+        k = min(len(c.token_ids), T)
+        out["response_ids"][n, :k] = c.token_ids[:k]
+        out["logprobs"][n, :k] = c.logprobs[:k]
+        out["raw_logprobs"][n, :k] = c.raw_logprobs[:k]
+        out["response_mask"][n, :k] = c.response_mask[:k]
+        out["response_lengths"][n] = k
+    return out

@@ -1,0 +1,447 @@
+"""`Engine`: the JetStream Engine API over our `CausalLM`, sharing the trainer's weights.
+
+Params are an argument of every call. Handing the engine the trainer's current params is
+the whole weight sync: `place_params` returns the very same arrays when they already have
+the sampling layout (zero bytes copied) and runs one jitted reshard when they do not
+(e.g. FSDP training layout -> tensor-parallel sampling layout). A `ParamsRef` can stand in
+for params where a caller captures them once (JetStream's Driver threads): it is read at
+every call, so a server attached to a training run always uses the latest step.
+
+Every device function is jitted with explicit in/out shardings under the engine's rules
+(`SAMPLE_RULES` by default) and donates the decode state it transforms.
+
+Decode state, per slot b of B: the KV cache row, the hidden state of the row's last cached
+token, how many tokens the row holds, the sampling parameters and token budget, and an
+active flag. A step samples from the stored hidden state's logits, then appends the
+sampled token to the cache: so prefill (JetStream 0.2.2 returns only a prefix) computes no
+logits at all, and the first token of each of n samples inserted from one prefix is drawn
+in its own slot with its own seed.
+
+Shapes: B slots, S cache length, P padded prompt, D embed, L layers, K kv heads, H head dim.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_llm.models import CausalLM, KVCache
+from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
+from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_tokens
+from jaxrl_llm.sharding import SAMPLE_RULES, ShardingContext, build_mesh, reshard
+from jaxrl_llm.sharding import axes as ax
+from jaxrl_llm.sharding.reshard import target_shardings
+from jaxrl_llm.sharding.rules import Rules
+
+Array = jax.Array
+
+
+class ParamsRef:
+    """A mutable reference to params: `ref.value = new_params` after each train step."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Prefix:
+    """A prefilled prompt: cache [L, 1, P, K, H], last hidden state [D], true length []."""
+
+    cache: KVCache
+    hidden: Array
+    length: Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DecodeState:
+    cache: KVCache  # [L, B, S, K, H]
+    hidden: Array  # [B, D] hidden state of each row's last cached token
+    lengths: Array  # [B] int32 tokens in the cache row (= next position)
+    generated: Array  # [B] int32 tokens sampled since insert / resume
+    max_new: Array  # [B] int32 token budget of the current turn
+    active: Array  # [B] bool
+    sampling: SlotSampling
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class StepRecords:
+    """What k decode steps produced, each [k, B]; `valid` marks slots that sampled."""
+
+    tokens: Array
+    logprobs: Array
+    raw_logprobs: Array
+    valid: Array
+    done: Array
+
+
+class Engine(engine_api.Engine):
+    """JetStream-API engine: `prefill`, `insert`, `generate`, plus what RL needs.
+
+    Extra methods used by `rollout.driver`: `insert_slot` (per-slot sampling and budget),
+    `generate_steps` (k steps per call), `append_tokens` (tool output into a live slot),
+    `deactivate`, `place_params`. `trace_counts` counts traces (= compiles) per function.
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        max_concurrent_decodes: int = 8,
+        max_cache_length: int = 512,
+        max_prefill_length: int | None = None,
+        mesh: Mesh | None = None,
+        rules: Rules = SAMPLE_RULES,
+        tokenizer: Any = None,
+        checkpoint_path: str | None = None,
+        default_sampling: SamplingParams | None = None,
+        eos_ids: tuple[int, ...] | None = None,
+    ):
+        self.config = model.config
+        self._mesh = mesh if mesh is not None else build_mesh(1, 1, 1, devices=jax.devices()[:1])
+        self.ctx = ShardingContext(self._mesh, rules)
+        self.batch = int(max_concurrent_decodes)
+        self.cache_length = int(max_cache_length)
+        self._max_prefill = int(max_prefill_length or self.cache_length - 1)
+        if self._max_prefill >= self.cache_length:
+            raise ValueError("max_prefill_length must leave cache room for generated tokens")
+        self.tokenizer = tokenizer
+        self.checkpoint_path = checkpoint_path
+        self.default_sampling = default_sampling or SamplingParams(temperature=0.0)
+        eos = self.config.eos_token_ids if eos_ids is None else tuple(eos_ids)
+        self.eos_ids = np.asarray(eos or (-1,), np.int32)
+        self.trace_counts: collections.Counter[str] = collections.Counter()
+
+        graphdef, state = nnx.split(model)
+        engine_model = nnx.merge(graphdef, state)  # a fresh module tree; same arrays
+        engine_model.set_sharding(self.ctx)
+        self._graphdef, abstract = nnx.split(engine_model)
+        self.param_shardings = target_shardings(abstract, self._mesh, rules)
+        self._params = self.place_params(state)
+        self._build()
+
+    # ----------------------------------------------------------------- shardings
+    def _sharding(self, logical, shape=None) -> NamedSharding:
+        return self.ctx.sharding(logical, shape)
+
+    def _replicated(self) -> NamedSharding:
+        return NamedSharding(self._mesh, PartitionSpec())
+
+    def _state_shardings(self) -> DecodeState:
+        cfg, B, S = self.config, self.batch, self.cache_length
+        cache_shape = (cfg.num_layers, B, S, cfg.num_kv_heads, cfg.head_dim)
+        c = self._sharding(KVCache.logical_axes(), cache_shape)
+        b = self._sharding((ax.BATCH,), (B,))
+        return DecodeState(
+            cache=KVCache(c, c),
+            hidden=self._sharding((ax.BATCH, ax.ACT_EMBED), (B, cfg.hidden_size)),
+            lengths=b,
+            generated=b,
+            max_new=b,
+            active=b,
+            sampling=SlotSampling(b, b, b, b),
+        )
+
+    def _prefix_shardings(self) -> Prefix:
+        cfg = self.config
+        shape = (cfg.num_layers, 1, self._max_prefill, cfg.num_kv_heads, cfg.head_dim)
+        c = self._sharding((ax.LAYERS, None, ax.CACHE_SEQ, ax.ACT_KV_HEADS, None), shape)
+        return Prefix(KVCache(c, c), self._replicated(), self._replicated())
+
+    def _records_shardings(self) -> StepRecords:
+        r = self._sharding((None, ax.BATCH), (1, self.batch))
+        return StepRecords(r, r, r, r, r)
+
+    # ------------------------------------------------------------------- params
+    def place_params(self, params: Any) -> Any:
+        """`params` in the sampling layout: the same arrays when already there (no copy)."""
+        if isinstance(params, ParamsRef):
+            params = params.value
+        return reshard(params, self.param_shardings)
+
+    def _model(self, params) -> CausalLM:
+        return nnx.merge(self._graphdef, params)
+
+    # -------------------------------------------------------------- jitted fns
+    def _build(self) -> None:
+        P, R = self.param_shardings, self._replicated()
+        st, pre = self._state_shardings(), self._prefix_shardings()
+        rec = self._records_shardings()
+        slot_sampling = SlotSampling(R, R, R, R)
+        self._prefill_fn = jax.jit(self._prefill_impl, in_shardings=(P, R, R), out_shardings=pre)
+        self._init_fn = jax.jit(self._init_impl, out_shardings=st)
+        self._insert_fn = jax.jit(
+            self._insert_impl,
+            in_shardings=(pre, st, R, slot_sampling, R),
+            out_shardings=st,
+            donate_argnums=(1,),
+        )
+        self._append_fn = jax.jit(
+            self._append_impl,
+            in_shardings=(P, st, R, R, R, R, slot_sampling, R),
+            out_shardings=st,
+            donate_argnums=(1,),
+        )
+        self._deactivate_fn = jax.jit(
+            self._deactivate_impl, in_shardings=(st, R), out_shardings=st, donate_argnums=(0,)
+        )
+
+        @functools.cache
+        def steps_fn(num_steps: int):
+            return jax.jit(
+                functools.partial(self._steps_impl, num_steps),
+                in_shardings=(P, st),
+                out_shardings=(st, rec),
+                donate_argnums=(1,),
+            )
+
+        self._steps_fn = steps_fn
+
+    def _count(self, name: str) -> None:
+        self.trace_counts[name] += 1  # runs at trace time only
+
+    def _prefill_impl(self, params, tokens, true_length) -> Prefix:
+        self._count(f"prefill[{tokens.shape[-1]}]")
+        model = self._model(params)
+        tokens = tokens.reshape(1, -1).astype(jnp.int32)
+        cache = KVCache.zeros(self.config, 1, tokens.shape[1])
+        length = true_length.astype(jnp.int32)
+        h, cache = model.extend(cache, tokens, jnp.zeros(1, jnp.int32), length[None])
+        return Prefix(cache, h[0, length - 1], length)
+
+    def _init_impl(self) -> DecodeState:
+        self._count("init")
+        cfg, B = self.config, self.batch
+        dtype = jnp.dtype(cfg.dtype)
+        zeros = jnp.zeros(B, jnp.int32)
+        return DecodeState(
+            cache=KVCache.zeros(cfg, B, self.cache_length),
+            hidden=jnp.zeros((B, cfg.hidden_size), dtype),
+            lengths=zeros,
+            generated=zeros,
+            max_new=zeros,
+            active=jnp.zeros(B, jnp.bool_),
+            sampling=SlotSampling.fill(B),
+        )
+
+    def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, sampling, max_new):
+        self._count(f"insert[{prefix.cache.k.shape[2]}]")
+        start = (0, slot, 0, 0, 0)
+
+        def put(dst, src):
+            return jax.lax.dynamic_update_slice(dst, src.astype(dst.dtype), start)
+
+        cache = KVCache(put(state.cache.k, prefix.cache.k), put(state.cache.v, prefix.cache.v))
+        sampling = jax.tree.map(lambda a, x: a.at[slot].set(x), state.sampling, sampling)
+        return DecodeState(
+            cache=cache,
+            hidden=state.hidden.at[slot].set(prefix.hidden.astype(state.hidden.dtype)),
+            lengths=state.lengths.at[slot].set(prefix.length),
+            generated=state.generated.at[slot].set(0),
+            max_new=state.max_new.at[slot].set(max_new),
+            active=state.active.at[slot].set(True),
+            sampling=sampling,
+        )
+
+    def _append_impl(self, params, state, slot, tokens, num_tokens, start, sampling, max_new):
+        self._count(f"append[{tokens.shape[-1]}]")
+        model = self._model(params)
+        row = KVCache(
+            jax.lax.dynamic_slice_in_dim(state.cache.k, slot, 1, axis=1),
+            jax.lax.dynamic_slice_in_dim(state.cache.v, slot, 1, axis=1),
+        )
+        h, row = model.extend(row, tokens[None].astype(jnp.int32), start[None], num_tokens[None])
+        cache = KVCache(
+            jax.lax.dynamic_update_slice_in_dim(state.cache.k, row.k, slot, axis=1),
+            jax.lax.dynamic_update_slice_in_dim(state.cache.v, row.v, slot, axis=1),
+        )
+        sampling = jax.tree.map(lambda a, x: a.at[slot].set(x), state.sampling, sampling)
+        return DecodeState(
+            cache=cache,
+            hidden=state.hidden.at[slot].set(h[0, num_tokens - 1].astype(state.hidden.dtype)),
+            lengths=state.lengths.at[slot].set(start + num_tokens),
+            generated=state.generated.at[slot].set(0),
+            max_new=state.max_new.at[slot].set(max_new),
+            active=state.active.at[slot].set(True),
+            sampling=sampling,
+        )
+
+    def _deactivate_impl(self, state: DecodeState, slots_mask) -> DecodeState:
+        self._count("deactivate")
+        return dataclasses.replace(state, active=state.active & ~slots_mask)
+
+    def _one_step(self, model: CausalLM, state: DecodeState):
+        S = self.cache_length
+        logits = model.logits(state.hidden)  # [B, V], only where needed
+        tokens, logprobs, raw = sample_tokens(logits, state.sampling, state.lengths)
+        valid = state.active
+        write = valid & (state.lengths < S)
+        h, cache = model.extend(
+            state.cache, tokens[:, None], state.lengths, write.astype(jnp.int32)
+        )
+        lengths = state.lengths + write
+        generated = state.generated + valid
+        eos = jnp.isin(tokens, jnp.asarray(self.eos_ids))
+        done = valid & (eos | (generated >= state.max_new) | (lengths >= S))
+        new = dataclasses.replace(
+            state,
+            cache=cache,
+            hidden=jnp.where(write[:, None], h[:, 0], state.hidden),
+            lengths=lengths,
+            generated=generated,
+            active=valid & ~done,
+        )
+        return new, StepRecords(tokens, logprobs, raw, valid, done)
+
+    def _steps_impl(self, num_steps: int, params, state: DecodeState):
+        self._count(f"generate_steps[{num_steps}]")
+        model = self._model(params)
+
+        def idle(s):
+            z = jnp.zeros(self.batch, jnp.int32)
+            f = jnp.zeros(self.batch, jnp.float32)
+            off = jnp.zeros(self.batch, jnp.bool_)
+            return s, StepRecords(z, f, f, off, off)
+
+        def body(s, _):
+            return jax.lax.cond(jnp.any(s.active), lambda x: self._one_step(model, x), idle, s)
+
+        return jax.lax.scan(body, state, None, length=num_steps)
+
+    # ------------------------------------------------------------ JetStream API
+    def load_params(self, *args, **kwargs) -> Any:
+        """The params the engine was built with, in the sampling layout."""
+        return self._params
+
+    def init_decode_state(self, *args, **kwargs) -> DecodeState:
+        return self._init_fn()
+
+    def prefill(
+        self,
+        *,
+        params: Any,
+        existing_prefix: Prefix | None = None,
+        padded_tokens: Any,
+        true_length: int,
+    ) -> Prefix:
+        """KV cache of a padded prompt [P] (first `true_length` tokens real) and its last
+        hidden state. Continuing a live sequence goes through `append_tokens` instead."""
+        if existing_prefix is not None:
+            raise NotImplementedError("prefill on an existing prefix; use append_tokens")
+        tokens = np.asarray(padded_tokens, np.int32).reshape(-1)
+        if not 0 < int(true_length) <= tokens.shape[0]:
+            raise ValueError(f"true_length {true_length} outside (0, {tokens.shape[0]}]")
+        if tokens.shape[0] > self._max_prefill:
+            raise ValueError(
+                f"prompt of {tokens.shape[0]} tokens exceeds max_prefill_length {self._max_prefill}"
+            )
+        return self._prefill_fn(self.place_params(params), tokens, np.int32(true_length))
+
+    def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
+        """Insert with the engine's default sampling (used by JetStream's Driver)."""
+        p = self.default_sampling
+        budget = self.cache_length  # the Driver enforces its own max_tokens
+        return self.insert_slot(prefix, decode_state, slot, SlotSampling.one(p, p.seed), budget)
+
+    def generate(self, params: Any, decode_state: DecodeState):
+        """One decode step for every slot -> (state, ResultTokens [B, 3]: token, valid, length)."""
+        state, rec = self.generate_steps(params, decode_state, 1)
+        data = jnp.stack([rec.tokens[0], rec.valid[0].astype(jnp.int32), state.generated], -1)
+        return state, engine_api.ResultTokens(
+            data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3), samples_per_slot=1
+        )
+
+    def get_prefix_destination_sharding(self) -> Prefix:
+        return self._prefix_shardings()
+
+    def get_tokenizer(self) -> tokenizer_pb2.TokenizerParameters:
+        return tokenizer_pb2.TokenizerParameters(path=str(self.checkpoint_path or ""))
+
+    def build_tokenizer(self, metadata: tokenizer_pb2.TokenizerParameters) -> HFTokenizer:
+        tok = self.tokenizer
+        if tok is None:
+            from jaxrl_llm.models import load_tokenizer
+
+            tok = load_tokenizer(metadata.path)
+        return HFTokenizer(tok, tuple(int(i) for i in self.eos_ids if i >= 0))
+
+    @property
+    def max_concurrent_decodes(self) -> int:
+        return self.batch
+
+    @property
+    def samples_per_slot(self) -> int:
+        return 1
+
+    @property
+    def max_prefill_length(self) -> int:
+        return self._max_prefill
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._mesh
+
+    @property
+    def colocated_cpus(self) -> None:
+        return None
+
+    # ---------------------------------------------------------- RL extensions
+    def insert_slot(
+        self, prefix: Prefix, state: DecodeState, slot: int, sampling: SlotSampling, max_new: int
+    ) -> DecodeState:
+        """Insert `prefix` at `slot` with its own sampling parameters and token budget."""
+        return self._insert_fn(prefix, state, np.int32(slot), sampling, np.int32(max_new))
+
+    def generate_steps(
+        self, params: Any, state: DecodeState, num_steps: int
+    ) -> tuple[DecodeState, StepRecords]:
+        """`num_steps` decode steps in one call (a scan; skipped when no slot is active)."""
+        return self._steps_fn(int(num_steps))(self.place_params(params), state)
+
+    def append_tokens(
+        self,
+        params: Any,
+        state: DecodeState,
+        slot: int,
+        tokens: np.ndarray,
+        start: int,
+        sampling: SlotSampling,
+        max_new: int,
+    ) -> DecodeState:
+        """Append `tokens` (e.g. a tool's output; padded to a bucket) to slot's row after its
+        first `start` cached tokens, and resume sampling there: no re-prefill."""
+        n = len(tokens)
+        if n < 1 or start + n >= self.cache_length:
+            raise ValueError(f"cannot append {n} tokens at {start} (cache {self.cache_length})")
+        width = _bucket(n, self.cache_length)
+        padded = np.zeros(width, np.int32)
+        padded[:n] = tokens
+        args = (np.int32(slot), padded, np.int32(n), np.int32(start), sampling, np.int32(max_new))
+        return self._append_fn(self.place_params(params), state, *args)
+
+    def deactivate(self, state: DecodeState, slots: list[int]) -> DecodeState:
+        mask = np.zeros(self.batch, np.bool_)
+        mask[list(slots)] = True
+        return self._deactivate_fn(state, mask)
+
+    def prefill_bucket(self, length: int) -> int:
+        """Padded prompt width for `length` tokens: a power of two >= 16, capped."""
+        return _bucket(length, self._max_prefill + 1, cap=self._max_prefill)
+
+
+def _bucket(n: int, limit: int, cap: int | None = None) -> int:
+    width = 16
+    while width < n:
+        width *= 2
+    width = min(width, cap if cap is not None else limit)
+    return max(width, n)

@@ -1,0 +1,110 @@
+"""The one place that adapts google-jetstream 0.2.2 to current JAX and to our checkpoints.
+
+Importing this module imports `jetstream.engine.engine_api`, which pulls in seqio and
+TensorFlow (5-8 s, ~800 MB): only the rollout package's engine, server and commands
+import it, never `import jaxrl_llm`.
+
+What it fixes, and why:
+1. `jetstream.core.orchestrator.delete_pytree` calls `jax.tree_map`, removed from JAX.
+   `patch_orchestrator()` rebinds that module-level function to one using `jax.tree.map`
+   (the generate thread looks the name up in the module at call time), rather than
+   re-adding `jax.tree_map` to JAX for everybody. It also undoes the DEBUG root logging
+   that module's import installs.
+2. `HFTokenizer`: a JetStream `Tokenizer` over a `transformers` tokenizer. JetStream's own
+   tokenizers are SentencePiece and tiktoken only. Its stop tokens are the checkpoint's
+   EOS ids only: JetStream's default adds the pad id, but a pad id may be a real token
+   (id 0 is a byte in the shipped tokenizer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_pb2
+
+__all__ = ["HFTokenizer", "engine_api", "patch_orchestrator", "tokenizer_pb2"]
+
+
+def _delete_pytree(tree: Any) -> None:
+    """`orchestrator.delete_pytree` with `jax.tree.map` (frees a prefix after insert)."""
+
+    def delete_leaf(leaf):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()
+
+    jax.tree.map(delete_leaf, tree)
+
+
+def patch_orchestrator():
+    """Import JetStream's orchestrator with its removed-JAX call replaced; returns it."""
+    import logging
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    from jetstream.core import orchestrator
+
+    # Its import sets the root logger to DEBUG with a stdout handler: undo that, so its
+    # per-step INFO lines do not flood the server's output.
+    root.setLevel(level)
+    for h in root.handlers[:]:
+        if h not in handlers:
+            root.removeHandler(h)
+    orchestrator.delete_pytree = _delete_pytree
+    return orchestrator
+
+
+class HFTokenizer(tokenizer_api.Tokenizer):
+    """JetStream tokenizer protocol over a Hugging Face tokenizer (fast or slow)."""
+
+    def __init__(self, tokenizer: Any, eos_ids: tuple[int, ...] | None = None):
+        self.hf = tokenizer
+        if eos_ids is None:
+            eos = tokenizer.eos_token_id
+            eos_ids = () if eos is None else (int(eos),)
+        self.eos_ids = tuple(int(i) for i in eos_ids)
+
+    def encode(self, s: str, **kwargs) -> tuple[Any, int]:
+        """Token ids padded to a JetStream prefill bucket, and the true length.
+
+        A BOS token is added only when `is_bos` and the tokenizer has one (Qwen has none).
+        """
+        is_bos = kwargs.pop("is_bos", True)
+        ids = np.asarray(self.hf(s, add_special_tokens=False)["input_ids"], np.int32)
+        return self.pad(ids, is_bos=is_bos, **kwargs)
+
+    def pad(self, ids, *, is_bos: bool = True, **kwargs) -> tuple[Any, int]:
+        ids = np.asarray(ids, np.int32)
+        if is_bos and self.bos_id is not None:
+            ids = np.concatenate([[self.bos_id], ids]).astype(np.int32)
+        return token_utils.pad_tokens(
+            ids,
+            self.bos_id,
+            self.pad_id,
+            is_bos=False,
+            prefill_lengths=kwargs.get("prefill_lengths"),
+            max_prefill_length=kwargs.get("max_prefill_length"),
+            jax_padding=kwargs.get("jax_padding", True),
+        )
+
+    def decode(self, token_ids: list[int], **kwargs) -> str:
+        return self.hf.decode(list(token_ids), skip_special_tokens=True)
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.hf.pad_token_id
+        return 0 if pad is None else int(pad)
+
+    @property
+    def eos_id(self) -> int:
+        return self.eos_ids[0] if self.eos_ids else -1
+
+    @property
+    def bos_id(self) -> int | None:
+        bos = self.hf.bos_token_id
+        return None if bos is None else int(bos)
+
+    @property
+    def stop_tokens(self) -> set[int]:
+        return set(self.eos_ids)

@@ -1,0 +1,154 @@
+"""Token sampling with per-slot parameters, and the logprobs RL needs.
+
+Every slot of a decode batch carries its own temperature, top-k, top-p and seed as array
+entries, so a batch that mixes greedy, tempered and nucleus requests runs one compiled
+program. Order of operations follows Hugging Face `generate` (and vLLM): logits / T, then
+top-k, then top-p on the renormalised top-k distribution, then a categorical draw.
+
+Two logprobs per sampled token:
+- `logprobs`: log-probability under the distribution actually sampled from (tempered and
+  filtered). A greedy slot samples from a point mass, so its value is 0.
+- `raw_logprobs`: `log_softmax(logits)[token]` of the untempered, unfiltered logits: what
+  the trainer's forward computes for the same token, so their gap measures the
+  rollout/trainer mismatch.
+
+Randomness: the key of slot b at a step is `fold_in(key(seed[b]), position[b])`, a
+function of the request's seed and the token's position only, so a sample does not depend
+on which slot it ran in, on the batch around it, or on how steps were grouped into calls.
+
+Shapes: B slots, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+GREEDY_TEMPERATURE = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request (a prompt and its `n` samples).
+
+    temperature 0 means greedy; top_k 0 and top_p 1 disable those filters. `stop` strings
+    end a sample when they appear in its decoded text (kept in the output). `seed` with
+    the prompt and sample index determines every random draw.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+
+def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """A uint32 seed for one sample, a pure function of (seed, prompt, sample)."""
+    seq = np.random.SeedSequence([seed & 0xFFFFFFFF, prompt_index, sample_index])
+    return int(seq.generate_state(1, dtype=np.uint32)[0])
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SlotSampling:
+    """Per-slot sampling parameters as arrays [B] (scalars [] for one slot)."""
+
+    temperature: Array  # float32
+    top_k: Array  # int32, 0 = off
+    top_p: Array  # float32, 1 = off
+    seed: Array  # uint32
+
+    @classmethod
+    def fill(cls, batch: int, params: SamplingParams | None = None) -> SlotSampling:
+        p = params or SamplingParams(temperature=GREEDY_TEMPERATURE)
+        return cls(
+            jnp.full((batch,), p.temperature, jnp.float32),
+            jnp.full((batch,), p.top_k, jnp.int32),
+            jnp.full((batch,), p.top_p, jnp.float32),
+            jnp.full((batch,), p.seed, jnp.uint32),
+        )
+
+    @classmethod
+    def one(cls, params: SamplingParams, seed: int) -> SlotSampling:
+        return cls(
+            np.float32(params.temperature),
+            np.int32(params.top_k),
+            np.float32(params.top_p),
+            np.uint32(seed),
+        )
+
+
+def step_keys(seed: Array, positions: Array) -> Array:
+    """Per-slot PRNG keys [B] for the tokens at `positions` [B]."""
+    return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(seed, positions)
+
+
+def filter_mask(scaled: Array, top_k: Array, top_p: Array) -> Array:
+    """Boolean [B, V]: tokens kept by top-k then top-p (at least the top token is kept).
+
+    Works in sorted order and scatters back, so ties at the threshold are resolved by
+    rank (exactly k tokens survive top-k) rather than by value.
+    """
+    B, V = scaled.shape
+    order = jnp.argsort(-scaled, axis=-1)  # stable: equal logits keep vocab order
+    sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
+    rank = jnp.arange(V)[None, :]
+    k = jnp.where(top_k > 0, top_k, V)[:, None]
+    keep = rank < k
+    probs = jax.nn.softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep &= (mass_before < top_p[:, None]) | (rank == 0)
+    rows = jnp.arange(B)[:, None]
+    return jnp.zeros((B, V), jnp.bool_).at[rows, order].set(keep)
+
+
+def sample_tokens(
+    logits: Array, sampling: SlotSampling, positions: Array
+) -> tuple[Array, Array, Array]:
+    """Sample one token per slot. logits [B, V] float32 -> tokens, logprobs, raw_logprobs [B].
+
+    The sort behind top-k/top-p runs only when some slot asks for a filter.
+    """
+    logits = logits.astype(jnp.float32)
+    raw = jax.nn.log_softmax(logits, axis=-1)
+    greedy = sampling.temperature <= 0.0
+    temp = jnp.where(greedy, 1.0, sampling.temperature)
+    scaled = logits / temp[:, None]
+    wants_filter = (sampling.top_k > 0) | (sampling.top_p < 1.0)
+
+    def filtered(x):
+        return jnp.where(filter_mask(x, sampling.top_k, sampling.top_p), x, -jnp.inf)
+
+    scaled = jax.lax.cond(jnp.any(wants_filter & ~greedy), filtered, lambda x: x, scaled)
+    keys = step_keys(sampling.seed, positions)
+    drawn = jax.vmap(jax.random.categorical)(keys, scaled)
+    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+    processed = jax.nn.log_softmax(scaled, axis=-1)
+    pick = tokens[:, None]
+    logprobs = jnp.where(greedy, 0.0, jnp.take_along_axis(processed, pick, axis=-1)[:, 0])
+    raw_logprobs = jnp.take_along_axis(raw, pick, axis=-1)[:, 0]
+    return tokens, logprobs, raw_logprobs

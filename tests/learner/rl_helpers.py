@@ -1,0 +1,20 @@
+"""Shared tiny RL settings for the trainer tests (built-in checkpoint, a dense test reward)."""
+
+TINY_RL_PARAMS = [
+    "RLConfig.steps = 6",
+    "RLConfig.eval_every = 0",
+    "RLConfig.save_every = 3",
+    "RLConfig.seed = 3",
+    "DataConfig.prompts_per_step = 2",
+    "DataConfig.val_size = 4",
+    "DataConfig.builtin_train_size = 16",
+    "DataConfig.builtin_levels = (1,)",
+    "RolloutConfig.n = 4",
+    "RolloutConfig.max_new_tokens = 16",
+    "RolloutConfig.max_slots = 8",
+    "AlgoConfig.mini_batches = 2",
+    "AlgoConfig.micro_batch_size = 2",
+    "RewardConfig.name = 'digit_fraction'",
+    "RewardConfig.workers = 1",
+    "OptimConfig.lr = 1e-3",
+]

@@ -1,0 +1,41 @@
+"""Reference computations for the rollout tests: a tiny config and full recomputation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_llm.models import ModelConfig
+
+TINY = ModelConfig(vocab_size=128, num_heads=4, num_kv_heads=4, eos_token_id=5)
+
+
+@jax.jit(static_argnums=0)
+def _forward(graphdef, state, ids):
+    return nnx.merge(graphdef, state)(ids)
+
+
+def full_logits(model, rows, width=64):
+    """float32 logits [len(rows), V] of each row's last token by an uncached forward.
+
+    Rows are right-padded to one width (causal: pads cannot change earlier logits), so one
+    compiled shape serves every call.
+    """
+    padded = np.zeros((len(rows), width), np.int32)
+    for b, r in enumerate(rows):
+        padded[b, : len(r)] = r
+    graphdef, state = nnx.split(model)
+    logits = np.asarray(_forward(graphdef, state, jnp.asarray(padded)))
+    return logits[np.arange(len(rows)), [len(r) - 1 for r in rows]]
+
+
+def naive_greedy(model, prompt, steps, eos=(), width=64):
+    """Greedy continuation by recomputing the whole sequence at every step."""
+    seq, out = list(prompt), []
+    for _ in range(steps):
+        tok = int(full_logits(model, [seq], width)[0].argmax())
+        out.append(tok)
+        seq.append(tok)
+        if tok in eos:
+            break
+    return out

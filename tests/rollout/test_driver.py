@@ -1,0 +1,160 @@
+"""The RL rollout driver: continuous batching, n samples, stops, tool turns, buckets."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm.rollout import RolloutDriver, SamplingParams, pad_completions
+from tests.rollout.reference import full_logits, naive_greedy
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
+RNG = np.random.RandomState(0)
+MIXED = [list(RNG.randint(6, 128, n)) for n in (3, 11, 7, 1, 20, 5)]
+
+
+def test_greedy_equals_full_recompute_with_refill(tiny_model, tiny_engine):
+    """6 prompts of mixed lengths through 4 slots (refilled as samples finish)."""
+    budgets = [3, 10, 6, 10, 2, 8]
+    sps = [SamplingParams(temperature=0.0, max_new_tokens=m) for m in budgets]
+    driver = RolloutDriver(tiny_engine, steps_per_call=4)
+    out = driver.generate(MIXED, sps)
+    assert driver.stats["inserts"] == 6 and driver.stats["prefills"] == 6
+    for c, p, m in zip(out, MIXED, budgets):
+        ref = naive_greedy(tiny_model, p, m, eos=(5,))
+        np.testing.assert_array_equal(c.token_ids, ref)
+        assert c.finish_reason == ("eos" if ref[-1] == 5 else "length")
+        np.testing.assert_array_equal(c.response_mask, 1)
+    # Continuous batching gives what each prompt gets alone.
+    alone = [driver.generate([p], sp)[0] for p, sp in zip(MIXED[:2], sps[:2])]
+    for a, c in zip(alone, out):
+        np.testing.assert_array_equal(a.token_ids, c.token_ids)
+
+
+def test_n_samples_one_prefill_seeded(tiny_engine):
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8, n=3, seed=5)
+    driver = RolloutDriver(tiny_engine, steps_per_call=8)
+    out = driver.generate(MIXED[:3], sp)
+    assert driver.stats["prefills"] == 3 and driver.stats["inserts"] == 9
+    assert [(c.prompt_index, c.sample_index) for c in out] == [
+        (i, j) for i in range(3) for j in range(3)
+    ]
+    assert len({tuple(c.token_ids) for c in out[:3]}) > 1  # samples of one prompt differ
+    # Same seed -> same samples, whatever the slot count or the steps per call.
+    again = RolloutDriver(tiny_engine, steps_per_call=4).generate(MIXED[:3], sp)
+    for a, b in zip(out, again):
+        np.testing.assert_array_equal(a.token_ids, b.token_ids)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
+    other = driver.generate(
+        MIXED[:3], SamplingParams(temperature=1.0, max_new_tokens=8, n=3, seed=6)
+    )
+    assert any(not np.array_equal(a.token_ids, b.token_ids) for a, b in zip(out, other))
+
+
+def test_per_request_params_mix_in_one_batch(tiny_model, tiny_engine):
+    sps = [
+        SamplingParams(temperature=0.0, max_new_tokens=6),
+        SamplingParams(temperature=1.5, top_k=4, max_new_tokens=6),
+        SamplingParams(temperature=0.8, top_p=0.5, max_new_tokens=6),
+    ]
+    out = RolloutDriver(tiny_engine).generate(MIXED[:3], sps)
+    np.testing.assert_array_equal(out[0].token_ids, naive_greedy(tiny_model, MIXED[0], 6, (5,)))
+    assert (out[1].logprobs < 0).all() or out[1].finish_reason == "eos"
+
+
+def test_prompt_buckets_bound_compiles(tiny_engine):
+    before = dict(tiny_engine.trace_counts)
+    prompts = [list(range(6, 6 + n)) for n in range(1, 33)]  # 32 distinct lengths
+    RolloutDriver(tiny_engine, steps_per_call=8).generate(prompts, SamplingParams(max_new_tokens=2))
+    new = {k: v - before.get(k, 0) for k, v in tiny_engine.trace_counts.items()}
+    prefills = sum(v for k, v in tiny_engine.trace_counts.items() if k.startswith("prefill["))
+    assert prefills <= 2, tiny_engine.trace_counts  # buckets 16 and 32
+    assert tiny_engine.trace_counts["generate_steps[8]"] == 1
+    assert all(v <= 2 for v in new.values()), new
+
+
+def test_long_prompt_is_a_clear_error_or_a_skip(tiny_engine):
+    long = list(range(6, 46))  # 40 > max_prefill_length 32
+    driver = RolloutDriver(tiny_engine)
+    with pytest.raises(ValueError, match="max_prefill_length"):
+        driver.generate([MIXED[0], long], GREEDY)
+    out = driver.generate([MIXED[0], long], GREEDY, on_long_prompt="skip")
+    assert out[1].finish_reason == "prompt_too_long" and len(out[1].token_ids) == 0
+    assert out[0].finish_reason in ("eos", "length") and len(out[0].token_ids) > 0
+
+
+def test_stop_strings_span_tokens_and_cut_exactly(builtin):
+    _, tok, engine = builtin
+    driver = RolloutDriver(engine, steps_per_call=8)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=40, seed=3)
+    free = driver.generate(["Question: 1+2?"], sp)[0]
+    ids = free.token_ids.tolist()
+    printable = [len(t) == 1 and t.isprintable() for t in (tok.decode([i]) for i in ids)]
+    i = next(i for i in range(3, len(ids)) if all(printable[i : i + 3]))
+    stop = tok.decode(ids[i : i + 3])  # three single-character tokens: the match spans them
+    text = tok.decode(ids, skip_special_tokens=False)
+    cut = driver.generate(
+        ["Question: 1+2?"], SamplingParams(**{**vars(sp), "stop": (stop, "~~~~")})
+    )
+    cut = cut[0]
+    end = text.index(stop) + len(stop)
+    assert cut.finish_reason == "stop" and cut.stop_string == stop
+    assert tok.decode(cut.token_ids.tolist(), skip_special_tokens=False) == text[:end]
+    np.testing.assert_array_equal(cut.token_ids, free.token_ids[: len(cut.token_ids)])
+
+
+def _first_stop(tok, ids, stop):
+    """Tokens up to and including the one that completes the first `stop`."""
+    return next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
+
+
+def test_tool_turn_appends_masked_tokens_and_resumes(builtin):
+    """A scripted tool answers the first stop; its tokens are masked, and decoding resumes
+    from the appended cache: each later token's raw logprob equals the full forward's."""
+    model, tok, engine = builtin
+    prompt = "Compute: 2*3"
+    driver = RolloutDriver(engine, steps_per_call=8)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=40, seed=1)
+    ids = driver.generate([prompt], sp)[0].token_ids.tolist()
+    printable = [len(t) == 1 and t.isprintable() for t in (tok.decode([i]) for i in ids)]
+    i = next(i for i in range(2, len(ids)) if all(printable[i : i + 2]))
+    stop = tok.decode(ids[i : i + 2])
+    k = _first_stop(tok, ids, stop)
+    calls = []
+
+    def tool(text):
+        calls.append(text)
+        return "<out:6>" if len(calls) == 1 else None
+
+    c = driver.generate([prompt], SamplingParams(**{**vars(sp), "stop": (stop,)}), tool=tool)[0]
+    obs = tok("<out:6>", add_special_tokens=False)["input_ids"]
+    assert calls[0] == tok.decode(ids[:k])
+    assert c.tool_calls == 1
+    mask, n = c.response_mask, k + len(obs)
+    np.testing.assert_array_equal(c.token_ids[:k], ids[:k])
+    np.testing.assert_array_equal(mask[:k], 1)
+    np.testing.assert_array_equal(mask[k:n], 0)
+    np.testing.assert_array_equal(c.token_ids[k:n], obs)
+    np.testing.assert_array_equal(c.logprobs[k:n], 0.0)
+    assert len(c.token_ids) > n and mask[n:].all()  # generation continued after the tool
+    prompt_ids = tok(prompt)["input_ids"]
+    rows = [prompt_ids + c.token_ids[:t].tolist() for t in range(n, len(c.token_ids))]
+    logits = full_logits(model, rows, width=96)
+    ref = np.asarray(jax.nn.log_softmax(logits))[np.arange(len(rows)), c.token_ids[n:]]
+    np.testing.assert_allclose(c.raw_logprobs[n:], ref, atol=1e-4)
+    arrays = pad_completions([c])
+    assert arrays["response_mask"][0].sum() == mask.sum()
+
+
+def test_failing_tool_ends_only_its_sample(builtin):
+    _, _, engine = builtin
+
+    def tool(text):
+        raise RuntimeError("sandbox down")
+
+    sp = SamplingParams(temperature=1.0, max_new_tokens=20, stop=("a", "e", "o", " "), n=2)
+    out = RolloutDriver(engine).generate(["Hi", "Yo"], sp, tool=tool)
+    assert len(out) == 4
+    for c in out:
+        assert c.finish_reason in ("stop", "eos", "length")
+        if c.finish_reason == "stop":
+            assert c.error and "sandbox down" in c.error
