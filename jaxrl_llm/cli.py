@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
     "generate": ("jaxrl_llm.rollout.commands", "generate completions from a checkpoint"),
     "serve": ("jaxrl_llm.rollout.server", "serve a checkpoint over JetStream's gRPC API"),
     "bench": ("jaxrl_llm.bench.rollout", "benchmarks (rollout), JSON output"),
+    "export": ("jaxrl_llm.learner.export", "write a run's policy checkpoint as HF safetensors"),
     "sft": (
         "jaxrl_llm.learner.commands",
         "supervised fine-tuning (builds the tiny default)",

@@ -64,5 +64,10 @@ class Checkpointer:
         )
         return out["state"], out["extra"]
 
+    def restore_raw(self, step: int) -> dict[str, Any]:
+        """The saved `state` tree as nested dicts of arrays, without a template."""
+        out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        return out["state"]
+
     def close(self) -> None:
         self._manager.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import time
 
 from jaxrl_llm.config import add_gin_arguments, parse_gin, write_resolved_config
 
@@ -12,6 +14,9 @@ DEFAULT_TRAIN_GIN = "grpo_tiny.gin"
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add_gin_arguments(parser)
+    parser.add_argument(
+        "--run_dir", default=None, help="run directory (default: runs/<name>-<timestamp>)"
+    )
     parser.add_argument(
         "--resume", action="store_true", help="continue from the latest complete checkpoint"
     )
@@ -25,13 +30,21 @@ def train_main(args: argparse.Namespace) -> int:
     initialize_distributed()
     parse_gin(args.gin_file or [DEFAULT_TRAIN_GIN], args.gin_param)
     cfg = RLConfig()
+    if args.run_dir:
+        cfg = dataclasses.replace(cfg, run_dir=args.run_dir)
+    elif args.resume and not cfg.run_dir:
+        raise SystemExit("--resume needs --run_dir (or RLConfig.run_dir) naming the run")
+    cfg = dataclasses.replace(cfg, run_dir=cfg.resolved_run_dir())
+    print(f"run directory: {cfg.run_dir}", flush=True)
+    t0 = time.perf_counter()
     records = run_rl(cfg, resume=args.resume)
-    last = records[-1] if records else {}
-    print(
-        json.dumps(
-            {k: v for k, v in last.items() if k.startswith(("step", "val/", "critic/score"))}
-        )
-    )
+    scores = [(r["step"], r["val/test_score"]) for r in records if "val/test_score" in r]
+    summary = {"run_dir": cfg.run_dir, "wall_s": round(time.perf_counter() - t0, 1)}
+    if scores:
+        (s0, v0), (s1, v1) = scores[0], scores[-1]
+        print(f"validation accuracy: step {s0} {100 * v0:.1f}% -> step {s1} {100 * v1:.1f}%")
+        summary.update({f"val/test_score@{s0}": v0, f"val/test_score@{s1}": v1})
+    print(json.dumps(summary))
     return 0
 
 

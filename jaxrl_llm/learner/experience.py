@@ -99,7 +99,7 @@ def make_value_fn(graphdef: nnx.GraphDef, micro_batch: int):
 
 
 def make_advantage_fn(algo, group_size: int):
-    """Jitted `(scores [B], loss_mask, old_logprobs, ref_logprobs, values) -> (adv, returns)`.
+    """Jitted `(scores [B], loss_mask, old, ref logprobs, values) -> (adv, returns, rewards)`.
 
     The outcome score sits on the last trained token; with `kl_in_reward_coef > 0` the
     per-token KL to the reference is subtracted (verl `apply_kl_penalty`).
@@ -123,7 +123,8 @@ def make_advantage_fn(algo, group_size: int):
                 token_rewards, old_logprobs, ref_logprobs, loss_mask,
                 kl_coef=algo.kl_in_reward_coef, kind=algo.kl_in_reward_kind,
             )  # fmt: skip
-        return estimator(token_rewards, loss_mask, values=values)
+        adv, returns = estimator(token_rewards, loss_mask, values=values)
+        return adv, returns, token_rewards
 
     return fn
 

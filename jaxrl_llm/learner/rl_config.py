@@ -7,6 +7,7 @@ time. `RLConfig.validate()` checks cross-field rules before any model is loaded.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import gin
 
@@ -111,7 +112,8 @@ class RewardConfig:
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-    run_dir: str = "runs/grpo_tiny"
+    name: str = "grpo_tiny"
+    run_dir: str | None = None  # None: runs/<name>-<timestamp>
     steps: int = 20
     eval_every: int = 5
     save_every: int = 5
@@ -126,6 +128,11 @@ class RLConfig:
     # `RLConfig.critic_optim = @critic/OptimConfig()` and `critic/OptimConfig.lr = 1e-5`.
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     critic_optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+
+    def resolved_run_dir(self) -> str:
+        if self.run_dir:
+            return self.run_dir
+        return f"runs/{self.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     @property
     def uses_critic(self) -> bool:

@@ -34,6 +34,7 @@ from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.state import TrainState
 from jaxrl_llm.learner.steps import make_critic_step, make_policy_step, to_micro_batches
 from jaxrl_llm.metrics import MetricsWriter
+from jaxrl_llm.metrics.progress import bar
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer, save_pretrained
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
 from jaxrl_llm.types import TrainBatch
@@ -53,7 +54,7 @@ class RunState:
 def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None) -> list[dict]:
     """Train; returns the metric records written this call. `stop_after` ends early (tests)."""
     cfg.validate()
-    run_dir = Path(cfg.run_dir)
+    run_dir = Path(cfg.resolved_run_dir())
     mesh = build_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     src = resolve_checkpoint(cfg.policy.checkpoint)
     tokenizer = load_tokenizer(src)
@@ -113,21 +114,24 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
             step = state.step + 1
             t0 = time.perf_counter()
             exp, metrics = _collect(cfg, step, it, rollout, reward, state.policy.params)
-            metrics["timing/gen"] = time.perf_counter() - t0
+            metrics["timing/rollout"] = time.perf_counter() - t0
             t1 = time.perf_counter()
             batch = _make_batch(
                 cfg, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn
             )
             metrics.update(_batch_metrics(batch, exp))
-            metrics["timing/old_log_prob"] = time.perf_counter() - t1
+            metrics["timing/experience"] = time.perf_counter() - t1
             t2 = time.perf_counter()
             metrics.update(_update(cfg, step, state, batch, policy_step, critic_step))
-            metrics["timing/update_actor"] = time.perf_counter() - t2
+            metrics["timing/update"] = time.perf_counter() - t2
+            metrics["timing/step"] = time.perf_counter() - t0
+            metrics["perf/tokens_per_s"] = exp["tokens"] / metrics["timing/step"]
             run_setup.record_samples(run_dir, step, exp)
             state.step = step
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                t3 = time.perf_counter()
                 metrics.update(rollout.validate(state.policy.params, data.val, reward))
-            metrics["timing/step"] = time.perf_counter() - t0
+                metrics["timing/validate"] = time.perf_counter() - t3
             writer.write(step, metrics)
             records.append({"step": step, **metrics})
             log.info(run_setup.summary_line(step, metrics))
@@ -224,8 +228,10 @@ def _make_batch(cfg, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_
     ref_lp = logprob_fn(ref_params, ids) if ref_params is not None else jnp.zeros_like(old_lp)
     values = value_fn(state.critic.params, ids) if value_fn is not None else None
     scores = jnp.asarray(exp["scores"])
-    adv, returns = adv_fn(scores, loss_mask, old_lp, ref_lp, values)
+    adv, returns, token_rewards = adv_fn(scores, loss_mask, old_lp, ref_lp, values)
     exp["packed"] = packed
+    exp["rewards"] = np.asarray(token_rewards).sum(-1)
+    exp["tokens"] = int(sum(len(c.prompt_ids) + len(c.token_ids) for c in exp["completions"]))
     exp["has_values"] = values is not None
     return TrainBatch(
         input_ids=ids,
@@ -251,6 +257,7 @@ def _batch_metrics(batch: TrainBatch, exp: dict) -> dict[str, float]:
         "critic/score/mean": scores.mean(),
         "critic/score/max": scores.max(),
         "critic/score/min": scores.min(),
+        "critic/rewards/mean": exp["rewards"].mean(),
         "critic/advantages/mean": adv.mean() if adv.size else 0.0,
         "critic/advantages/max": adv.max() if adv.size else 0.0,
         "critic/advantages/min": adv.min() if adv.size else 0.0,
@@ -276,6 +283,7 @@ def _update(cfg, step, state: RunState, batch: TrainBatch, policy_step, critic_s
     sums: dict[str, float] = {}
     count = 0
     rng = np.random.default_rng([cfg.seed, step])
+    progress = bar(f"update {step}", a.ppo_epochs * a.mini_batches, unit="mb")
     for _ in range(a.ppo_epochs):
         order = rng.permutation(B)
         for k in range(a.mini_batches):
@@ -287,6 +295,15 @@ def _update(cfg, step, state: RunState, batch: TrainBatch, policy_step, critic_s
             state.policy, pm = policy_step(state.policy, mb)
             _add(sums, pm)
             count += 1
+            progress.set_postfix(pg_loss=f"{float(pm['actor/pg_loss']):.4f}")
+            progress.update()
+            for role, m in (("actor", pm), ("critic", cm if critic_step else {})):
+                if float(m.get(f"{role}/skipped", 0.0)):
+                    log.warning(
+                        "step %d: non-finite %s loss or gradient in a mini-batch; "
+                        "that update was skipped, parameters unchanged", step, role,
+                    )  # fmt: skip
+    progress.close()
     out = {k: v / count for k, v in sums.items()}
     out["actor/lr_step"] = float(state.policy.step)
     return out

@@ -20,6 +20,7 @@ from jaxrl_llm.data.pipeline import PipelineConfig, build_prompt_pipeline
 from jaxrl_llm.data.sources import SourceConfig
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.learner.rl_config import RewardConfig, RLConfig
+from jaxrl_llm.metrics.progress import bar
 
 log = logging.getLogger(__name__)
 OUTPUT_STOP = "```output"
@@ -135,12 +136,15 @@ class Rollout:
         r = self.cfg.rollout
         seed = int(np.random.default_rng([self.cfg.seed, step, attempt]).integers(2**31))
         prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(len(batch))]
+        progress = bar(f"rollout {step}", len(prompts) * r.n, unit="sample")
         completions = self.driver.generate(
             prompts,
             self._sampling(seed, n=r.n, temperature=r.temperature),
             params=params,
             tool=self.tool,
+            progress=lambda done, total: progress.update(done - progress.n),
         )
+        progress.close()
         return {
             "completions": completions,
             "answers": [a for a in batch.answers for _ in range(r.n)],
@@ -231,6 +235,7 @@ def summary_line(step: int, m: dict[str, float]) -> str:
         ("ent", "actor/entropy"),
         ("clip", "actor/pg_clipfrac"),
         ("t", "timing/step"),
+        ("tok/s", "perf/tokens_per_s"),
     ]
     parts = [f"{name}={m[k]:.3g}" for name, k in keys if k in m]
     return f"step {step}: " + " ".join(parts)

@@ -31,7 +31,6 @@ from jaxrl_llm.models import from_pretrained, load_tokenizer, save_pretrained
 
 log = logging.getLogger(__name__)
 
-TOOL_SYSTEM_PROMPT = "You can run Python."
 OUTPUT_STOP = "```output"
 
 
@@ -47,6 +46,9 @@ class SFTConfig:
     n_val: int = 256
     levels: tuple[int, ...] = (1, 2, 3, 4)
     tool_fraction: float = 0.5
+    # System message on tool-style examples; None: no cue, so the model learns to choose
+    # between reasoning and the tool by itself (what RL then sharpens).
+    tool_system_prompt: str | None = None
     steps: int = 2000
     batch_size: int = 32
     micro_batches: int = 1
@@ -67,7 +69,7 @@ def builtin_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
         tool = rng.random() < cfg.tool_fraction
         out.append(
             {
-                "system": TOOL_SYSTEM_PROMPT if tool else None,
+                "system": cfg.tool_system_prompt if tool else None,
                 "prompt": p["prompt"],
                 "response": p["tool_solution"] if tool else p["solution"],
             }

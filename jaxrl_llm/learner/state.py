@@ -37,14 +37,29 @@ def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, Any]:
 
 
 def apply_gradients(
-    state: TrainState, grads: Any, tx: optax.GradientTransformation
+    state: TrainState, grads: Any, tx: optax.GradientTransformation, loss: jax.Array | None = None
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimiser update; returns the new state and {'grad_norm', 'update_norm'}."""
+    """One optimiser update, skipped when the loss or any gradient is not finite.
+
+    Returns the new state (the old one, untouched, when skipped) and metrics
+    {'grad_norm', 'update_norm', 'skipped'}; a skipped update does not advance `step`.
+    """
     grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    finite = jnp.isfinite(grad_norm)
+    if loss is not None:
+        finite &= jnp.isfinite(loss)
+    # Zero non-finite gradients so the (discarded) update stays finite too.
+    safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
+    updates, opt_state = tx.update(safe, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new = dataclasses.replace(state, step=state.step + 1, params=params, opt_state=opt_state)
-    return new, {"grad_norm": grad_norm, "update_norm": optax.tree.norm(updates)}
+    new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
+    metrics = {
+        "grad_norm": grad_norm,
+        "update_norm": optax.tree.norm(updates),
+        "skipped": 1.0 - finite.astype(jnp.float32),
+    }
+    return new, metrics
 
 
 def accumulate_gradients(

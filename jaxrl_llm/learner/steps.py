@@ -87,8 +87,13 @@ def make_policy_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
             k: v if k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy") else v / M
             for k, v in metrics.items()
         }
-        state, opt = apply_gradients(state, grads, tx)
-        return state, {**metrics, "actor/loss": loss, "actor/grad_norm": opt["grad_norm"]}
+        state, opt = apply_gradients(state, grads, tx, loss)
+        return state, {
+            **metrics,
+            "actor/loss": loss,
+            "actor/grad_norm": opt["grad_norm"],
+            "actor/skipped": opt["skipped"],
+        }
 
     return step
 
@@ -110,12 +115,16 @@ def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
         flat_mask = batch.loss_mask.reshape(-1, batch.loss_mask.shape[-1])
         normalizer = loss_normalizer(flat_mask, agg)
         M = batch.loss_mask.shape[0]
-        _, grads, metrics = accumulate_gradients(
+        loss, grads, metrics = accumulate_gradients(
             lambda p, mb: loss_fn(p, mb, normalizer), state.params, batch
         )
         metrics["critic/vf_clipfrac"] = metrics["critic/vf_clipfrac"] / M
-        state, opt = apply_gradients(state, grads, tx)
-        return state, {**metrics, "critic/grad_norm": opt["grad_norm"]}
+        state, opt = apply_gradients(state, grads, tx, loss)
+        return state, {
+            **metrics,
+            "critic/grad_norm": opt["grad_norm"],
+            "critic/skipped": opt["skipped"],
+        }
 
     return step
 

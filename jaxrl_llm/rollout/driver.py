@@ -179,6 +179,7 @@ class RolloutDriver:
         params: Any = None,
         tool: ToolCallback | None = None,
         on_long_prompt: str = "raise",
+        progress: Callable[[int, int], None] | None = None,
     ) -> list[Completion]:
         """Complete every prompt `n` times; returns completions prompt-major.
 
@@ -187,6 +188,7 @@ class RolloutDriver:
         all prompts or one per prompt (their `n` may differ; results stay prompt-major).
         `on_long_prompt`: "raise" (ValueError before any compute) or "skip" (those
         prompts' samples end with finish reason "prompt_too_long").
+        `progress(done, total)` is called as samples finish (for progress bars).
         """
         if on_long_prompt not in ("raise", "skip"):
             raise ValueError(f"on_long_prompt must be 'raise' or 'skip', got {on_long_prompt!r}")
@@ -207,6 +209,7 @@ class RolloutDriver:
             for j in range(sampling[i].n):
                 s = _Sample(i, j, ids[i], sampling[i], 0, error=msg)
                 results[(i, j)] = self._completion(s, "prompt_too_long")
+        total = sum(sp.n for sp in sampling)
         queue = collections.deque(i for i in range(len(ids)) if i not in problems)
         current: tuple[int, Any, collections.deque] | None = None
         slots: list[_Sample | None] = [None] * eng.batch
@@ -264,6 +267,8 @@ class RolloutDriver:
                     free.append(b)
                 if stopped:
                     state = eng.deactivate(state, stopped)
+                if progress is not None:
+                    progress(len(results), total)
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)

@@ -41,9 +41,15 @@ def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path):
     steps = [r["step"] for r in read_metrics(run)]
     assert steps == [0, 1, 2, 3, 4, 5, 6]
     last = records[-1]
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy",
-                "critic/score/mean", "response_length/mean", "val/test_score",
-                "rollout/logprob_diff/mean", "timing/gen", "actor/grad_norm"):  # fmt: skip
+    expected = [
+        "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy",
+        "actor/grad_norm", "critic/score/mean", "critic/rewards/mean",
+        "critic/advantages/mean", "response_length/mean", "response_length/max",
+        "response_length/clip_ratio", "val/test_score", "rollout/logprob_diff/mean",
+        "timing/rollout", "timing/experience", "timing/update", "timing/step",
+        "perf/tokens_per_s",
+    ]  # fmt: skip
+    for key in expected:
         assert key in last, key
     # Engine and trainer compute the same logprobs (same params, same float32 math).
     assert max(r["rollout/logprob_diff/max"] for r in records[1:]) < 1e-3
