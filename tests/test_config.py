@@ -2,15 +2,21 @@
 
 import pytest
 
-from jaxrl_llm.config import ConfigError, parse_gin, resolve_gin_file
+from jaxrl_llm.config import CONFIGS_DIR, ConfigError, parse_gin, resolve_gin_file
 from jaxrl_llm.learner.rl_config import RLConfig
 
+NOT_RL = {"base.gin", "sft_tiny.gin"}  # an include-only file and the SFT config
 
-def test_shipped_configs_parse_and_validate():
-    for name in ("grpo_tiny.gin", "ppo_tiny.gin", "limr_ppo_qwen2.5_math_7b.gin",
-                 "torl_grpo_qwen2.5_math_1.5b.gin"):  # fmt: skip
-        parse_gin([name])
-        RLConfig().validate()
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in CONFIGS_DIR.glob("*.gin") if p.name not in NOT_RL)
+)
+def test_shipped_configs_parse_and_validate(name):
+    parse_gin([name])
+    cfg = RLConfig()
+    cfg.validate()
+    first_line = (CONFIGS_DIR / name).read_text().splitlines()[0]
+    assert first_line.startswith("# jaxrl-llm train"), "configs start with their command"
 
 
 def test_unknown_parameter_is_named():

@@ -42,12 +42,21 @@ def export_policy(run_dir: Path, out: Path, step: int | None = None) -> int:
     src = resolve_checkpoint(cfg.policy.checkpoint)
     model = from_pretrained(src, dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype)
     graphdef, params = nnx.split(model)
-    raw = ckpt.restore_raw(step)["policy"]["params"]
+    raw = _unwrap_variables(ckpt.restore_raw(step)["policy"]["params"])
     nnx.replace_by_pure_dict(params, jax.tree.map(np.asarray, raw))
     save_pretrained(nnx.merge(graphdef, params), out, tokenizer=load_tokenizer(src))
     ckpt.close()
     log.info("exported %s step %d to %s", run_dir, step, out)
     return step
+
+
+def _unwrap_variables(tree):
+    """Orbax stores each nnx Variable as {'value': array}; return the plain nested dict."""
+    if isinstance(tree, dict):
+        if set(tree) == {"value"}:
+            return tree["value"]
+        return {k: _unwrap_variables(v) for k, v in tree.items()}
+    return tree
 
 
 def main(args: argparse.Namespace) -> int:

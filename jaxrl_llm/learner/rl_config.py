@@ -40,6 +40,7 @@ class DataConfig:
 
     train_file: str | None = None
     val_file: str | None = None
+    builtin_task: str = "arithmetic"  # with no train_file: 'arithmetic' | 'retrieval'
     prompt_key: str | None = None  # None: try prompt / question / problem
     answer_key: str | None = None  # None: try answer / solution / ground_truth
     template: str = "chat"
@@ -61,8 +62,10 @@ class RolloutConfig:
     top_k: int = 0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
-    tool: str = "none"  # 'none' | 'python'
-    max_tool_calls: int = 2
+    tool: str = "none"  # 'none' | 'python' (ToRL) | 'search' (Search-R1)
+    max_tool_calls: int = 2  # tool turns per sample (Search-R1's max turns)
+    search_corpus: str | None = None  # jsonl corpus; None with the built-in retrieval task
+    search_k: int = 3
     max_slots: int = 64  # concurrent decode slots
     steps_per_call: int = 8
     val_temperature: float = 0.0  # greedy validation
@@ -153,7 +156,16 @@ class RLConfig:
         mini = batch // a.mini_batches
         if mini % a.micro_batch_size and a.micro_batch_size < mini:
             raise ValueError(f"mini-batch {mini} not divisible by {a.micro_batch_size=}")
-        if self.rollout.tool not in ("none", "python"):
-            raise ValueError(f"rollout.tool must be 'none' or 'python', got {self.rollout.tool!r}")
+        if self.rollout.tool not in ("none", "python", "search"):
+            raise ValueError(
+                f"rollout.tool must be 'none', 'python' or 'search', got {self.rollout.tool!r}"
+            )
+        if self.data.builtin_task not in ("arithmetic", "retrieval"):
+            raise ValueError(f"data.builtin_task {self.data.builtin_task!r} is not a built-in task")
+        if self.rollout.tool == "search" and not (
+            self.rollout.search_corpus
+            or (self.data.train_file is None and self.data.builtin_task == "retrieval")
+        ):
+            raise ValueError("rollout.tool='search' needs rollout.search_corpus (a jsonl corpus)")
         if a.estimator in ("grpo", "rloo") and self.rollout.n < 2:
             raise ValueError(f"{a.estimator} needs rollout.n >= 2 samples per prompt")

@@ -34,6 +34,8 @@ from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.state import TrainState
 from jaxrl_llm.learner.steps import make_critic_step, make_policy_step, to_micro_batches
 from jaxrl_llm.metrics import MetricsWriter
+from jaxrl_llm.metrics.health import HealthMonitor
+from jaxrl_llm.metrics.plots import write_dashboard
 from jaxrl_llm.metrics.progress import bar
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer, save_pretrained
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
@@ -83,7 +85,7 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
     adv_fn = make_advantage_fn(a, cfg.rollout.n)
 
     data = run_setup.prompt_data(cfg, tokenizer, run_dir)
-    rollout = run_setup.Rollout(cfg, policy, tokenizer, mesh)
+    rollout = run_setup.Rollout(cfg, policy, tokenizer, mesh, data.corpus)
     reward = run_setup.make_reward_pool(cfg.reward)
     seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -104,17 +106,21 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
     if jax.process_index() == 0:
         run_setup.write_config(run_dir)
     writer = MetricsWriter(run_dir, resume_step=state.step if resume else None)
+    health = HealthMonitor()
     records: list[dict] = []
     try:
         if state.step == 0 and cfg.eval_every:
             m = rollout.validate(state.policy.params, data.val, reward)
             writer.write(0, m)
             records.append({"step": 0, **m})
+            _refresh_dashboard(run_dir)
         while state.step < cfg.steps:
             step = state.step + 1
             t0 = time.perf_counter()
             exp, metrics = _collect(cfg, step, it, rollout, reward, state.policy.params)
             metrics["timing/rollout"] = time.perf_counter() - t0
+            same = all_equal_groups(exp["scores"], cfg.rollout.n)
+            metrics["batch/all_equal_groups_frac"] = float(same.mean())
             t1 = time.perf_counter()
             batch = _make_batch(
                 cfg, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn
@@ -135,6 +141,10 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
             writer.write(step, metrics)
             records.append({"step": step, **metrics})
             log.info(run_setup.summary_line(step, metrics))
+            if jax.process_index() == 0:
+                health.check(step, metrics)
+                if "val/test_score" in metrics:
+                    _refresh_dashboard(run_dir)
             if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
                 ckpt.save(step, _device_state(state), {"data": it.get_state(), "step": step})
             if stop_after is not None and step >= stop_after:
@@ -148,6 +158,16 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
         reward.close()
         rollout.close()
     return records
+
+
+def _refresh_dashboard(run_dir: Path) -> None:
+    """Rewrite run_dir/dashboard.png (process 0 only); a plotting error never stops training."""
+    if jax.process_index() != 0:
+        return
+    try:
+        write_dashboard([run_dir], run_dir, per_group=False)
+    except Exception as e:  # plots are a convenience; training goes on
+        log.warning("dashboard not refreshed: %s", e)
 
 
 def _device_state(state: RunState) -> dict[str, Any]:

@@ -30,13 +30,21 @@ OUTPUT_STOP = "```output"
 class PromptData:
     train: Any  # PromptPipeline
     val: Any  # PromptPipeline
+    corpus: Path | None = None  # the built-in retrieval task's corpus
 
 
 def prompt_data(cfg: RLConfig, tokenizer: Any, run_dir: Path) -> PromptData:
     """Train and validation pipelines; the built-in task is written to run_dir/data first."""
     d = cfg.data
-    train_file, val_file = d.train_file, d.val_file
-    if train_file is None:
+    train_file, val_file, corpus = d.train_file, d.val_file, None
+    if train_file is None and d.builtin_task == "retrieval":
+        from jaxrl_llm.data.tasks import retrieval
+
+        paths = retrieval.write_task(
+            run_dir / "data", n_train=d.builtin_train_size, n_val=d.val_size, seed=d.seed
+        )
+        train_file, val_file, corpus = str(paths["train"]), str(paths["val"]), paths["corpus"]
+    elif train_file is None:
         paths = arithmetic.write_splits(
             run_dir / "data",
             n_train=d.builtin_train_size,
@@ -83,13 +91,13 @@ def prompt_data(cfg: RLConfig, tokenizer: Any, run_dir: Path) -> PromptData:
     for name, pipe in (("train", train), ("val", val)):
         if pipe is not None:
             log.info("%s prompts: %s", name, pipe.report.summary())
-    return PromptData(train, val)
+    return PromptData(train, val, corpus)
 
 
 class Rollout:
     """The engine and driver, plus the tool callback and validation."""
 
-    def __init__(self, cfg: RLConfig, policy, tokenizer, mesh):
+    def __init__(self, cfg: RLConfig, policy, tokenizer, mesh, corpus: Path | None = None):
         from jaxrl_llm.rollout import Engine, RolloutDriver
 
         r = cfg.rollout
@@ -117,6 +125,12 @@ class Rollout:
             python = PythonTool()
             self.stop = (*self.stop, OUTPUT_STOP)
             self.tool = lambda text: torl_observation(python, text)
+        elif r.tool == "search":
+            from jaxrl_llm.tools import make_search_tool
+
+            search = make_search_tool(r.search_corpus or corpus, k=r.search_k)
+            self.stop = (*self.stop, *search.stop_strings)
+            self.tool = search
 
     def _sampling(self, seed: int, *, n: int, temperature: float):
         from jaxrl_llm.rollout import SamplingParams
@@ -155,15 +169,17 @@ class Rollout:
         comps = exp["completions"]
         reasons = [c.finish_reason for c in comps]
         m = {f"rollout/finish/{k}": reasons.count(k) / len(comps) for k in set(reasons)}
-        if self.tool is not None:
+        if self.tool is None:
+            return m
+        calls = np.asarray([c.tool_calls for c in comps], np.float32)
+        m["env/tool_calls/mean"] = float(calls.mean())
+        m["env/number_of_actions/mean"] = float(calls.mean())
+        m["env/ratio_of_valid_action"] = float(np.mean(calls > 0))
+        if self.cfg.rollout.tool == "python":
             from jaxrl_llm.tools.python_tool import is_error_output, output_blocks
 
-            calls = np.asarray([c.tool_calls for c in comps], np.float32)
             blocks = [b for c in comps for b in output_blocks(c.text)]
             ok = [not is_error_output(b) for b in blocks]
-            m["env/tool_calls/mean"] = float(calls.mean())
-            m["env/number_of_actions/mean"] = float(calls.mean())
-            m["env/ratio_of_valid_action"] = float(np.mean(calls > 0))
             m["env/code_success_rate"] = float(np.mean(ok)) if ok else 0.0
         return m
 

@@ -59,9 +59,13 @@ class SFTConfig:
 
 
 def builtin_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
-    """(train, val) prompt/response pairs from the arithmetic task, tool and no-tool mixed."""
+    """(train, val) prompt/response pairs from the arithmetic task, tool and no-tool mixed.
+
+    Both come from the task's train partition; `val` here only tracks the SFT loss.
+    """
+    # Only the train side of the task's fixed partition: RL validation never sees SFT data.
     problems = arithmetic.generate_problems(
-        cfg.n_train + cfg.n_val, seed=cfg.seed, levels=cfg.levels, id_prefix="sft"
+        cfg.n_train + cfg.n_val, seed=cfg.seed, levels=cfg.levels, id_prefix="sft", split="train"
     )
     rng = np.random.default_rng(cfg.seed)
     out = []

@@ -219,7 +219,9 @@ def _place(value: np.ndarray, logical_axes, mesh: Mesh | None, rules: Rules) -> 
     return jax.make_array_from_callback(value.shape, sharding, lambda idx: value[idx])
 
 
-def _to_host(x: jax.Array) -> np.ndarray:
+def _to_host(x: jax.Array | np.ndarray) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
     if not x.is_fully_addressable:
         from jax.experimental import multihost_utils
 

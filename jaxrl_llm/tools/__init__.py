@@ -9,15 +9,19 @@ from jaxrl_llm.tools.python_tool import (
     truncate_middle,
 )
 from jaxrl_llm.tools.sandbox import ExecResult, SandboxConfig, run_python
+from jaxrl_llm.tools.search import BM25Retriever, SearchTool, make_search_tool
 
 __all__ = [
+    "BM25Retriever",
     "ExecResult",
     "PythonExecutor",
     "PythonTool",
     "SandboxConfig",
+    "SearchTool",
     "Tool",
     "any_code_failed",
     "format_observation",
+    "make_search_tool",
     "observe_many",
     "run_python",
     "run_python_many",

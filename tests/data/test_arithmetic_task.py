@@ -110,3 +110,17 @@ def test_task_feeds_the_pipeline_with_a_tokenizer_of_its_vocabulary(tmp_path, ch
     batch = next(build_prompt_pipeline(cfg, tokenizer).iterator())
     assert batch.input_ids.shape == (8, 80)
     assert (batch.input_ids != tokenizer.unk_token_id).all()
+
+
+def test_split_partition_is_fixed_and_disjoint():
+    from jaxrl_llm.data.tasks.arithmetic import split_of
+
+    train = generate_problems(500, seed=1, split="train")
+    val = generate_problems(100, seed=2, split="val")
+    assert all(split_of(p["prompt"]) == "train" for p in train)
+    assert all(split_of(p["prompt"]) == "val" for p in val)
+    # Other seeds and sizes draw from the same partition.
+    other = generate_problems(3000, seed=9, split="train")
+    assert not {p["prompt"] for p in other} & {p["prompt"] for p in val}
+    share = sum([split_of(p["prompt"]) == "val" for p in generate_problems(2000, seed=3)]) / 2000
+    assert 0.06 < share < 0.14

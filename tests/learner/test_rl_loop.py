@@ -156,3 +156,46 @@ def test_interrupted_checkpoint_is_never_loaded(tmp_path):
 
     assert Checkpointer(ckpts).latest_step() == 3
     assert not Path(ckpts / "6.orbax-checkpoint-tmp").exists()  # cleaned up
+
+
+def test_export_writes_the_checkpointed_policy(tmp_path):
+    from flax import nnx
+
+    from jaxrl_llm.assets import builtin_checkpoint
+    from jaxrl_llm.learner.checkpoint import Checkpointer
+    from jaxrl_llm.learner.export import export_policy
+    from jaxrl_llm.models import from_pretrained
+
+    cfg = _config(tmp_path / "e", "RLConfig.steps = 3", "RLConfig.save_every = 3")
+    run_rl(cfg, stop_after=3)
+    assert export_policy(tmp_path / "e", tmp_path / "hf") == 3
+    exported = nnx.state(from_pretrained(tmp_path / "hf"))
+    saved = Checkpointer(tmp_path / "e" / "checkpoints").restore_raw(3)["policy"]["params"]
+    for path, var in nnx.to_flat_state(exported):
+        leaf = saved
+        for key in path:
+            leaf = leaf[str(key)] if str(key) in leaf else leaf[key]
+        np.testing.assert_array_equal(np.asarray(var.get_value()), np.asarray(leaf["value"]))
+    builtin = nnx.state(from_pretrained(builtin_checkpoint()))
+    changed = [
+        not np.array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()))
+        for (_, a), (_, b) in zip(nnx.to_flat_state(exported), nnx.to_flat_state(builtin))
+    ]
+    assert any(changed)  # training moved the weights
+
+
+def test_search_r1_tool_turns_in_the_loop(tmp_path):
+    cfg = _config(
+        tmp_path / "s",
+        "RLConfig.steps = 1",
+        "DataConfig.builtin_task = 'retrieval'",
+        "DataConfig.template = 'search_r1'",
+        "DataConfig.max_prompt_length = 768",
+        "RolloutConfig.tool = 'search'",
+        "RolloutConfig.max_new_tokens = 24",
+        "RewardConfig.name = 'exact_match'",
+    )
+    records = run_rl(cfg)
+    assert (tmp_path / "s" / "data" / "corpus.jsonl").is_file()
+    for key in ("env/tool_calls/mean", "env/ratio_of_valid_action", "critic/score/mean"):
+        assert key in records[-1], key

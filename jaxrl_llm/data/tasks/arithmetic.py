@@ -21,6 +21,7 @@ cover them. Generation is deterministic in the seed (Python's ``random.Random``)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -131,6 +132,23 @@ def make_problem(level: int, rng: random.Random, problem_id: str) -> dict[str, A
     }
 
 
+HELDOUT_PERCENT = 10
+SPLITS = ("train", "val")
+
+
+def split_of(prompt: str) -> str:
+    """The split a prompt belongs to, fixed by a hash of its text: "val" for 10% of all
+    possible problems, "train" for the rest.
+
+    Every consumer (SFT, RL training, validation, `jaxrl-llm eval`) draws from the same
+    partition, whatever seeds and sizes it uses, so validation prompts are never trained on.
+    The problem space is small at level 2 (times tables), where a split by generation order
+    would leak.
+    """
+    digest = hashlib.sha256(prompt.encode()).digest()
+    return "val" if int.from_bytes(digest[:4], "big") % 100 < HELDOUT_PERCENT else "train"
+
+
 def generate_problems(
     n: int,
     *,
@@ -138,12 +156,16 @@ def generate_problems(
     levels: Sequence[int] = (1, 2, 3, 4),
     id_prefix: str = "arith",
     exclude_prompts: set[str] | frozenset[str] = frozenset(),
+    split: str | None = None,
 ) -> list[dict[str, Any]]:
     """``n`` distinct problems, levels drawn uniformly from ``levels``, deterministic in ``seed``.
 
     Ids are ``f"{id_prefix}-{i:05d}"``. Prompts in ``exclude_prompts`` (e.g. the training
-    split's) are never produced.
+    split's) are never produced. ``split`` ("train" | "val") keeps only problems of that
+    split (see ``split_of``); None keeps all.
     """
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
     for level in levels:
         if level not in LEVELS:
             raise ValueError(f"unknown level {level}; levels are {sorted(LEVELS)}")
@@ -152,8 +174,9 @@ def generate_problems(
     problems: list[dict[str, Any]] = []
     while len(problems) < n:
         problem = make_problem(rng.choice(list(levels)), rng, f"{id_prefix}-{len(problems):05d}")
-        if problem["prompt"] not in seen:
-            seen.add(problem["prompt"])
+        prompt = problem["prompt"]
+        if prompt not in seen and (split is None or split_of(prompt) == split):
+            seen.add(prompt)
             problems.append(problem)
     return problems
 
@@ -176,18 +199,15 @@ def write_splits(
     seed: int = 0,
     levels: Sequence[int] = (1, 2, 3, 4),
 ) -> dict[str, Path]:
-    """Writes ``train.jsonl`` and ``val.jsonl`` (no prompt in both) into ``out_dir``.
+    """Writes ``train.jsonl`` and ``val.jsonl`` into ``out_dir``, drawn from the train and
+    val sides of the fixed partition (``split_of``), so no prompt is in both.
 
     Returns:
       ``{"train": path, "val": path}``.
     """
-    train = generate_problems(n_train, seed=seed, levels=levels, id_prefix="train")
+    train = generate_problems(n_train, seed=seed, levels=levels, id_prefix="train", split="train")
     val = generate_problems(
-        n_val,
-        seed=seed + 1_000_003,
-        levels=levels,
-        id_prefix="val",
-        exclude_prompts={p["prompt"] for p in train},
+        n_val, seed=seed + 1_000_003, levels=levels, id_prefix="val", split="val"
     )
     out_dir = Path(out_dir)
     return {
