@@ -68,6 +68,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.temperature == 0 and args.n > 1:
         raise ValueError("--n > 1 needs --temperature > 0 (greedy samples are identical)")
+    if any(k < 1 or k > args.n for k in args.k or []):
+        raise ValueError(f"every --k must be in [1, --n={args.n}], got {args.k}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
     src = resolve_checkpoint(args.checkpoint)
     tokenizer = load_tokenizer(src)
     model = from_pretrained(src)
@@ -152,9 +156,12 @@ def _source(args):
 
         from jaxrl_llm.data.tasks import arithmetic
 
-        out = Path(tempfile.mkdtemp(prefix="jaxrl_eval_"))
-        paths = arithmetic.write_splits(out, n_train=2000, n_val=args.limit or 200, seed=0)
-        return SourceConfig(str(paths["val"]))
+        # The held-out side of the task's fixed partition: never seen in SFT or RL training.
+        problems = arithmetic.generate_problems(
+            args.limit or 200, seed=1_000_003, id_prefix="val", split="val"
+        )
+        out = Path(tempfile.gettempdir()) / "jaxrl_eval_builtin_val.jsonl"
+        return SourceConfig(str(arithmetic.write_jsonl(problems, out)))
     if args.data.startswith("tfds:"):
         return SourceConfig(args.data[5:], format="tfds", split=args.split, data_dir=args.data_dir)
     return SourceConfig(args.data, split=args.split)
