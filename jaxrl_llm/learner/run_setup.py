@@ -119,6 +119,12 @@ class Rollout:
         )
         self.tool = None
         self.stop = tuple(r.stop)
+        self._rollout_params = _identity
+        if cfg.policy.rollout_dtype:
+            # Rollout weights in a narrower dtype (e.g. bfloat16: half the bytes read per
+            # decoded token); the trainer's master weights are untouched, and the gap shows in
+            # rollout/logprob_diff/*. One jitted cast per step.
+            self._rollout_params = _make_cast(cfg.policy.rollout_dtype)
         if r.tool == "python":
             from jaxrl_llm.tools import PythonTool
 
@@ -154,7 +160,7 @@ class Rollout:
         completions = self.driver.generate(
             prompts,
             self._sampling(seed, n=r.n, temperature=r.temperature),
-            params=params,
+            params=self._rollout_params(params),
             tool=self.tool,
             progress=lambda done, total: progress.update(done - progress.n),
         )
@@ -189,6 +195,7 @@ class Rollout:
             return {}
         r = self.cfg.rollout
         texts, answers = [], []
+        params = self._rollout_params(params)
         for batch in val.iterator():
             prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(len(batch))]
             comps = self.driver.generate(
@@ -205,6 +212,26 @@ class Rollout:
 
     def close(self) -> None:
         pass
+
+
+def _identity(params):
+    return params
+
+
+def _make_cast(dtype: str):
+    import jax.numpy as jnp
+
+    from jaxrl_llm.models.config import as_dtype
+
+    target = as_dtype(dtype)
+
+    @jax.jit
+    def cast(params):
+        return jax.tree.map(
+            lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+        )
+
+    return cast
 
 
 def torl_observation(python_tool, text: str) -> str | None:
