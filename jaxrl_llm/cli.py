@@ -23,7 +23,11 @@ COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
     "generate": ("jaxrl_llm.rollout.commands", "generate completions from a checkpoint"),
     "serve": ("jaxrl_llm.rollout.server", "serve a checkpoint over JetStream's gRPC API"),
     "bench": ("jaxrl_llm.bench.rollout", "benchmarks (rollout), JSON output"),
+    "plan": ("jaxrl_llm.sharding.plan", "memory per device of a run: does it fit, what to change"),
+    "eval": ("jaxrl_llm.metrics.evaluate", "pass@1, pass@k and maj@k of a checkpoint"),
+    "plot": ("jaxrl_llm.metrics.plots", "dashboard PNGs of one or more runs' metrics"),
     "export": ("jaxrl_llm.learner.export", "write a run's policy checkpoint as HF safetensors"),
+    "limr": ("jaxrl_llm.data.limr_cli", "LIMR: score a run's prompts, select a subset"),
     "sft": (
         "jaxrl_llm.learner.commands",
         "supervised fine-tuning (builds the tiny default)",

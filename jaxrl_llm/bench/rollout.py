@@ -29,7 +29,7 @@ SHAPES = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("suite", choices=["rollout"])
+    parser.add_argument("suite", choices=["rollout", "train"])
     parser.add_argument("--checkpoint", default="builtin")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=64)
@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps-per-call", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
+    parser.add_argument("--seq-len", type=int, default=256, help="train: tokens per sequence")
 
 
 def machine_ceilings() -> dict:
@@ -141,6 +142,10 @@ def bench_hf(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.suite == "train":
+        from jaxrl_llm.bench import train
+
+        return train.main(args)
     B, P, N = args.batch, args.prompt_len, args.new_tokens
     with tempfile.TemporaryDirectory() as tmp:
         path = _checkpoint(args.checkpoint, Path(tmp))

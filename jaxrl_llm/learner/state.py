@@ -81,8 +81,11 @@ def accumulate_gradients(
         metric_sum = jax.tree.map(jnp.add, metric_sum, metrics)
         return (loss_sum + loss, grad_sum, metric_sum), None
 
+    # Scan over every micro-batch from zero accumulators: one micro-batch's activations
+    # live at a time (peeling the first one out let XLA run two at once).
     first = jax.tree.map(lambda x: x[0], micro_batches)
-    (loss0, metrics0), grads0 = grad_fn(params, first)
-    rest = jax.tree.map(lambda x: x[1:], micro_batches)
-    (loss, grads, metrics), _ = jax.lax.scan(body, (loss0, grads0, metrics0), rest)
+    (loss_shape, metric_shapes), grad_shapes = jax.eval_shape(grad_fn, params, first)
+    zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+    init = (zeros(loss_shape), zeros(grad_shapes), zeros(metric_shapes))
+    (loss, grads, metrics), _ = jax.lax.scan(body, init, micro_batches)
     return loss, grads, metrics

@@ -1,0 +1,135 @@
+"""`jaxrl-llm bench train`: tokens/s and model-FLOPs utilisation of the policy train step.
+
+Times the real jitted `make_policy_step` (clipped PG loss + entropy, forward, backward, AdamW)
+on one micro-batch of `--batch` random sequences of `--seq-len` tokens, and, on the same
+checkpoint and shapes, a PyTorch forward + backward of the HF `transformers` model (log-softmax
+gather loss; no optimiser step, so the baseline does slightly less work). The float32 matmul
+ceiling is measured in the same run, so the output reads as ratios.
+
+Model FLOPs per step (documented, as in PaLM's MFU, Chowdhery et al. 2022, appendix B):
+    6 * P * tokens  +  12 * L * N * H * t^2 * B
+with P the parameters that multiply activations (all but the embedding gather; a tied
+embedding counts once, as the LM head), tokens = B * t, t = seq_len - 1 positions the step
+runs on, and the attention term the forward's q k^T and p v (2 * 2 * t^2 * N * H per layer and
+sequence) times 3 for forward + backward. The implementation computes the full [t, t] score
+matrix under a causal mask, so the term is not halved. MFU = model FLOP/s / matmul FLOP/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from jaxrl_llm.bench.rollout import _checkpoint, machine_ceilings
+
+
+def model_flops(cfg, n_params: int, batch: int, seq_len: int) -> float:
+    t = seq_len - 1
+    matmul_params = n_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+    attention = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * t * t * batch
+    return 6.0 * matmul_params * batch * t + attention
+
+
+def _ids(vocab: int, batch: int, seq_len: int) -> np.ndarray:
+    return np.random.RandomState(0).randint(3, vocab, (batch, seq_len)).astype(np.int32)
+
+
+def bench_jax(path: Path, batch: int, seq_len: int, repeats: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
+    from jaxrl_llm.learner.rl_config import AlgoConfig
+    from jaxrl_llm.learner.state import TrainState
+    from jaxrl_llm.learner.steps import make_policy_step
+    from jaxrl_llm.models import from_pretrained
+    from jaxrl_llm.types import TrainBatch
+
+    model = from_pretrained(path)
+    cfg = model.config
+    graphdef, params = nnx.split(model)
+    n_params = int(sum(x.size for x in jax.tree.leaves(params)))
+    tx = make_optimizer(OptimConfig(lr=1e-6), 1000)
+    state = TrainState.create(params, tx, jax.random.PRNGKey(0))
+    step = make_policy_step(graphdef, tx, AlgoConfig(), 1.0)
+    ids = jnp.asarray(_ids(cfg.vocab_size, batch, seq_len))[None]
+    f = lambda v: jnp.full(ids.shape, v, jnp.float32)
+    mask = f(1.0).at[..., 0].set(0.0)
+    tb = TrainBatch(ids, mask, f(-3.0), f(-3.0), f(0.5), f(0.5), f(0.0), f(-3.0))
+    t0 = time.perf_counter()
+    state, m = step(state, tb)  # compiles
+    jax.block_until_ready(m)
+    compile_s = time.perf_counter() - t0
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        state, m = step(state, tb)
+        jax.block_until_ready(m)
+        best = min(best, time.perf_counter() - t0)
+    flops = model_flops(cfg, n_params, batch, seq_len)
+    return {
+        "params": n_params,
+        "step_s": best,
+        "compile_s": compile_s,
+        "tokens_per_s": batch * (seq_len - 1) / best,
+        "model_flops_per_step": flops,
+        "model_flops_per_s": flops / best,
+        "loss_finite": bool(np.isfinite(float(m["actor/loss"]))),
+    }
+
+
+def bench_torch(path: Path, batch: int, seq_len: int, repeats: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).train()
+    ids = torch.from_numpy(_ids(model.config.vocab_size, batch, seq_len).astype(np.int64))
+
+    def one() -> None:
+        model.zero_grad(set_to_none=True)
+        logits = model(ids[:, :-1]).logits.float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])
+        (-logp.mean()).backward()
+
+    one()  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        one()
+        best = min(best, time.perf_counter() - t0)
+    return {
+        "step_s": best,
+        "tokens_per_s": batch * (seq_len - 1) / best,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    B, T = args.batch, args.seq_len
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _checkpoint(args.checkpoint, Path(tmp))
+        ours = bench_jax(path, B, T, args.repeats)
+        torch_run = None if args.skip_hf else bench_torch(path, B, T, args.repeats)
+    ceilings = machine_ceilings()
+    result = {
+        "suite": "train",
+        "checkpoint": args.checkpoint,
+        "batch": B,
+        "seq_len": T,
+        "train_step": ours,
+        "torch_fwd_bwd": torch_run,
+        "ceilings": ceilings,
+        "mfu": ours["model_flops_per_s"] / ceilings["matmul_flops"],
+        "speedup_vs_torch": None
+        if torch_run is None
+        else ours["tokens_per_s"] / torch_run["tokens_per_s"],
+    }
+    print(json.dumps(result, indent=1))
+    return 0

@@ -1,0 +1,504 @@
+"""`jaxrl-llm plan`: bytes per device of an RL run, before launch, without allocating anything.
+
+Parameter shapes come from `nnx.eval_shape` of the model; each array's per-device shard comes
+from its logical axes, the rule tables and an `AbstractMesh` of the requested size (the same
+`logical_to_spec` the run uses, so a dimension the mesh does not divide stays whole).
+
+Terms (per device; `a` = compute-dtype bytes, `p` = param-dtype bytes; `b` = micro-batch rows
+per device (`micro_batch_size / (data*fsdp)`), `t = T - 1` positions the step runs on, `T` =
+max_prompt_length + max_new_tokens; heads, kv heads, mlp and vocab divided by `tensor` where
+the rules shard them):
+
+- policy: parameters (TRAIN_RULES) and AdamW's two moments (2x, in param dtype);
+- gradients: GRAD_COPIES x parameters: the gradient plus two parameter-sized temporaries of
+  the update (`updates` and the finite-or-skip `where`);
+- reference model (when a KL term is used): parameters again; critic (estimator 'gae'):
+  a `ValueModel`'s parameters, moments and gradients;
+- KV cache: [L, max_slots, max_prompt_length + max_new_tokens + 1, K, H] twice (k and v) in
+  the compute dtype, under SAMPLE_RULES; plus a copy of the weights in the sampling layout
+  when it differs from the training layout (fsdp > 1);
+- batch: the 8 float32/int32 [M, mb, T] arrays of a `TrainBatch`;
+- activations of one micro-batch, with `S = b*N*t*t*4` (float32 attention scores), `bt = b*t`
+  and the fitted buffer counts of `ACTIVATION_COUNTS`:
+      layer = 2.8*S [+ 0.5*S*a/4 for bf16] + bt*(1.75*D + 5*F + 1*K*H)*a
+      head  = 1.8*bt*V*4 + 5.4*bt*D*a       (float32 logits [mb, t, V]; embedding, final norm)
+  peak = L*layer + head without remat; L*bt*D*a (each layer's saved input) + layer (one
+  layer recomputed in its backward) + head with per-layer remat; plus, under fsdp, the
+  all-gathered embedding/LM head and two layers' weights. The counts were fitted to XLA:CPU's
+  buffer assignment of the real `make_policy_step` on 12 tiny configs (varying T, D, F, N, K,
+  V, L, mb: worst error 5%). With exactly two micro-batches `lax.scan` has length 1, XLA
+  inlines it and may overlap both micro-batches (measured 2x at mb=4, T=128), so the
+  planner counts two.
+
+Known gap: XLA:CPU does not realise remat's saving (its scheduler hoists the recomputation;
+measured 20.4 vs 21.3 MB at L=4), so remat estimates are only checked on accelerators.
+Not counted: the experience forwards (forward-only, smaller than the update), XLA's
+workspace and compiled code; `HEADROOM` leaves room for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxrl_llm.sharding import axes as ax
+from jaxrl_llm.sharding.rules import SAMPLE_RULES, TRAIN_RULES, Rules, logical_to_spec
+
+GB = 1e9
+HEADROOM = 0.10  # fraction of device memory left for XLA workspace, code and fragmentation
+GRAD_COPIES = 2.6  # fitted; floor 2: the gradient and the update
+# Buffer counts per activation shape, fitted to XLA:CPU (see the module docstring).
+ACTIVATION_COUNTS = {
+    "scores": 2.8,  # float32 [b, N, t, t] per layer
+    "scores_low_precision": 0.5,  # the probabilities cast to a bf16/f16 compute dtype
+    "bt*D": 1.75,  # per layer, compute dtype: the layer input, norms
+    "bt*F": 5.0,  # per layer: gate, up, silu, their product and its gradient
+    "bt*KH": 1.0,  # per layer: k and v (q and the attention output fuse away)
+    "logits": 1.8,  # float32 [b, t, V] once
+    "bt*D_head": 5.4,  # embedding output, final norm and their gradients, once
+}
+MOMENTS = 2  # AdamW
+
+# HF config.json fields of common checkpoints, for planning before anything is downloaded.
+_QWEN = dict(
+    model_type="qwen2",
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+)
+SHAPES: dict[str, dict] = {
+    "qwen2.5-0.5b": dict(_QWEN, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2),
+    "qwen2.5-1.5b": dict(_QWEN, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2),
+    "qwen2.5-7b": dict(_QWEN, vocab_size=152064, tie_word_embeddings=False, hidden_size=3584,
+                       intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4),
+    "llama3-8b": dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5,
+                      vocab_size=128256, tie_word_embeddings=False, rope_theta=5e5,
+                      max_position_embeddings=8192, hidden_size=4096, intermediate_size=14336,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8),
+}  # fmt: skip
+SHAPES["qwen2.5-math-1.5b"] = dict(SHAPES["qwen2.5-1.5b"], max_position_embeddings=4096)
+SHAPES["qwen2.5-math-7b"] = dict(SHAPES["qwen2.5-7b"], max_position_embeddings=4096)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What the run does per step, in the numbers memory depends on."""
+
+    micro_batch: int  # sequences per forward/backward
+    seq_len: int  # T = max_prompt_length + max_new_tokens
+    micro_batches: int = 1  # M per optimiser update
+    slots: int = 0  # concurrent decode slots
+    cache_len: int = 0  # max_prompt_length + max_new_tokens + 1
+    reference: bool = False
+    critic: bool = False
+
+    @classmethod
+    def from_rl_config(cls, cfg: Any) -> Workload:
+        a, d, r = cfg.algo, cfg.data, cfg.rollout
+        mini = d.prompts_per_step * r.n // a.mini_batches
+        mb = min(a.micro_batch_size, mini)
+        T = d.max_prompt_length + r.max_new_tokens
+        return cls(
+            micro_batch=mb,
+            seq_len=T,
+            micro_batches=max(mini // mb, 1),
+            slots=r.max_slots,
+            cache_len=T + 1,
+            reference=a.use_kl_loss or a.kl_in_reward_coef > 0,
+            critic=cfg.uses_critic,
+        )
+
+
+def model_config(checkpoint: str, **numerics: Any):
+    """`ModelConfig` of a checkpoint directory, 'builtin', or a `SHAPES` name.
+
+    A path that does not exist is matched by its last component (`/ckpts/Qwen2.5-Math-7B`
+    -> 'qwen2.5-math-7b'), so paper configs can be planned before the weights are fetched.
+    """
+    from jaxrl_llm.assets import resolve_checkpoint
+    from jaxrl_llm.models import ModelConfig, read_config
+
+    key = checkpoint.lower()
+    if key not in SHAPES:
+        path = resolve_checkpoint(checkpoint)
+        if (Path(path) / "config.json").is_file():
+            return ModelConfig.from_hf(read_config(path), **numerics)
+        key = re.sub(r"-(instruct|base|hf)$", "", Path(checkpoint).name.lower())
+        key = key.replace("meta-llama-3", "llama3").replace("llama-3", "llama3")
+    if key not in SHAPES:
+        raise ValueError(
+            f"checkpoint {checkpoint!r} has no config.json here and is not a known shape; "
+            f"pass --model with one of {sorted(SHAPES)}"
+        )
+    return ModelConfig.from_hf(SHAPES[key], **numerics)
+
+
+def abstract_mesh(data: int, fsdp: int, tensor: int):
+    from jax.sharding import AbstractMesh
+
+    return AbstractMesh((data, fsdp, tensor), ax.MESH_AXES)
+
+
+def shard_numel(shape, logical, rules: Rules, mesh) -> int:
+    """Elements of one device's shard of an array with these logical axes."""
+    spec = logical_to_spec(logical, rules, mesh, shape)
+    n = 1
+    for i, dim in enumerate(shape):
+        entry = spec[i] if i < len(spec) else None
+        names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        n *= dim // math.prod(mesh.shape[name] for name in names)
+    return n
+
+
+@functools.cache
+def abstract_params(cfg, cls=None) -> tuple[tuple[tuple[int, ...], tuple, int], ...]:
+    """(shape, logical axes, itemsize) of every parameter, from `nnx.eval_shape`."""
+    from flax import nnx
+
+    from jaxrl_llm.models import CausalLM
+
+    cls = cls or CausalLM
+    state = nnx.state(nnx.eval_shape(lambda: cls(cfg.replace(remat=False), rngs=nnx.Rngs(0))))
+    return tuple(
+        (var.shape, tuple(var.get_metadata()["logical_axes"]), var.get_value().dtype.itemsize)
+        for _, var in nnx.to_flat_state(state)
+    )
+
+
+def param_bytes(cfg, mesh, rules: Rules, cls=None) -> tuple[int, int]:
+    """(per-device bytes, total parameter count) of a model."""
+    params = abstract_params(cfg.replace(remat=False), cls)
+    per_device = sum(shard_numel(s, lg, rules, mesh) * n for s, lg, n in params)
+    return per_device, sum(math.prod(s) for s, _, _ in params)
+
+
+def gathered_bytes(cfg, mesh) -> int:
+    """FSDP's transient all-gathers: the embedding (and untied LM head) and two layers'
+    weights (one in use, one prefetched), whole over `fsdp`, still split over `tensor`."""
+    if mesh.shape["fsdp"] == 1:
+        return 0
+    unsharded = abstract_mesh(mesh.shape["data"], 1, mesh.shape["tensor"])
+    total, _ = param_bytes(cfg, unsharded, TRAIN_RULES)
+    embed = (
+        shard_numel((cfg.vocab_size, cfg.hidden_size), (ax.VOCAB, None), TRAIN_RULES, unsharded)
+        * np.dtype(cfg.param_dtype).itemsize
+    )
+    heads = embed * (1 if cfg.tie_word_embeddings else 2)
+    return int(heads + 2 * (total - heads) / cfg.num_layers)
+
+
+def _sampling_copy_bytes(cfg, mesh) -> int:
+    """Bytes of the rollout's weight copy: zero when both layouts agree (weight sync is a
+    pointer), else the parameters in the sampling layout."""
+    same = mesh.shape["fsdp"] == 1
+    return 0 if same else param_bytes(cfg, mesh, SAMPLE_RULES)[0]
+
+
+def activation_bytes(cfg, mesh, w: Workload, remat: bool) -> dict[str, int]:
+    """Peak activation bytes of one policy micro-batch (formula in the module docstring)."""
+    a = np.dtype(cfg.dtype).itemsize
+    t, mb = w.seq_len - 1, w.micro_batch
+    R = TRAIN_RULES
+    b = shard_numel((mb,), (ax.BATCH,), R, mesh)
+    N = shard_numel((cfg.num_heads,), (ax.ACT_HEADS,), R, mesh)
+    K = shard_numel((cfg.num_kv_heads,), (ax.ACT_KV_HEADS,), R, mesh)
+    F = shard_numel((cfg.intermediate_size,), (ax.ACT_MLP,), R, mesh)
+    V = shard_numel((cfg.vocab_size,), (ax.ACT_VOCAB,), R, mesh)
+    D, H, bt = cfg.hidden_size, cfg.head_dim, b * t
+    scores = b * N * t * t
+    c = ACTIVATION_COUNTS
+    layer = c["scores"] * scores * 4
+    layer += (c["bt*D"] * D + c["bt*F"] * F + c["bt*KH"] * K * H) * bt * a
+    if a < 4:
+        layer += c["scores_low_precision"] * scores * a
+    logits = c["logits"] * bt * V * 4
+    head = logits + c["bt*D_head"] * bt * D * a
+    saved = cfg.num_layers * bt * D * a + layer if remat else cfg.num_layers * layer
+    peak = saved + head
+    overlap = 2 if w.micro_batches == 2 else 1
+    return {"per_layer": int(layer), "logits": int(logits), "peak": int(overlap * peak)}
+
+
+@dataclasses.dataclass
+class Plan:
+    """Bytes per device, by term; `peak` = resident + max(train phase, rollout phase)."""
+
+    model: dict
+    mesh: dict
+    workload: dict
+    terms: dict[str, int]
+    activations_no_remat: int
+    activations_remat: int
+    remat: bool
+    device_memory: float | None = None
+    suggestions: list[dict] = dataclasses.field(default_factory=list)
+
+    @property
+    def resident(self) -> int:
+        keys = ("params", "optimizer", "reference", "critic_params", "critic_optimizer")
+        return sum(self.terms[k] for k in keys)
+
+    @property
+    def train_phase(self) -> int:
+        return sum(self.terms[k] for k in ("grads", "critic_grads", "batch", "activations"))
+
+    @property
+    def rollout_phase(self) -> int:
+        return self.terms["kv_cache"] + self.terms["rollout_weights"]
+
+    @property
+    def train_step(self) -> int:
+        """What XLA's memory analysis of the policy step covers."""
+        t = self.terms
+        return t["params"] + t["optimizer"] + t["grads"] + t["batch"] + t["activations"]
+
+    @property
+    def peak(self) -> int:
+        return self.resident + max(self.train_phase, self.rollout_phase)
+
+    @property
+    def fits(self) -> bool | None:
+        if self.device_memory is None:
+            return None
+        return self.peak <= (1 - HEADROOM) * self.device_memory
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "mesh": self.mesh,
+            "workload": self.workload,
+            "bytes_per_device": {
+                **self.terms,
+                "activations_no_remat": self.activations_no_remat,
+                "activations_remat": self.activations_remat,
+                "resident": self.resident,
+                "train_phase": self.train_phase,
+                "rollout_phase": self.rollout_phase,
+                "peak": self.peak,
+            },
+            "remat": self.remat,
+            "device_memory": self.device_memory,
+            "fits": self.fits,
+            "suggestions": self.suggestions,
+        }
+
+    def table(self) -> str:
+        sums = ("resident", "train_phase", "rollout_phase", "peak")
+        rows = [*self.terms.items(), ("activations (no remat)", self.activations_no_remat),
+                ("activations (remat)", self.activations_remat)]  # fmt: skip
+        rows += [(f"= {k.replace('_', ' ')}", getattr(self, k)) for k in sums]
+        m = self.model
+        lines = [
+            f"{m['name']}: {m['params'] / 1e9:.2f} B params, dtype {m['dtype']}, "
+            f"params {m['param_dtype']}, remat {self.remat}",
+            "mesh " + " x ".join(f"{k}={v}" for k, v in self.mesh.items()),
+            f"{'term':<24}{'GB / device':>12}",
+        ]
+        lines += [f"{name:<24}{value / GB:>12.3f}" for name, value in rows]
+        if self.device_memory is not None:
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines.append(
+                f"device {self.device_memory / GB:.1f} GB (usable "
+                f"{(1 - HEADROOM) * self.device_memory / GB:.1f}): {verdict}"
+            )
+        for s in self.suggestions:
+            ok = "fits" if s["fits"] else "still over"
+            lines.append(f"  try {s['change']}: peak {s['peak'] / GB:.2f} GB ({ok})")
+        return "\n".join(lines)
+
+
+def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=None) -> Plan:
+    """Per-device memory of policy (+ reference, critic), rollout cache and one update."""
+    from jaxrl_llm.models import ValueModel
+
+    mesh = abstract_mesh(*mesh_shape)
+    params, count = param_bytes(cfg, mesh, TRAIN_RULES)
+    critic = param_bytes(cfg, mesh, TRAIN_RULES, ValueModel)[0] if w.critic else 0
+    a = np.dtype(cfg.dtype).itemsize
+    kv_shape = (cfg.num_layers, w.slots, w.cache_len, cfg.num_kv_heads, cfg.head_dim)
+    from jaxrl_llm.models import KVCache
+
+    kv = 2 * shard_numel(kv_shape, KVCache.logical_axes(), SAMPLE_RULES, mesh) * a
+    rows = shard_numel((w.micro_batches * w.micro_batch,), (ax.BATCH,), TRAIN_RULES, mesh)
+    act = {r: activation_bytes(cfg, mesh, w, r)["peak"] for r in (False, True)}
+    terms = {
+        "params": params,
+        "optimizer": MOMENTS * params,
+        "grads": int(GRAD_COPIES * params),
+        "reference": params if w.reference else 0,
+        "critic_params": critic,
+        "critic_optimizer": MOMENTS * critic,
+        "critic_grads": int(GRAD_COPIES * critic),
+        "batch": 8 * 4 * rows * w.seq_len,
+        "activations": act[cfg.remat] + gathered_bytes(cfg, mesh),
+        "kv_cache": kv if w.slots else 0,
+        "rollout_weights": _sampling_copy_bytes(cfg, mesh) if w.slots else 0,
+    }
+    return Plan(
+        model={
+            "name": name,
+            "params": count,
+            "dtype": cfg.dtype,
+            "param_dtype": cfg.param_dtype,
+            "layers": cfg.num_layers,
+        },
+        mesh=dict(zip(ax.MESH_AXES, mesh_shape)),
+        workload=dataclasses.asdict(w),
+        terms=terms,
+        activations_no_remat=act[False],
+        activations_remat=act[True],
+        remat=cfg.remat,
+        device_memory=device_memory,
+    )
+
+
+def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
+    """Single-setting changes (as gin bindings) and the peak each gives, best first."""
+    d, f, t = mesh_shape
+    options: list[tuple[str, Any, tuple, Workload]] = []
+    if not cfg.remat:
+        options.append(("PolicyConfig.remat=True", cfg.replace(remat=True), mesh_shape, w))
+    rows = d * f
+    if w.micro_batch % rows:  # rows not divisible over the devices are replicated
+        mb = rows * max(w.micro_batch // rows, 1)
+        ww = dataclasses.replace(
+            w, micro_batch=mb, micro_batches=max(w.micro_batches * w.micro_batch // mb, 1)
+        )
+        options.append((f"AlgoConfig.micro_batch_size={mb}", cfg, mesh_shape, ww))
+    elif w.micro_batch > 1:
+        mb = w.micro_batch // 2
+        change = f"AlgoConfig.micro_batch_size={mb}"
+        ww = dataclasses.replace(w, micro_batch=mb, micro_batches=w.micro_batches * 2)
+        options.append((change, cfg, mesh_shape, ww))
+    if d > 1:
+        options.append((f"MeshConfig.data={d // 2} (fsdp={f * 2})", cfg, (d // 2, f * 2, t), w))
+    if f > 1:
+        options.append((f"MeshConfig.tensor={t * 2} (fsdp={f // 2})", cfg, (d, f // 2, t * 2), w))
+    if w.slots > 1:
+        ww = dataclasses.replace(w, slots=w.slots // 2)
+        options.append((f"RolloutConfig.max_slots={w.slots // 2}", cfg, mesh_shape, ww))
+    out = []
+    for change, c, m, ww in options:
+        p = plan_memory(c, m, ww, device_memory=plan.device_memory, **kw)
+        out.append({"change": change, "peak": p.peak, "fits": bool(p.fits)})
+    return sorted(out, key=lambda s: s["peak"])
+
+
+def xla_step_bytes(cfg, mesh, w: Workload, algo=None, optim=None) -> dict[str, int]:
+    """XLA's memory analysis of the real jitted `make_policy_step` on `mesh`'s backend,
+    compiled from abstract inputs (nothing is allocated). `total` = arguments + outputs -
+    aliased (donated) + temporaries: the step's live bytes per device."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
+    from jaxrl_llm.learner.rl_config import AlgoConfig
+    from jaxrl_llm.learner.state import TrainState
+    from jaxrl_llm.learner.steps import make_policy_step
+    from jaxrl_llm.models import CausalLM
+    from jaxrl_llm.sharding.rules import ShardingContext, state_shardings
+    from jaxrl_llm.types import TrainBatch
+
+    ctx = ShardingContext(mesh, TRAIN_RULES)
+    abstract = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0), sharding=ctx))
+    graphdef, params = nnx.split(abstract)
+    shardings = state_shardings(params, mesh, TRAIN_RULES)
+    params = jax.tree.map(
+        lambda v, s: v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s.get_value())),
+        params,
+        shardings,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+    tx = make_optimizer(optim or OptimConfig(), 10)
+    state = jax.eval_shape(lambda p: TrainState.create(p, tx, jax.random.PRNGKey(0)), params)
+    repl = NamedSharding(mesh, PartitionSpec())
+    opt_state = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=repl) if x.ndim == 0 else x,
+        state.opt_state,
+    )
+    state = TrainState(
+        jax.ShapeDtypeStruct((), jnp.int32, sharding=repl),
+        params,
+        opt_state,
+        jax.ShapeDtypeStruct(state.rng.shape, state.rng.dtype, sharding=repl),
+    )
+    rows = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
+    shape = (w.micro_batches, w.micro_batch, w.seq_len)
+    f = lambda dt: jax.ShapeDtypeStruct(shape, dt, sharding=rows)
+    batch = TrainBatch(f(jnp.int32), *[f(jnp.float32)] * 7)
+    step = make_policy_step(graphdef, tx, algo or AlgoConfig(), 1.0)
+    ma = step.lower(state, batch).compile().memory_analysis()
+    out = {
+        "arguments": ma.argument_size_in_bytes,
+        "outputs": ma.output_size_in_bytes,
+        "aliased": ma.alias_size_in_bytes,
+        "temp": ma.temp_size_in_bytes,
+    }
+    out["total"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temp"]
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from jaxrl_llm.config import add_gin_arguments
+
+    add_gin_arguments(parser)
+    parser.add_argument("--devices", type=int, required=True, help="devices in the mesh")
+    parser.add_argument(
+        "--device-memory-gb",
+        type=float,
+        default=None,
+        help="memory per device (default: what the local device reports)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help=f"plan this checkpoint instead: a path or one of {sorted(SHAPES)}",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+
+
+def _local_device_memory() -> float | None:
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    return float(stats["bytes_limit"]) if "bytes_limit" in stats else None
+
+
+def main(args: argparse.Namespace) -> int:
+    from jaxrl_llm.config import parse_gin
+    from jaxrl_llm.learner.rl_config import RLConfig
+    from jaxrl_llm.sharding.mesh import resolve_mesh_shape
+
+    parse_gin(args.gin_file or ["grpo_tiny.gin"], args.gin_param)
+    rl = RLConfig()
+    p = rl.policy
+    checkpoint = args.model or p.checkpoint
+    numerics = dict(dtype=p.dtype, param_dtype=p.param_dtype, remat=p.remat)
+    cfg = model_config(checkpoint, **numerics)
+    m = rl.mesh
+    mesh_shape = resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=args.devices)
+    w = Workload.from_rl_config(rl)
+    memory = args.device_memory_gb * GB if args.device_memory_gb else _local_device_memory()
+    plan = plan_memory(cfg, mesh_shape, w, name=checkpoint, device_memory=memory)
+    if plan.fits is False:
+        plan.suggestions = suggest(cfg, mesh_shape, w, plan, name=checkpoint)
+    if not args.json:
+        print(plan.table())
+    print(json.dumps(plan.to_json()))
+    return 0 if plan.fits is not False else 1
