@@ -7,7 +7,7 @@ BASE_STAMP := $(VENV)/.installed-base
 TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 
-.PHONY: train test lint format sysdeps clean
+.PHONY: train test lint format sysdeps clean tiny-checkpoint
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "jaxrl-llm needs Python 3.11, found " + sys.version'
@@ -51,6 +51,15 @@ lint: $(TEST_STAMP)
 format: $(TEST_STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+# Rebuild the shipped tiny checkpoint from scratch (about 1 hour on 2 cores): a seeded
+# random init, SFT stage 1 (configs/sft_tiny.gin), stage 2 (configs/sft_tiny_stage2.gin),
+# then copy the result over jaxrl_llm/assets/tiny-qwen2.
+tiny-checkpoint: $(BASE_STAMP)
+	$(BIN)/python -m jaxrl_llm.assets.build runs/tiny_init
+	$(BIN)/jaxrl-llm sft --gin_file configs/sft_tiny.gin
+	$(BIN)/jaxrl-llm sft --gin_file configs/sft_tiny_stage2.gin
+	cp runs/sft_tiny_stage2/hf/* jaxrl_llm/assets/tiny-qwen2/
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -9,6 +9,7 @@ Files are looked up as given, then under the repository's `configs/` folder, so
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,12 +46,35 @@ def resolve_gin_file(name: str | os.PathLike) -> Path:
 def parse_gin(files: Sequence[str | os.PathLike] = (), params: Sequence[str] = ()) -> None:
     """Clear previous bindings, then parse `files` and `params` (params win)."""
     gin.clear_config()
+    _register_configurables()
     paths = [str(resolve_gin_file(f)) for f in files]
     gin.add_config_file_search_path(str(CONFIGS_DIR))
+    # gin logs "Path not found" (at ERROR, on the root logger) for every include it then
+    # finds on the search path; only a truly missing include is an error, and it raises.
+    quiet = _DropMessages("Path not found:", "system_path_file_exists:")
+    root = logging.getLogger()
+    root.addFilter(quiet)
     try:
         gin.parse_config_files_and_bindings(paths, list(params), finalize_config=False)
     except (ValueError, KeyError, TypeError, SyntaxError, OSError) as e:
         raise ConfigError(f"bad gin configuration: {e}") from e
+    finally:
+        root.removeFilter(quiet)
+
+
+def _register_configurables() -> None:
+    """Import the modules whose dataclasses gin files configure (registration is import)."""
+    import jaxrl_llm.learner.rl_config
+    import jaxrl_llm.learner.sft  # noqa: F401
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, *prefixes: str):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
 
 
 def write_resolved_config(run_dir: str | os.PathLike) -> Path:
