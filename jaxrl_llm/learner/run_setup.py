@@ -110,6 +110,7 @@ class Rollout:
             max_prefill_length=cfg.data.max_prompt_length,
             mesh=mesh,
             tokenizer=tokenizer,
+            keep_params=False,  # the trainer's live params come with every call
         )
         self.driver = RolloutDriver(
             self.engine,

@@ -106,7 +106,10 @@ class Engine(engine_api.Engine):
         checkpoint_path: str | None = None,
         default_sampling: SamplingParams | None = None,
         eos_ids: tuple[int, ...] | None = None,
+        keep_params: bool = True,
     ):
+        """`keep_params=False`: hold no weights of its own (the RL trainer passes its live
+        params to every call), so a layout change does not pin a second copy in memory."""
         self.config = model.config
         self._mesh = mesh if mesh is not None else build_mesh(1, 1, 1, devices=jax.devices()[:1])
         self.ctx = ShardingContext(self._mesh, rules)
@@ -127,7 +130,7 @@ class Engine(engine_api.Engine):
         engine_model.set_sharding(self.ctx)
         self._graphdef, abstract = nnx.split(engine_model)
         self.param_shardings = target_shardings(abstract, self._mesh, rules)
-        self._params = self.place_params(state)
+        self._params = self.place_params(state) if keep_params else None
         self._build()
 
     # ----------------------------------------------------------------- shardings
@@ -321,6 +324,8 @@ class Engine(engine_api.Engine):
     # ------------------------------------------------------------ JetStream API
     def load_params(self, *args, **kwargs) -> Any:
         """The params the engine was built with, in the sampling layout."""
+        if self._params is None:
+            raise ValueError("this engine was built with keep_params=False: pass params=")
         return self._params
 
     def init_decode_state(self, *args, **kwargs) -> DecodeState:

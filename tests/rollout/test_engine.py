@@ -137,3 +137,16 @@ def test_prefill_rejects_bad_lengths(tiny_engine):
         tiny_engine.prefill(params=params, padded_tokens=np.ones(40, np.int32), true_length=40)
     with pytest.raises(ValueError, match="true_length"):
         tiny_engine.prefill(params=params, padded_tokens=np.ones(16, np.int32), true_length=0)
+
+
+def test_engine_without_own_params_needs_them_passed(tiny_model):
+    from flax import nnx
+
+    from jaxrl_llm.rollout import Engine, generate
+
+    engine = Engine(tiny_model, max_concurrent_decodes=2, max_cache_length=32, keep_params=False)
+    with pytest.raises(ValueError, match="keep_params=False"):
+        engine.load_params()
+    params = nnx.split(tiny_model)[1]
+    out = generate(engine, [[1, 2, 3]], params=params)
+    assert len(out) == 1 and len(out[0].token_ids) > 0
