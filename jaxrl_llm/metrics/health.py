@@ -10,9 +10,12 @@ gin knob to try. Checks and their signs:
   `kl_spike_factor` x its running median and above `kl_spike_floor` (at once).
 - `entropy_collapse`: actor/entropy below `entropy_collapse_frac` x its early mean, or below
   `entropy_floor`, for `patience` steps.
-- `pg_loss_trend`: actor/pg_loss rising over the last `trend_window` steps: Kendall tau
-  between step and loss above `trend_tau` and a positive Theil-Sen slope (both rank/median
-  based, so one outlier neither triggers nor hides it).
+- `pg_loss_trend`: actor/pg_loss rising over the last `trend_window` steps and now above
+  0: Kendall tau between step and loss above `trend_tau`, a positive Theil-Sen slope (both
+  rank/median based, so one outlier neither triggers nor hides it), and the median of the
+  last quarter of the window > 0. A loss climbing from below towards 0 is not a danger sign:
+  with length-weighted token-mean aggregation GRPO's pg_loss starts negative and settles
+  near 0 as the policy sharpens (seen on the built-in run).
 - `clipfrac_high`: actor/pg_clipfrac above `clipfrac_max` for `patience` steps.
 - `all_equal_groups`: batch/all_equal_groups_frac (the fraction of prompt groups whose G
   rewards are all equal) above `all_equal_max` for `patience` steps.
@@ -227,7 +230,8 @@ class HealthMonitor:
         dy = y[j] - y[i]
         tau = float(np.sign(dy).mean())
         slope = float(np.median(dy / (j - i)))
-        if tau <= self.trend_tau or slope <= 0:
+        recent = float(np.median(y[-max(self.trend_window // 4, 1) :]))
+        if tau <= self.trend_tau or slope <= 0 or recent <= 0:
             return None, ""
         return "pg_loss_trend", (
             f"step {step}: actor/pg_loss trending upward over the last {self.trend_window} "

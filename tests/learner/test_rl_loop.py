@@ -84,13 +84,15 @@ def test_ppo_with_critic_and_kl_options(tmp_path):
 
 
 def test_dynamic_sampling_reports_tries(tmp_path):
-    # The math reward on an untrained model is 0 everywhere: every group is all-equal.
+    # A reward that pays 0 for right and wrong alike: every group is all-equal.
     cfg = _config(
         tmp_path / "dapo",
         "RLConfig.steps = 1",
         "AlgoConfig.dynamic_sampling = True",
         "AlgoConfig.max_sampling_tries = 2",
         "RewardConfig.name = 'math'",
+        "RewardConfig.correct = 0.0",
+        "RewardConfig.incorrect = 0.0",
     )
     records = run_rl(cfg)
     assert records[-1]["dynamic_sampling/tries"] == 2

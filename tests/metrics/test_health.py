@@ -190,3 +190,10 @@ def test_check_is_cheap():
     for step, m in enumerate(records, start=1):
         monitor.check(step, m)
     assert (time.perf_counter() - t0) / len(records) < 2e-3  # seconds per step, loose
+
+
+def test_pg_loss_rising_towards_zero_from_below_is_not_a_warning():
+    def sign(step, m):
+        m["actor/pg_loss"] = -0.3 + 0.0029 * min(step, 100)  # -0.3 -> about -0.01
+
+    assert fired(run(HealthMonitor(), sign)) == []
