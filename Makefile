@@ -7,7 +7,7 @@ BASE_STAMP := $(VENV)/.installed-base
 TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 
-.PHONY: train test lint format sysdeps clean tiny-checkpoint
+.PHONY: train test lint format sysdeps clean tiny-checkpoint repro-torl repro-limr
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "jaxrl-llm needs Python 3.11, found " + sys.version'
@@ -60,6 +60,29 @@ tiny-checkpoint: $(BASE_STAMP)
 	$(BIN)/jaxrl-llm sft --gin_file configs/sft_tiny.gin
 	$(BIN)/jaxrl-llm sft --gin_file configs/sft_tiny_stage2.gin
 	cp runs/sft_tiny_stage2/hf/* jaxrl_llm/assets/tiny-qwen2/
+
+# Miniature ToRL (docs/reproductions.md): GRPO with the Python tool vs without, same seed.
+repro-torl: $(BASE_STAMP) sysdeps
+	$(BIN)/jaxrl-llm train --gin_file configs/torl_tiny.gin --run_dir runs/repro_torl_tool
+	$(BIN)/jaxrl-llm train --gin_file configs/torl_tiny_notool.gin --run_dir runs/repro_torl_notool
+	$(BIN)/jaxrl-llm plot runs/repro_torl_tool runs/repro_torl_notool --out docs/figures/torl
+
+# Miniature LIMR (docs/reproductions.md): a run on the full small set, LIM scores, then the
+# same training on the full set, the LIM subset and a same-size random subset.
+L := runs/repro_limr
+repro-limr: $(BASE_STAMP) sysdeps
+	$(BIN)/jaxrl-llm train --gin_file configs/limr_tiny.gin --run_dir $(L)/scoring
+	$(BIN)/jaxrl-llm limr score --run $(L)/scoring --steps-per-epoch 8 --epochs 6 --threshold 0.6
+	$(BIN)/jaxrl-llm limr select --scores $(L)/scoring/lim_scores.json \
+	  --data $(L)/scoring/data/train.jsonl --threshold 0.6 --out $(L)/lim.jsonl
+	$(BIN)/jaxrl-llm limr select --scores $(L)/scoring/lim_scores.json \
+	  --data $(L)/scoring/data/train.jsonl --threshold 0.6 --random --seed 0 --out $(L)/rand.jsonl
+	for arm in full lim rand; do \
+	  data=$(L)/$$arm.jsonl; [ $$arm = full ] && data=$(L)/scoring/data/train.jsonl; \
+	  $(BIN)/jaxrl-llm train --gin_file configs/limr_tiny_subset.gin --run_dir $(L)/$$arm \
+	    --gin_param "SUBSET='$$data'" --gin_param "VAL='$(L)/scoring/data/val.jsonl'" || exit 1; \
+	done
+	$(BIN)/jaxrl-llm plot $(L)/full $(L)/lim $(L)/rand --out docs/figures/limr
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
