@@ -5,7 +5,7 @@ import pytest
 from jaxrl_llm.config import CONFIGS_DIR, ConfigError, parse_gin, resolve_gin_file
 from jaxrl_llm.learner.rl_config import RLConfig
 
-NOT_RL = {"base.gin", "sft_tiny.gin"}  # an include-only file and the SFT config
+NOT_RL = {"base.gin", "sft_tiny.gin", "sft_tiny_stage2.gin"}  # include-only file, SFT configs
 
 
 @pytest.mark.parametrize(

@@ -73,29 +73,8 @@ def make_policy_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
             total = total - algo.entropy_coef * ent_loss
         return total, metrics
 
-    @jax.jit(donate_argnums=0)
-    def step(state: TrainState, batch: TrainBatch):
-        flat_mask = batch.loss_mask.reshape(-1, batch.loss_mask.shape[-1])
-        normalizer = loss_normalizer(flat_mask, agg)
-        M = batch.loss_mask.shape[0]
-        loss, grads, metrics = accumulate_gradients(
-            lambda p, mb: loss_fn(p, mb, normalizer), state.params, batch
-        )
-        # Loss terms are already normalised globally (sums are exact); ratios like clip
-        # fractions are averaged over micro-batches, as verl does.
-        metrics = {
-            k: v if k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy") else v / M
-            for k, v in metrics.items()
-        }
-        state, opt = apply_gradients(state, grads, tx, loss)
-        return state, {
-            **metrics,
-            "actor/loss": loss,
-            "actor/grad_norm": opt["grad_norm"],
-            "actor/skipped": opt["skipped"],
-        }
-
-    return step
+    summed = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
+    return _make_update(loss_fn, tx, agg, "actor", summed)
 
 
 def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo):
@@ -110,6 +89,16 @@ def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
         )  # fmt: skip
         return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": m["vf_clipfrac"]}
 
+    return _make_update(loss_fn, tx, agg, "critic", ("critic/vf_loss",))
+
+
+def _make_update(loss_fn, tx, agg: str, role: str, summed: tuple[str, ...]):
+    """The jitted step both roles share: a global normaliser over the whole mini-batch,
+    gradients accumulated over its micro-batches, one optimiser update (skipped if not
+    finite). Metrics in `summed` are loss terms already normalised globally, so their
+    micro-batch sums are exact; the others (ratios such as clip fractions) are averaged over
+    micro-batches, as verl does."""
+
     @jax.jit(donate_argnums=0)
     def step(state: TrainState, batch: TrainBatch):
         flat_mask = batch.loss_mask.reshape(-1, batch.loss_mask.shape[-1])
@@ -118,12 +107,13 @@ def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
         loss, grads, metrics = accumulate_gradients(
             lambda p, mb: loss_fn(p, mb, normalizer), state.params, batch
         )
-        metrics["critic/vf_clipfrac"] = metrics["critic/vf_clipfrac"] / M
+        metrics = {k: v if k in summed else v / M for k, v in metrics.items()}
         state, opt = apply_gradients(state, grads, tx, loss)
         return state, {
             **metrics,
-            "critic/grad_norm": opt["grad_norm"],
-            "critic/skipped": opt["skipped"],
+            f"{role}/loss": loss,
+            f"{role}/grad_norm": opt["grad_norm"],
+            f"{role}/skipped": opt["skipped"],
         }
 
     return step

@@ -65,7 +65,11 @@ def test_micro_batch_accumulation_equals_full_batch():
 
 
 def test_sft_reduces_validation_loss(tmp_path):
+    from jaxrl_llm.assets.build import build
+
+    init = build(tmp_path / "init")  # the seeded random init (the shipped one is trained)
     cfg = SFTConfig(
+        checkpoint=str(init),
         out_dir=str(tmp_path / "sft"), n_train=64, n_val=16, levels=(1,), steps=30,
         batch_size=8, seq_len=160, eval_every=30,
         optim=OptimConfig(lr=3e-3, warmup_steps=5),
