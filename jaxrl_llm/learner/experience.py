@@ -76,24 +76,24 @@ def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float, micro_batch: int
 
     @jax.jit
     def fn(params, input_ids):
-        model = nnx.merge(graphdef, params)
         B, T = input_ids.shape
         mb = min(micro_batch, B)
-        chunks = input_ids.reshape(B // mb, mb, T)
-        out = jax.lax.map(lambda x: sequence_logprobs(model, x, temperature), chunks)
-        return out.reshape(B, T)
+        # Merge inside the loop body: a module merged outside cannot be used under nnx.remat.
+        one = lambda x: sequence_logprobs(nnx.merge(graphdef, params), x, temperature)
+        return jax.lax.map(one, input_ids.reshape(B // mb, mb, T)).reshape(B, T)
 
     return fn
 
 
 def make_value_fn(graphdef: nnx.GraphDef, micro_batch: int):
+    """Jitted `(params, input_ids [B,T]) -> values [B,T]`, in micro-batches (lax.map)."""
+
     @jax.jit
     def fn(params, input_ids):
-        critic = nnx.merge(graphdef, params)
         B, T = input_ids.shape
         mb = min(micro_batch, B)
-        out = jax.lax.map(lambda x: sequence_values(critic, x), input_ids.reshape(B // mb, mb, T))
-        return out.reshape(B, T)
+        one = lambda x: sequence_values(nnx.merge(graphdef, params), x)
+        return jax.lax.map(one, input_ids.reshape(B // mb, mb, T)).reshape(B, T)
 
     return fn
 

@@ -109,8 +109,18 @@ class Decoder(nnx.Module):
         def run_layer(layer, x, layer_cache):
             return layer(x, cos, sin, mask, layer_cache, write_index, ctx)
 
-        if self.config.remat:
-            run_layer = nnx.remat(run_layer)
+        if self.config.remat and cache is None:
+            # Per-layer rematerialisation for training forwards (cached decoding keeps no
+            # activations for a backward pass). jax.checkpoint over the layer's split state,
+            # not nnx.remat: the model may have been merged at an outer trace level (inside
+            # lax.map / scan bodies), where nnx.remat refuses to touch its Variables.
+            plain = run_layer
+
+            def run_layer(layer, x, layer_cache):
+                layer_def, layer_state = nnx.split(layer)
+                pure = lambda st, h: plain(nnx.merge(layer_def, st), h, None)
+                return jax.checkpoint(pure)(layer_state, x)
+
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])

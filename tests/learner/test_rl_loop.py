@@ -72,6 +72,7 @@ def test_ppo_with_critic_and_kl_options(tmp_path):
         "AlgoConfig.overlong_filter = True",
         "AlgoConfig.ppo_epochs = 2",
         "PolicyConfig.rollout_dtype = 'bfloat16'",
+        "PolicyConfig.remat = True",
     )
     records = run_rl(cfg)
     last = records[-1]
