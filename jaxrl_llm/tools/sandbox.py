@@ -235,6 +235,9 @@ def _bwrap_argv(config: SandboxConfig, mode: str) -> list[str]:
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
     argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    # The private /tmp first: read-only binds of paths under /tmp (a checkout or virtualenv
+    # there, as in a CI clone) then land on top of it instead of being hidden by it.
+    argv += ["--perms", "1777", "--size", str(config.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
     ro_dirs = [sys.base_prefix, os.path.dirname(os.path.dirname(base_python()))]
     ro_dirs += list(config.import_paths)
     made = set()
@@ -256,7 +259,6 @@ def _bwrap_argv(config: SandboxConfig, mode: str) -> list[str]:
     if os.path.isdir(base_site) and base_site not in config.import_paths:
         argv += ["--tmpfs", base_site]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--perms", "1777", "--size", str(config.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
     argv += ["--chdir", "/tmp", "--clearenv"]
     for key, value in _ENV.items():
         argv += ["--setenv", key, value]
