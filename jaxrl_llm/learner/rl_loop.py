@@ -156,7 +156,6 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
         writer.close()
         ckpt.close()
         reward.close()
-        rollout.close()
     return records
 
 
@@ -309,6 +308,7 @@ def _update(cfg, step, state: RunState, batch: TrainBatch, policy_step, critic_s
         for k in range(a.mini_batches):
             idx = jnp.asarray(order[k * mini : (k + 1) * mini])
             mb = to_micro_batches(batch, idx, a.micro_batch_size)
+            cm: dict[str, Any] = {}
             if critic_step is not None:
                 state.critic, cm = critic_step(state.critic, mb)
                 _add(sums, cm)
@@ -317,7 +317,7 @@ def _update(cfg, step, state: RunState, batch: TrainBatch, policy_step, critic_s
             count += 1
             progress.set_postfix(pg_loss=f"{float(pm['actor/pg_loss']):.4f}")
             progress.update()
-            for role, m in (("actor", pm), ("critic", cm if critic_step else {})):
+            for role, m in (("actor", pm), ("critic", cm)):
                 if float(m.get(f"{role}/skipped", 0.0)):
                     log.warning(
                         "step %d: non-finite %s loss or gradient in a mini-batch; "

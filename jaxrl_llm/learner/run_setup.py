@@ -211,9 +211,6 @@ class Rollout:
         correct = scores >= self.cfg.reward.correct
         return {"val/test_score": float(correct.mean()), "val/reward/mean": float(scores.mean())}
 
-    def close(self) -> None:
-        pass
-
 
 def _identity(params):
     return params

@@ -13,7 +13,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
 
 @jax.tree_util.register_dataclass
@@ -29,11 +28,6 @@ class TrainState:
         # jit keeps the optimiser moments in the parameters' shardings.
         opt_state = jax.jit(tx.init)(params)
         return cls(jnp.zeros((), jnp.int32), params, opt_state, rng)
-
-
-def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, Any]:
-    """(graphdef, params) with every Variable in `params` (all are Params here)."""
-    return nnx.split(model)
 
 
 def apply_gradients(
