@@ -290,8 +290,8 @@ def _batch_metrics(batch: TrainBatch, exp: dict) -> dict[str, float]:
     if exp["has_values"]:
         vals = np.asarray(batch.old_values)[mask > 0]
         rets = np.asarray(batch.returns)[mask > 0]
-        m["critic/values/mean"] = vals.mean()
-        m["critic/returns/mean"] = rets.mean()
+        m["critic/values/mean"] = vals.mean() if vals.size else 0.0
+        m["critic/returns/mean"] = rets.mean() if rets.size else 0.0
     return {k: float(v) for k, v in m.items()}
 
 

@@ -158,8 +158,14 @@ def test_interrupted_checkpoint_is_never_loaded(tmp_path):
     (ckpts / "6.orbax-checkpoint-tmp" / "junk").write_text("partial")
     from jaxrl_llm.learner.checkpoint import Checkpointer
 
-    assert Checkpointer(ckpts).latest_step() == 3
-    assert not Path(ckpts / "6.orbax-checkpoint-tmp").exists()  # cleaned up
+    ckpt = Checkpointer(ckpts)
+    assert ckpt.latest_step() == 3
+    assert 6 not in ckpt.all_steps()
+    # Orbax removes leftovers in the background and waits for that before its next save.
+    ckpt.save(4, {"x": np.zeros(2, np.float32)}, {"note": "after"})
+    assert not Path(ckpts / "6.orbax-checkpoint-tmp").exists()
+    assert ckpt.latest_step() == 4
+    ckpt.close()
 
 
 def test_export_writes_the_checkpointed_policy(tmp_path):

@@ -73,7 +73,7 @@ def test_bfloat16_close_to_float32(qwen_checkpoint):
     path, _ = qwen_checkpoint
     f32 = from_pretrained(path)
     bf16 = from_pretrained(path, dtype="bfloat16")
-    assert bf16.model.embed_tokens.value.dtype == jnp.bfloat16
+    assert bf16.model.embed_tokens[...].dtype == jnp.bfloat16
     ids = jnp.asarray(np.random.RandomState(0).randint(0, f32.config.vocab_size, (2, 16)))
     a, b = np.asarray(f32(ids)), np.asarray(bf16(ids))
     assert b.dtype == np.float32 and np.isfinite(b).all()
@@ -81,7 +81,7 @@ def test_bfloat16_close_to_float32(qwen_checkpoint):
     assert np.abs(a - b).max() < 0.1
     # And mixed: float32 master weights, bfloat16 compute.
     mixed = from_pretrained(path, dtype="bfloat16", param_dtype="float32")
-    assert mixed.model.embed_tokens.value.dtype == jnp.float32
+    assert mixed.model.embed_tokens[...].dtype == jnp.float32
     assert np.abs(np.asarray(mixed(ids)) - a).max() < 0.1
 
 
