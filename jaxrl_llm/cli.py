@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
     ),
     "generate": ("jaxrl_llm.rollout.commands", "generate completions from a checkpoint"),
     "serve": ("jaxrl_llm.rollout.server", "serve a checkpoint over JetStream's gRPC API"),
-    "bench": ("jaxrl_llm.bench.rollout", "benchmarks (rollout), JSON output"),
+    "bench": ("jaxrl_llm.bench.rollout", "benchmarks (rollout, train, rl-step), JSON output"),
     "plan": ("jaxrl_llm.sharding.plan", "memory per device of a run: does it fit, what to change"),
     "eval": ("jaxrl_llm.metrics.evaluate", "pass@1, pass@k and maj@k of a checkpoint"),
     "plot": ("jaxrl_llm.metrics.plots", "dashboard PNGs of one or more runs' metrics"),

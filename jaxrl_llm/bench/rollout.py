@@ -29,7 +29,9 @@ SHAPES = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("suite", choices=["rollout", "train"])
+    from jaxrl_llm.bench import rl_step
+
+    parser.add_argument("suite", choices=["rollout", "train", "rl-step"])
     parser.add_argument("--checkpoint", default="builtin")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=64)
@@ -38,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
     parser.add_argument("--seq-len", type=int, default=256, help="train: tokens per sequence")
+    rl_step.add_arguments(parser)  # --gin_file, --gin_param, --steps
 
 
 def machine_ceilings() -> dict:
@@ -146,6 +149,10 @@ def main(args: argparse.Namespace) -> int:
         from jaxrl_llm.bench import train
 
         return train.main(args)
+    if args.suite == "rl-step":
+        from jaxrl_llm.bench import rl_step
+
+        return rl_step.main(args)
     B, P, N = args.batch, args.prompt_len, args.new_tokens
     with tempfile.TemporaryDirectory() as tmp:
         path = _checkpoint(args.checkpoint, Path(tmp))

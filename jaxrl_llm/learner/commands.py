@@ -26,6 +26,7 @@ def train_main(args: argparse.Namespace) -> int:
     from jaxrl_llm.learner.rl_config import RLConfig
     from jaxrl_llm.learner.rl_loop import run_rl
     from jaxrl_llm.sharding import initialize_distributed
+    from jaxrl_llm.sharding.hosts import allgather_objects
 
     initialize_distributed()
     parse_gin(args.gin_file or [DEFAULT_TRAIN_GIN], args.gin_param)
@@ -34,7 +35,8 @@ def train_main(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, run_dir=args.run_dir)
     elif args.resume and not cfg.run_dir:
         raise SystemExit("--resume needs --run_dir (or RLConfig.run_dir) naming the run")
-    cfg = dataclasses.replace(cfg, run_dir=cfg.resolved_run_dir())
+    # Multi-host: the default run_dir has a timestamp; every host takes process 0's.
+    cfg = dataclasses.replace(cfg, run_dir=allgather_objects(cfg.resolved_run_dir())[0])
     print(f"run directory: {cfg.run_dir}", flush=True)
     t0 = time.perf_counter()
     records = run_rl(cfg, resume=args.resume)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm.assets import resolve_checkpoint
 from jaxrl_llm.learner import run_setup
@@ -38,7 +39,7 @@ from jaxrl_llm.metrics.health import HealthMonitor
 from jaxrl_llm.metrics.plots import write_dashboard
 from jaxrl_llm.metrics.progress import bar
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer, save_pretrained
-from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
+from jaxrl_llm.sharding import TRAIN_RULES, build_mesh, hosts
 from jaxrl_llm.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -69,14 +70,14 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
 
     updates_per_step = a.ppo_epochs * a.mini_batches
     tx = make_optimizer(cfg.optim, cfg.steps * updates_per_step)
-    state = RunState(TrainState.create(params, tx, jax.random.PRNGKey(cfg.seed)), None)
+    state = RunState(TrainState.create(params, tx, _key(cfg.seed, mesh)), None)
     critic_graphdef = critic_step = value_fn = None
     if cfg.uses_critic:
         critic_src = resolve_checkpoint(cfg.policy.critic_checkpoint or cfg.policy.checkpoint)
         critic = from_pretrained(critic_src, cls=ValueModel, rules=TRAIN_RULES, **load)
         critic_graphdef, critic_params = nnx.split(critic)
         ctx_ = make_optimizer(cfg.critic_optim, cfg.steps * updates_per_step)
-        state.critic = TrainState.create(critic_params, ctx_, jax.random.PRNGKey(cfg.seed + 1))
+        state.critic = TrainState.create(critic_params, ctx_, _key(cfg.seed + 1, mesh))
         critic_step = make_critic_step(critic_graphdef, ctx_, a)
         value_fn = make_value_fn(critic_graphdef, a.micro_batch_size)
 
@@ -118,17 +119,18 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
             step = state.step + 1
             t0 = time.perf_counter()
             exp, metrics = _collect(cfg, step, it, rollout, reward, state.policy.params)
-            metrics["timing/rollout"] = time.perf_counter() - t0
+            # Generation and rewards; the weight hand-over is timed apart (timing/weight_sync).
+            metrics["timing/rollout"] = time.perf_counter() - t0 - metrics["timing/weight_sync"]
             same = all_equal_groups(exp["scores"], cfg.rollout.n)
             metrics["batch/all_equal_groups_frac"] = float(same.mean())
             t1 = time.perf_counter()
             batch = _make_batch(
-                cfg, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn
+                cfg, mesh, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn
             )
             metrics.update(_batch_metrics(batch, exp))
             metrics["timing/experience"] = time.perf_counter() - t1
             t2 = time.perf_counter()
-            metrics.update(_update(cfg, step, state, batch, policy_step, critic_step))
+            metrics.update(_update(cfg, mesh, step, state, batch, policy_step, critic_step))
             metrics["timing/update"] = time.perf_counter() - t2
             metrics["timing/step"] = time.perf_counter() - t0
             metrics["perf/tokens_per_s"] = exp["tokens"] / metrics["timing/step"]
@@ -184,13 +186,13 @@ def _collect(cfg, step, it, rollout, reward, params):
     equal: list[dict] = []  # all-equal groups, used only to top up a short batch
     tries = dropped = 0
     metrics: dict[str, float] = {}
+    t0 = time.perf_counter()
+    params = jax.block_until_ready(rollout.sync_weights(params))
+    metrics["timing/weight_sync"] = time.perf_counter() - t0
     while True:
         tries += 1
         batch = next(it)
-        exp = rollout.generate(params, batch, step, tries)
-        exp["scores"] = np.asarray(
-            reward.score([c.text for c in exp["completions"]], exp["answers"]), np.float32
-        )
+        exp = rollout.generate(params, batch, step, tries, reward)  # the whole batch, scored
         if tries == 1:
             metrics.update(rollout.env_metrics(exp))
         if not cfg.algo.dynamic_sampling:
@@ -236,31 +238,39 @@ def _concat(parts: list[dict], want: int, n: int) -> dict:
     return out
 
 
-def _make_batch(cfg, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn):
+def _key(seed: int, mesh) -> jax.Array:
+    """A PRNG key replicated over `mesh` (a global array: Orbax saves it from every host)."""
+    raw = np.asarray(jax.random.key_data(jax.random.PRNGKey(seed)))
+    return hosts.global_array(raw, NamedSharding(mesh, PartitionSpec()))
+
+
+def _make_batch(cfg, mesh, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn):
+    """The step's `TrainBatch` as numpy (every host holds all of it): packing on the host, the
+    forwards and advantages on the mesh with rows split over ("data", "fsdp")."""
     packed = pack_sequences(exp["completions"], seq_len, pad_id)
-    ids = jnp.asarray(packed["input_ids"])
     loss_mask = packed["response_mask"]
     if cfg.algo.overlong_filter:
         loss_mask = loss_mask * (~packed["truncated"])[:, None]
-    loss_mask = jnp.asarray(loss_mask)
+    rows = lambda x: hosts.global_array(x, hosts.batch_sharding(mesh, x.shape))
+    ids, mask = rows(packed["input_ids"]), rows(loss_mask)
     old_lp = logprob_fn(state.policy.params, ids)
     ref_lp = logprob_fn(ref_params, ids) if ref_params is not None else jnp.zeros_like(old_lp)
     values = value_fn(state.critic.params, ids) if value_fn is not None else None
-    scores = jnp.asarray(exp["scores"])
-    adv, returns, token_rewards = adv_fn(scores, loss_mask, old_lp, ref_lp, values)
+    adv, returns, token_rewards = adv_fn(rows(exp["scores"]), mask, old_lp, ref_lp, values)
     exp["packed"] = packed
-    exp["rewards"] = np.asarray(token_rewards).sum(-1)
+    exp["rewards"] = hosts.to_host(token_rewards).sum(-1)
     exp["tokens"] = int(sum(len(c.prompt_ids) + len(c.token_ids) for c in exp["completions"]))
     exp["has_values"] = values is not None
+    old_lp = hosts.to_host(old_lp)
     return TrainBatch(
-        input_ids=ids,
-        loss_mask=loss_mask,
+        input_ids=packed["input_ids"],
+        loss_mask=np.asarray(loss_mask, np.float32),
         old_logprobs=old_lp,
-        ref_logprobs=ref_lp,
-        advantages=adv,
-        returns=returns,
-        old_values=values if values is not None else jnp.zeros_like(old_lp),
-        rollout_logprobs=jnp.asarray(packed["rollout_logprobs"]),
+        ref_logprobs=hosts.to_host(ref_lp),
+        advantages=hosts.to_host(adv),
+        returns=hosts.to_host(returns),
+        old_values=hosts.to_host(values) if values is not None else np.zeros_like(old_lp),
+        rollout_logprobs=packed["rollout_logprobs"],
     )
 
 
@@ -295,7 +305,9 @@ def _batch_metrics(batch: TrainBatch, exp: dict) -> dict[str, float]:
     return {k: float(v) for k, v in m.items()}
 
 
-def _update(cfg, step, state: RunState, batch: TrainBatch, policy_step, critic_step):
+def _update(cfg, mesh, step, state: RunState, batch: TrainBatch, policy_step, critic_step):
+    """ppo_epochs x mini_batches updates; each mini-batch goes to the mesh as [M, mb, T]
+    with the mb rows split over ("data", "fsdp")."""
     a = cfg.algo
     B = batch.input_ids.shape[0]
     mini = B // a.mini_batches
@@ -306,8 +318,11 @@ def _update(cfg, step, state: RunState, batch: TrainBatch, policy_step, critic_s
     for _ in range(a.ppo_epochs):
         order = rng.permutation(B)
         for k in range(a.mini_batches):
-            idx = jnp.asarray(order[k * mini : (k + 1) * mini])
-            mb = to_micro_batches(batch, idx, a.micro_batch_size)
+            host = to_micro_batches(batch, order[k * mini : (k + 1) * mini], a.micro_batch_size)
+            mb = jax.tree.map(
+                lambda x: hosts.global_array(x, hosts.batch_sharding(mesh, x.shape, axis=1)),
+                host,
+            )
             cm: dict[str, Any] = {}
             if critic_step is not None:
                 state.critic, cm = critic_step(state.critic, mb)

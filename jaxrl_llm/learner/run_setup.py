@@ -21,6 +21,7 @@ from jaxrl_llm.data.sources import SourceConfig
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.learner.rl_config import RewardConfig, RLConfig
 from jaxrl_llm.metrics.progress import bar
+from jaxrl_llm.sharding import hosts
 
 log = logging.getLogger(__name__)
 OUTPUT_STOP = "```output"
@@ -98,6 +99,11 @@ class Rollout:
     """The engine and driver, plus the tool callback and validation."""
 
     def __init__(self, cfg: RLConfig, policy, tokenizer, mesh, corpus: Path | None = None):
+        """`mesh`: the training mesh. With several processes each host samples on its own
+        devices (`hosts.local_sampling_mesh`) with `rollout.max_slots` slots, and the
+        results are gathered so every host continues with the whole batch."""
+        from flax import nnx
+
         from jaxrl_llm.rollout import Engine, RolloutDriver
 
         r = cfg.rollout
@@ -108,7 +114,7 @@ class Rollout:
             max_concurrent_decodes=r.max_slots,
             max_cache_length=cfg.data.max_prompt_length + r.max_new_tokens + 1,
             max_prefill_length=cfg.data.max_prompt_length,
-            mesh=mesh,
+            mesh=hosts.local_sampling_mesh(mesh),
             tokenizer=tokenizer,
             keep_params=False,  # the trainer's live params come with every call
         )
@@ -120,12 +126,13 @@ class Rollout:
         )
         self.tool = None
         self.stop = tuple(r.stop)
-        self._rollout_params = _identity
-        if cfg.policy.rollout_dtype:
-            # Rollout weights in a narrower dtype (e.g. bfloat16: half the bytes read per
-            # decoded token); the trainer's master weights are untouched, and the gap shows in
-            # rollout/logprob_diff/*. One jitted cast per step.
-            self._rollout_params = _make_cast(cfg.policy.rollout_dtype)
+        # Rollout weights may be narrower (e.g. bfloat16: half the bytes read per decoded
+        # token); the trainer's master weights are untouched, and the gap shows in
+        # rollout/logprob_diff/*. One jitted cast (and, multi-host, gather) per step.
+        cast = _make_cast(cfg.policy.rollout_dtype) if cfg.policy.rollout_dtype else None
+        self._sync = hosts.WeightSync(
+            nnx.state(policy), mesh, self.engine.param_shardings, cast=cast
+        )
         if r.tool == "python":
             from jaxrl_llm.tools import PythonTool
 
@@ -153,7 +160,17 @@ class Rollout:
             seed=seed,
         )
 
-    def generate(self, params, batch, step: int, attempt: int) -> dict:
+    def sync_weights(self, params):
+        """The trainer's params as the rollout reads them (`hosts.WeightSync`): the same
+        arrays when the training and sampling layouts agree and nothing is cast, else one
+        jitted re-layout/cast; multi-host, a full copy on each host's devices.
+        Call once per step (on every process), before `generate`."""
+        return self._sync(params)
+
+    def generate(self, params, batch, step: int, attempt: int, reward=None) -> dict:
+        """Samples for this host's `batch` (its share of the global batch); `params` come
+        from `sync_weights`. With `reward`, scores too and gathers every host's share, in
+        global-batch order: every process gets the same whole-batch result."""
         r = self.cfg.rollout
         seed = int(np.random.default_rng([self.cfg.seed, step, attempt]).integers(2**31))
         prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(len(batch))]
@@ -161,16 +178,23 @@ class Rollout:
         completions = self.driver.generate(
             prompts,
             self._sampling(seed, n=r.n, temperature=r.temperature),
-            params=self._rollout_params(params),
+            params=params,
             tool=self.tool,
             progress=lambda done, total: progress.update(done - progress.n),
+            prompt_indices=_global_rows(len(prompts)),
         )
         progress.close()
-        return {
+        exp = {
             "completions": completions,
             "answers": [a for a in batch.answers for _ in range(r.n)],
             "prompt_ids": list(batch.ids),
         }
+        if reward is None:
+            return exp
+        exp["scores"] = np.asarray(
+            reward.score([c.text for c in completions], exp["answers"]), np.float32
+        )
+        return _gather_rows(exp, r.n)
 
     def env_metrics(self, exp: dict) -> dict[str, float]:
         comps = exp["completions"]
@@ -196,24 +220,48 @@ class Rollout:
             return {}
         r = self.cfg.rollout
         texts, answers = [], []
-        params = self._rollout_params(params)
+        params = self.sync_weights(params)
+        me, hosts_ = jax.process_index(), jax.process_count()
         for batch in val.iterator():
-            prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(len(batch))]
+            # Multi-host: each host takes every process_count-th row of the batch.
+            rows = range(me, len(batch), hosts_)
+            prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in rows]
             comps = self.driver.generate(
                 prompts,
                 self._sampling(self.cfg.seed, n=1, temperature=r.val_temperature),
                 params=params,
                 tool=self.tool,
+                prompt_indices=list(rows),
             )
             texts += [c.text for c in comps]
-            answers += list(batch.answers)
-        scores = np.asarray(reward.score(texts, answers), np.float32)
+            answers += [batch.answers[i] for i in rows]
+        mine = np.asarray(reward.score(texts, answers), np.float32)
+        scores = np.concatenate(hosts.allgather_objects(mine))
         correct = scores >= self.cfg.reward.correct
         return {"val/test_score": float(correct.mean()), "val/reward/mean": float(scores.mean())}
 
 
-def _identity(params):
-    return params
+def _global_rows(local_rows: int) -> list[int]:
+    """Positions in the global batch of this host's rows: the prompt pipeline gives host p
+    rows p, p + P, p + 2P, ... (so sample seeds match a one-host run of the same batch)."""
+    p, n = jax.process_index(), jax.process_count()
+    return [p + n * r for r in range(local_rows)]
+
+
+def _gather_rows(exp: dict, n: int) -> dict:
+    """Every host's share of a step's experience, interleaved back into global-batch order."""
+    parts = hosts.allgather_objects(exp)
+    if len(parts) == 1:
+        return exp
+    P, rows = len(parts), len(exp["prompt_ids"])
+    order = [(r, p) for r in range(rows) for p in range(P)]  # global row r * P + p
+    out: dict[str, Any] = {
+        "prompt_ids": [parts[p]["prompt_ids"][r] for r, p in order],
+        "completions": [c for r, p in order for c in parts[p]["completions"][r * n : (r + 1) * n]],
+        "answers": [a for r, p in order for a in parts[p]["answers"][r * n : (r + 1) * n]],
+        "scores": np.concatenate([parts[p]["scores"][r * n : (r + 1) * n] for r, p in order]),
+    }
+    return out
 
 
 def _make_cast(dtype: str):
@@ -257,9 +305,11 @@ def make_reward_pool(cfg: RewardConfig):
 
 def record_samples(run_dir: Path, step: int, exp: dict) -> None:
     """LIMR's per-sample record: samples/step_N.jsonl with prompt id and reward."""
+    if jax.process_index() != 0:  # every host holds the whole (gathered) batch
+        return
     n = len(exp["completions"]) // max(len(exp["prompt_ids"]), 1)
     ids = [p for p in exp["prompt_ids"] for _ in range(n)]
-    limr.record_samples(run_dir, step, ids, exp["scores"], process_index=jax.process_index())
+    limr.record_samples(run_dir, step, ids, exp["scores"])
 
 
 def write_config(run_dir: Path) -> Path:

@@ -12,7 +12,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxrl_llm.sharding.hosts import global_array
 
 
 @jax.tree_util.register_dataclass
@@ -25,9 +29,35 @@ class TrainState:
 
     @classmethod
     def create(cls, params: Any, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
-        # jit keeps the optimiser moments in the parameters' shardings.
-        opt_state = jax.jit(tx.init)(params)
-        return cls(jnp.zeros((), jnp.int32), params, opt_state, rng)
+        # Eagerly: each moment is made like its parameter and keeps that sharding. (Under a
+        # bare jit XLA is free to place the zeros anywhere; it puts them on one device.)
+        opt_state = tx.init(params)
+        state = cls(jnp.zeros((), jnp.int32), params, opt_state, rng)
+        return _on_params_mesh(state)
+
+
+def _on_params_mesh(state: TrainState) -> TrainState:
+    """Every leaf not already laid out on a mesh (the step, optimiser counters) replicated
+    over the parameters' mesh. Multi-host jit and Orbax need global arrays throughout; an
+    uncommitted scalar would also come back from a checkpoint pinned to one device."""
+    mesh = next(
+        (x.sharding.mesh for x in jax.tree.leaves(state.params)
+         if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding)),
+        None,
+    )  # fmt: skip
+    if mesh is None:
+        return state
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def place(x):
+        if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding):
+            return x
+        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # a typed key: place its raw data
+            data = global_array(np.asarray(jax.random.key_data(x)), replicated)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+        return global_array(np.asarray(x), replicated)
+
+    return jax.tree.map(place, state)
 
 
 def apply_gradients(

@@ -82,6 +82,7 @@ GROUPS: tuple[Group, ...] = (
     )),
     Group("timing", "Timings", (
         Panel("seconds", (("timing/step", "step"), ("timing/rollout", "rollout"),
+                          ("timing/weight_sync", "weight sync"),
                           ("timing/experience", "experience"), ("timing/update", "update"),
                           ("timing/validate", "validate"))),
         Panel("throughput (tokens/s)", (("perf/tokens_per_s", "tokens/s"),)),

@@ -32,6 +32,7 @@ from safetensors.numpy import save_file
 
 from jaxrl_llm.models.config import ModelConfig, UnsupportedModelError, as_dtype
 from jaxrl_llm.models.transformer import CausalLM, ValueModel
+from jaxrl_llm.sharding.hosts import to_host
 from jaxrl_llm.sharding.rules import (
     TRAIN_RULES,
     Rules,
@@ -219,16 +220,6 @@ def _place(value: np.ndarray, logical_axes, mesh: Mesh | None, rules: Rules) -> 
     return jax.make_array_from_callback(value.shape, sharding, lambda idx: value[idx])
 
 
-def _to_host(x: jax.Array | np.ndarray) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    if not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(jax.device_get(x))
-
-
 def save_pretrained(
     model: CausalLM | ValueModel,
     path: str | os.PathLike,
@@ -250,7 +241,9 @@ def save_pretrained(
     size = 0
     for var_path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         hf_name, _, to_hf = _entry(var_path, cfg)
-        host = _to_host(var.get_value())
+        host = to_host(var.get_value())  # collective: every process takes part
+        if not writer:
+            continue
         if host.dtype == jnp.bfloat16:
             host = host.view(ml_dtypes.bfloat16)
         tensor = np.ascontiguousarray(to_hf(host))

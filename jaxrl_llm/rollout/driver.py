@@ -180,6 +180,7 @@ class RolloutDriver:
         tool: ToolCallback | None = None,
         on_long_prompt: str = "raise",
         progress: Callable[[int, int], None] | None = None,
+        prompt_indices: Sequence[int] | None = None,
     ) -> list[Completion]:
         """Complete every prompt `n` times; returns completions prompt-major.
 
@@ -189,6 +190,9 @@ class RolloutDriver:
         `on_long_prompt`: "raise" (ValueError before any compute) or "skip" (those
         prompts' samples end with finish reason "prompt_too_long").
         `progress(done, total)` is called as samples finish (for progress bars).
+        `prompt_indices`: each prompt's index for its samples' seeds (default 0, 1, ...);
+        a host generating its share of a larger batch passes the global positions, so a
+        sample is the same whichever host draws it.
         """
         if on_long_prompt not in ("raise", "skip"):
             raise ValueError(f"on_long_prompt must be 'raise' or 'skip', got {on_long_prompt!r}")
@@ -197,6 +201,9 @@ class RolloutDriver:
         if len(sampling) != len(prompts):
             raise ValueError(f"{len(sampling)} sampling params for {len(prompts)} prompts")
         ids = [self.encode(p) for p in prompts]
+        seed_index = list(range(len(ids))) if prompt_indices is None else list(prompt_indices)
+        if len(seed_index) != len(ids):
+            raise ValueError(f"{len(seed_index)} prompt_indices for {len(ids)} prompts")
         problems = {i: msg for i, p in enumerate(ids) if (msg := self._too_long(p))}
         if problems and on_long_prompt == "raise":
             shown = "; ".join(f"prompt {i}: {m}" for i, m in list(problems.items())[:5])
@@ -233,7 +240,7 @@ class RolloutDriver:
                         current = (i, prefix, collections.deque(range(sampling[i].n)))
                     i, prefix, todo = current
                     j, slot, sp = todo.popleft(), free.popleft(), sampling[i]
-                    seed = sample_seed(sp.seed, i, j)
+                    seed = sample_seed(sp.seed, seed_index[i], j)
                     slots[slot] = _Sample(i, j, ids[i], sp, seed)
                     state = eng.insert_slot(
                         prefix, state, slot, SlotSampling.one(sp, seed), sp.max_new_tokens

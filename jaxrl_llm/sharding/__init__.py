@@ -1,5 +1,6 @@
 """Logical axis names, rule tables, mesh building, multi-host init and resharding."""
 
+from jaxrl_llm.sharding import hosts
 from jaxrl_llm.sharding.mesh import build_mesh, initialize_distributed, resolve_mesh_shape
 from jaxrl_llm.sharding.reshard import already_placed, reshard, target_shardings
 from jaxrl_llm.sharding.rules import (
@@ -20,6 +21,7 @@ __all__ = [
     "already_placed",
     "build_mesh",
     "constrain",
+    "hosts",
     "initialize_distributed",
     "logical_sharding",
     "logical_to_spec",

@@ -53,7 +53,9 @@ def initialize_distributed(
 
     Arguments win over the environment (`JAXRL_COORDINATOR_ADDRESS`,
     `JAXRL_NUM_PROCESSES`, `JAXRL_PROCESS_ID`). On TPU VMs (and SLURM / Open MPI) JAX
-    detects everything itself: set `JAXRL_DISTRIBUTED=auto`. Returns whether it initialised.
+    detects everything itself: set `JAXRL_DISTRIBUTED=auto`. With `JAX_PLATFORMS=cpu`
+    (multi-process CPU runs and tests) collectives go through gloo. Returns whether it
+    initialised.
     """
     env = os.environ
     coordinator_address = coordinator_address or env.get("JAXRL_COORDINATOR_ADDRESS")
@@ -63,6 +65,9 @@ def initialize_distributed(
         process_id = int(env["JAXRL_PROCESS_ID"])
     if coordinator_address is None and env.get("JAXRL_DISTRIBUTED") != "auto":
         return False
+    if env.get("JAX_PLATFORMS", "").split(",")[0] == "cpu":
+        # Cross-process collectives on CPU need an implementation; gloo ships with jaxlib.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
     log.info(
         "jax.distributed.initialize(coordinator=%s, num_processes=%s, process_id=%s)",
         coordinator_address,

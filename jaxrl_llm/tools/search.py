@@ -129,9 +129,12 @@ class BM25Retriever:
             ids = [i for i in ids if i != self._empty_id]  # words not in the corpus
             if not ids:
                 return []
+            # numpy top-k: bm25s would pick JAX when it is installed, and tools run in the
+            # rollout's worker threads, next to the engine's programs on the same devices.
             found, scores = self._bm25.retrieve(
-                [ids], k=min(k, len(self.docs)), show_progress=False, n_threads=0
-            )
+                [ids], k=min(k, len(self.docs)), show_progress=False, n_threads=0,
+                backend_selection="numpy",
+            )  # fmt: skip
         return [self.docs[int(i)] for i, s in zip(found[0], scores[0]) if s > 0]
 
 

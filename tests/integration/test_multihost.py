@@ -1,8 +1,12 @@
-"""Two CPU processes x 2 devices (gloo) == one process x 4 devices, for one GRPO policy update.
+"""Two CPU processes x 2 devices (gloo) == one process x 4 devices.
 
-Each run is a subprocess of `multihost_worker.py` (JAX reads the device count at start-up, and
-the test process already has 8 devices). The worker runs the real `make_policy_step` on two
-4-device layouts (fsdp=4 across both processes; data=2 x fsdp=2) with per-host batch rows.
+1. One GRPO policy update (`multihost_worker.py`): the real `make_policy_step` on two
+   4-device layouts (fsdp=4 across both processes; data=2 x fsdp=2) with per-host batch rows.
+2. The whole RL loop (`multihost_rl_worker.py`): `run_rl` with per-host rollout, gathered
+   experience, a reference model, validation, a checkpoint, and a resume on both hosts.
+
+Each run is a subprocess (JAX reads the device count at start-up, and the test process
+already has 8 devices).
 
 Tolerance: rtol 1e-5 on losses, metrics and updated parameters; atol 1e-6 because
 `actor/loss` is a near-cancelling difference (~6e-5) and Adam's first update is ~lr * sign(g).
@@ -26,6 +30,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
+RL_WORKER = Path(__file__).with_name("multihost_rl_worker.py")
 TIMEOUT_S = 300
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -48,31 +53,18 @@ def _env(devices: int) -> dict[str, str]:
     return env
 
 
-def _start(args: list[str], devices: int, log: Path) -> subprocess.Popen:
+def _start(args: list[str], devices: int, log: Path, worker: Path = WORKER,
+           **env: str) -> subprocess.Popen:  # fmt: skip
     with open(log, "wb") as f:
         return subprocess.Popen(
-            [sys.executable, str(WORKER), *args], env=_env(devices), stdout=f,
+            [sys.executable, str(worker), *args], env={**_env(devices), **env}, stdout=f,
             stderr=subprocess.STDOUT, cwd=WORKER.parents[2],
         )  # fmt: skip
 
 
-def _tail(log: Path, n: int = 3000) -> str:
-    text = log.read_text(errors="replace") if log.exists() else ""
-    return "\n".join(x for x in text.splitlines() if "Involuntary full remat" not in x)[-n:]
-
-
-def test_two_processes_match_one_process(tmp_path):
-    port = _free_port()
-    ref_out, mh_out = tmp_path / "ref.json", tmp_path / "mh.json"
-    procs: list[tuple[subprocess.Popen, Path]] = []
+def _wait_all(procs: list[tuple[subprocess.Popen, Path]]) -> None:
+    """Wait for every process; fail with the log of the first that failed or hung."""
     try:
-        log = tmp_path / "ref.log"
-        procs.append((_start(["--out", str(ref_out)], 4, log), log))
-        for i in range(2):
-            log = tmp_path / f"p{i}.log"
-            args = ["--out", str(mh_out), "--coordinator", f"127.0.0.1:{port}",
-                    "--num-processes", "2", "--process-id", str(i)]  # fmt: skip
-            procs.append((_start(args, 2, log), log))
         deadline = time.monotonic() + TIMEOUT_S
         for proc, log in procs:
             try:
@@ -85,6 +77,25 @@ def test_two_processes_match_one_process(tmp_path):
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+def _tail(log: Path, n: int = 3000) -> str:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return "\n".join(x for x in text.splitlines() if "Involuntary full remat" not in x)[-n:]
+
+
+def test_two_processes_match_one_process(tmp_path):
+    port = _free_port()
+    ref_out, mh_out = tmp_path / "ref.json", tmp_path / "mh.json"
+    procs: list[tuple[subprocess.Popen, Path]] = []
+    log = tmp_path / "ref.log"
+    procs.append((_start(["--out", str(ref_out)], 4, log), log))
+    for i in range(2):
+        log = tmp_path / f"p{i}.log"
+        args = ["--out", str(mh_out), "--coordinator", f"127.0.0.1:{port}",
+                "--num-processes", "2", "--process-id", str(i)]  # fmt: skip
+        procs.append((_start(args, 2, log), log))
+    _wait_all(procs)
 
     ref, mh = json.loads(ref_out.read_text()), json.loads(mh_out.read_text())
     assert (ref["process_count"], ref["device_count"]) == (1, 4)
@@ -107,3 +118,63 @@ def test_two_processes_match_one_process(tmp_path):
         for name in (f for f in ref_arrays.files if f.startswith(f"{layout}:")):
             np.testing.assert_allclose(mh_arrays[name], ref_arrays[name], rtol=RTOL,
                                        atol=ATOL, err_msg=name)  # fmt: skip
+
+
+def _rl_job(tmp_path: Path, name: str, processes: int, *args: str) -> list[dict]:
+    """`run_rl` on `processes` x (4 / processes) devices; each process's result JSON."""
+    port, out, run = _free_port(), tmp_path / name, tmp_path / "runs" / name.split("-")[0]
+    procs = []
+    for i in range(processes):
+        env = {}
+        if processes > 1:
+            env = dict(JAXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                       JAXRL_NUM_PROCESSES=str(processes), JAXRL_PROCESS_ID=str(i))  # fmt: skip
+        log = tmp_path / f"{name}.p{i}.log"
+        argv = ["--run-dir", str(run), "--out", str(out), *args]
+        procs.append((_start(argv, 4 // processes, log, RL_WORKER, **env), log))
+    _wait_all(procs)
+    return [json.loads(Path(f"{out}.p{i}.json").read_text()) for i in range(processes)]
+
+
+def _values(records: list[dict]) -> dict[tuple[int, str], float]:
+    return {(r["step"], k): v for r in records for k, v in r.items()
+            if not k.startswith(("timing/", "perf/"))}  # fmt: skip
+
+
+def test_rl_loop_on_two_hosts_matches_one_host_and_resumes(tmp_path):
+    """Each host samples its share of the prompts on its own devices; the gathered batch, the
+    losses, validation and the resumed step equal a one-process run of the same config."""
+    ref = _rl_job(tmp_path, "ref", 1)[0]
+    first = _rl_job(tmp_path, "mh-a", 2, "--stop-after", "2")
+    resumed = _rl_job(tmp_path, "mh-b", 2, "--resume")
+    assert [(r["process_count"], r["device_count"]) for r in first] == [(2, 4), (2, 4)]
+    assert first[0]["local_device_count"] == 2 and ref["process_count"] == 1
+
+    # Both hosts took the same decisions and logged the same numbers.
+    for a, b in (first, resumed):
+        assert _values(a["records"]) == _values(b["records"])
+    mh = _values(first[0]["records"]) | _values(resumed[0]["records"])
+    want = _values(ref["records"])
+    assert [r["step"] for r in resumed[0]["records"]] == [3]
+    assert mh.keys() == want.keys()
+    exact = ("critic/score/", "response_length/", "rollout/finish/", "batch/", "val/",
+             "dynamic_sampling/", "step", "actor/lr_step")  # fmt: skip
+    for (step, key), v in want.items():
+        if key.startswith(exact):  # the same samples: per-sample seeds follow the global row
+            assert mh[(step, key)] == v, (step, key)
+        elif key.startswith("rollout/logprob_diff/"):  # engine vs trainer float noise
+            assert mh[(step, key)] < 1e-4 and v < 1e-4, (step, key)
+        else:  # float noise of different batch layouts
+            np.testing.assert_allclose(mh[(step, key)], v, rtol=1e-4, atol=1e-6,
+                                       err_msg=f"step {step} {key}")  # fmt: skip
+    assert any(want[(s, "critic/advantages/max")] > 0 for s in (1, 2, 3))  # a real signal
+
+    # Process 0 alone wrote the run's files; the checkpoint and the export are complete.
+    run = tmp_path / "runs" / "mh"
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [0, 1, 2, 3]
+    assert sorted(p.name for p in (run / "samples").iterdir()) == [
+        "step_1.jsonl", "step_2.jsonl", "step_3.jsonl"]  # fmt: skip
+    assert (run / "hf" / "model.safetensors").exists()
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == [
+        2, 3]  # fmt: skip

@@ -182,12 +182,14 @@ def generate_problems(
 
 
 def write_jsonl(problems: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
-    """Writes problems one JSON object per line."""
+    """Writes rows one JSON object per line, atomically (a temporary file, then a rename), so
+    processes of a multi-host run that share a filesystem may all write the same file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for problem in problems:
-            f.write(json.dumps(problem) + "\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(problem) + "\n" for problem in problems)
+    os.replace(tmp, path)
     return path
 
 

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from jaxrl_llm.data.tasks.arithmetic import write_jsonl
 
 KINDS = {
     "born": ("{s} was born in {o}.", "Where was {s} born?"),
@@ -131,14 +132,6 @@ def build_task(
         if len(rows[split]) < want[split]:
             rows[split].append(question_row(fact, f"{split}-{len(rows[split]):05d}", doc_id))
     return {"corpus": corpus, **rows}
-
-
-def write_jsonl(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
-    return path
 
 
 def write_task(

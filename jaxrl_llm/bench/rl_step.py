@@ -1,0 +1,408 @@
+"""`jaxrl-llm bench rl-step`: one GRPO step's time by phase, against its bare kernels.
+
+What runs: `run_rl` for `--steps` steps of a gin config (default `configs/grpo_tiny.gin`,
+then `--gin_param` overrides) in a temporary run dir, with no validation and no
+checkpoints. Step 1 compiles and is dropped; `phases_s` holds, for each phase, the median
+over the remaining steps of the loop's own timers (`per_step` keeps every step, step 1
+included, so nothing is hidden):
+
+    weight_sync  trainer params -> rollout params (`Rollout.sync_weights`: the re-layout
+                 from the training to the sampling layout and the `rollout_dtype` cast, in
+                 one jitted call; nothing when both layouts agree, as on one device;
+                 multi-host, the gather of one copy per host)
+    rollout      generation through the driver (host loop, stop strings, tool turns) and
+                 reward scoring
+    experience   packing, old (and reference) logprob forwards, advantages, batch metrics
+    update       ppo_epochs x mini_batches policy updates
+    untimed      total - the four above (host work between the timers), per step
+    total        the whole step (`timing/step`)
+
+`fractions` are those medians over the median total. Each is a median on its own, so they
+sum to exactly 1 only with one timed step; with several, to about 1.
+
+Compilation is measured, not assumed: each step's `xla_compile_s` is the XLA compile time
+JAX reported (`jax.monitoring`) between the previous step's end and its own (step 1's
+includes the set-up), and `timed_steps_that_compiled` lists the timed steps with any. A
+later step may meet a new prompt or tool-output width; so the default is 4 steps, and the
+median of steps 2-4 is, as a rule, a step that compiled nothing.
+
+Baseline, measured in the same process right after the run, on the same checkpoint, mesh,
+engine sizes, sampling settings and batch shapes: the jitted kernels alone, with no host
+logic, no tools, no rewards ("bare"). Each is warmed up until a call compiles nothing,
+then timed `--repeats` times; the median is used, as for the steps.
+
+    bare rollout     an engine sized as the run's (`Rollout`'s slots, cache, prefill width;
+                     EOS off so rows run their whole budget): prompts_per_step prefills at
+                     the bucket of the steps' mean prompt length and prompts x n slot
+                     inserts, then decode calls of steps_per_call steps. A decode call costs
+                     the same whatever the slots hold (static batch, full-cache attention),
+                     so it is timed once and counted for two lengths:
+                       rollout_s       ceil(response tokens / slots) decode steps: the fewest
+                                       that produce the step's tokens (a tokens-matched floor)
+                       rollout_tail_s  at least the longest response's length: what this
+                                       engine needs when every sample starts together
+    bare experience  the run's jitted logprob forward on [B, T] (twice with a reference
+                     model) and its advantage function
+    bare update      ppo_epochs x mini_batches calls of the real jitted policy step on one
+                     [M, mb, T] mini-batch
+
+Ratios (1.0 = the step phase costs what its kernels alone cost; lower is better):
+
+    overhead_ratio        total / (bare rollout_s + experience_s + update_s): how far one RL
+                          step is from its kernels alone. Everything the step does beyond
+                          them is in it: weight sync, waiting for the longest sample, driver
+                          host logic, tool calls, reward scoring, host transfers for metrics.
+    rollout_vs_bare       rollout / bare rollout_s
+    rollout_tail_vs_bare  bare rollout_tail_s / rollout_s: the part of rollout_vs_bare that
+                          waiting for the longest sample explains; the rest is the driver's
+                          host work, tools and rewards
+    experience_vs_bare, update_vs_bare   phase / its bare kernels
+
+Approximations, stated: all prompts are prefilled at one bucket width (the run mixes
+buckets); tool outputs inserted into a response are counted as decoded tokens (the run
+appends them in one call, so this is generous to the baseline); with DAPO dynamic sampling
+a step may generate several times and the baseline counts once. Configs with a critic
+(estimator 'gae') are refused: the baseline has no critic forward or update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import logging
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+PHASES = ("weight_sync", "rollout", "experience", "update")
+DEFAULT_GIN = "grpo_tiny.gin"
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """rl-step's own flags (the bench parser holds the shared ones, `--repeats` included)."""
+    from jaxrl_llm.config import add_gin_arguments
+
+    add_gin_arguments(parser)
+    parser.add_argument("--steps", type=int, default=4, help="rl-step: RL steps (first dropped)")
+
+
+class CompileClock:
+    """XLA compile seconds as JAX reports them (`jax.monitoring`), each with its end time."""
+
+    def __init__(self):
+        self.events: list[tuple[float, float]] = []  # (perf_counter at the end, seconds)
+
+    def _listen(self, event: str, duration: float, **_) -> None:
+        if event == COMPILE_EVENT:
+            self.events.append((time.perf_counter(), duration))
+
+    def __enter__(self) -> CompileClock:
+        import jax
+
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import jax
+
+        jax.monitoring.unregister_event_duration_listener(self._listen)
+
+    def between(self, t0: float, t1: float) -> float:
+        return sum(d for t, d in self.events if t0 < t <= t1)
+
+
+@contextlib.contextmanager
+def step_end_times():
+    """perf_counter when each RL step ends: `run_rl` logs its "step N: ..." line then."""
+    times: list[float] = []
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno == logging.INFO and record.getMessage().startswith("step "):
+                times.append(time.perf_counter())
+
+    logger = logging.getLogger("jaxrl_llm.learner.rl_loop")
+    handler, level = Handler(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield times
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def step_phases(record: dict) -> dict[str, float]:
+    """One step record -> phase seconds, `untimed` (total - timed phases), total, tokens/s."""
+    out = {p: float(record[f"timing/{p}"]) for p in PHASES}
+    out["total"] = float(record["timing/step"])
+    out["untimed"] = out["total"] - sum(out[p] for p in PHASES)
+    out["tokens_per_s"] = float(record["perf/tokens_per_s"])
+    return out
+
+
+def summarize(records: list[dict], compile_s: list[float] | None = None) -> dict:
+    """Medians over steps 2.. of the phase timings, fractions of the step, each step's raw.
+
+    `compile_s`: XLA compile seconds per step record (None: not measured)."""
+    steps = [r for r in records if "timing/step" in r]
+    per_step = [{"step": int(r["step"]), **step_phases(r)} for r in steps]
+    for s, c in zip(per_step, compile_s or ()):
+        s["xla_compile_s"] = c
+    timed = [s for s in per_step if s["step"] > 1] or per_step  # step 1 compiles
+    keys = (*PHASES, "untimed", "total")
+    phases = {k: statistics.median(s[k] for s in timed) for k in keys}
+    return {
+        "timed_steps": [s["step"] for s in timed],
+        "timed_steps_that_compiled": [s["step"] for s in timed if s.get("xla_compile_s", 0) > 0],
+        "phases_s": phases,
+        "fractions": {k: phases[k] / phases["total"] for k in (*PHASES, "untimed")},
+        "tokens_per_s": statistics.median(s["tokens_per_s"] for s in timed),
+        "per_step": per_step,
+    }
+
+
+def step_shape(cfg, records: list[dict]) -> dict:
+    """The steps' batch as the baseline reproduces it (medians over the timed steps)."""
+    steps = [r for r in records if "timing/step" in r]
+    timed = [r for r in steps if r["step"] > 1] or steps
+    B, slots = cfg.data.prompts_per_step * cfg.rollout.n, cfg.rollout.max_slots
+    med = lambda f: statistics.median(f(r) for r in timed)
+    response_mean = med(lambda r: r["response_length/mean"])
+    response_max = round(med(lambda r: r["response_length/max"]))
+    tokens = med(lambda r: r["perf/tokens_per_s"] * r["timing/step"])  # prompts + responses
+    fewest = math.ceil(B * response_mean / slots)  # all slots busy, no waiting
+    return {
+        "prompts": cfg.data.prompts_per_step,
+        "samples": B,
+        "slots": slots,
+        "seq_len": cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
+        "prompt_len_mean": max(1, round(tokens / B - response_mean)),
+        "response_len_mean": response_mean,
+        "response_len_max": response_max,
+        "decode_steps": max(1, fewest),
+        "decode_steps_tail": max(1, fewest, response_max),
+    }
+
+
+def _warm(fn, clock: CompileClock) -> None:
+    """Call until a call compiles nothing: on a multi-device mesh a fresh `TrainState`
+    compiles the policy step twice (its first output is laid out differently)."""
+    import jax
+
+    for _ in range(3):
+        n = len(clock.events)
+        jax.block_until_ready(fn())
+        if len(clock.events) == n:
+            return
+
+
+def _median_time(fn, repeats: int, clock: CompileClock) -> float:
+    import jax
+
+    _warm(fn, clock)
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bare_rollout(cfg, policy, tokenizer, mesh, params, shape, repeats, clock) -> dict:
+    """Prefill + insert time for the step's prompts and samples, and one decode call's time."""
+    import jax
+
+    from jaxrl_llm.learner.run_setup import Rollout
+    from jaxrl_llm.rollout import Engine, SamplingParams
+    from jaxrl_llm.rollout.sampling import SlotSampling
+
+    r = cfg.rollout
+    rollout = Rollout(cfg, policy, tokenizer, mesh)  # the run's engine sizes and weight sync
+    params = rollout.sync_weights(params)
+    engine = Engine(
+        policy,
+        max_concurrent_decodes=rollout.engine.batch,
+        max_cache_length=rollout.engine.cache_length,
+        max_prefill_length=rollout.engine.max_prefill_length,
+        mesh=mesh,
+        eos_ids=(),  # every row decodes its whole budget
+        keep_params=False,
+    )
+    S, slots = engine.cache_length, engine.batch
+    P = min(shape["prompt_len_mean"], engine.max_prefill_length)
+    width = engine.prefill_bucket(P)
+    rng = np.random.RandomState(0)
+    prompts = rng.randint(3, policy.config.vocab_size, (shape["prompts"], width)).astype(np.int32)
+    sp = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
+    sampling = [SlotSampling.one(sp, k) for k in range(shape["samples"])]
+    calls = max(1, min(8, (S - 1 - P) // r.steps_per_call))  # stays inside the cache
+
+    def fill():
+        placed = engine.place_params(params)  # as the driver does once per generate()
+        state = engine.init_decode_state()
+        for i in range(shape["prompts"]):
+            prefix = engine.prefill(params=placed, padded_tokens=prompts[i], true_length=P)
+            for j in range(r.n):
+                k = i * r.n + j  # past the last slot, rows overwrite earlier ones: same cost
+                state = engine.insert_slot(prefix, state, k % slots, sampling[k], S)
+        return placed, state
+
+    def decode() -> float:
+        placed, state = jax.block_until_ready(fill())
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            state, rec = engine.generate_steps(placed, state, r.steps_per_call)
+        jax.block_until_ready(rec)
+        return time.perf_counter() - t0
+
+    fill_s = _median_time(fill, repeats, clock)
+    _warm(decode, clock)
+    call_s = statistics.median(decode() for _ in range(max(1, repeats))) / calls
+    n_calls = lambda steps: math.ceil(steps / r.steps_per_call)
+    return {
+        "prefill_insert_s": fill_s,
+        "decode_call_s": call_s,
+        "prefill_width": width,
+        "rollout_s": fill_s + n_calls(shape["decode_steps"]) * call_s,
+        "rollout_tail_s": fill_s + n_calls(shape["decode_steps_tail"]) * call_s,
+    }
+
+
+def bare_train(cfg, graphdef, params, vocab: int, shape, repeats, clock) -> dict:
+    """The run's jitted experience forwards and policy updates on its batch shapes."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl_llm.learner.experience import make_advantage_fn, make_logprob_fn
+    from jaxrl_llm.learner.optim import make_optimizer
+    from jaxrl_llm.learner.state import TrainState
+    from jaxrl_llm.learner.steps import make_policy_step, to_micro_batches
+    from jaxrl_llm.types import TrainBatch
+
+    a, n = cfg.algo, cfg.rollout.n
+    B, T = shape["samples"], shape["seq_len"]
+    ids = jnp.asarray(np.random.RandomState(1).randint(3, vocab, (B, T)).astype(np.int32))
+    loss_mask = jnp.zeros((B, T), jnp.float32).at[:, shape["prompt_len_mean"] :].set(1.0)
+    scores = jnp.asarray(np.random.RandomState(2).randint(0, 2, B).astype(np.float32))
+    logprob_fn = make_logprob_fn(graphdef, cfg.rollout.temperature, a.micro_batch_size)
+    adv_fn = make_advantage_fn(a, n)
+    forwards = 2 if (a.use_kl_loss or a.kl_in_reward_coef > 0) else 1
+
+    def experience():
+        old = logprob_fn(params, ids)
+        ref = logprob_fn(params, ids) if forwards == 2 else jnp.zeros_like(old)
+        return old, adv_fn(scores, loss_mask, old, ref, None)
+
+    experience_s = _median_time(experience, repeats, clock)
+    old, (adv, returns, _) = experience()
+    batch = TrainBatch(ids, loss_mask, old, old, adv, returns, jnp.zeros_like(old), old)
+    mb = to_micro_batches(batch, jnp.arange(B // a.mini_batches), a.micro_batch_size)
+    updates = a.ppo_epochs * a.mini_batches
+    tx = make_optimizer(cfg.optim, cfg.steps * updates)
+    policy_step = make_policy_step(graphdef, tx, a, cfg.rollout.temperature)
+    # A copy: the step donates its state, and `params` is still the experience's input.
+    own = jax.tree.map(jnp.copy, params)
+    holder = {"state": TrainState.create(own, tx, jax.random.PRNGKey(cfg.seed))}
+
+    def update():
+        for _ in range(updates):
+            holder["state"], m = policy_step(holder["state"], mb)
+        return m
+
+    return {
+        "experience_s": experience_s,
+        "experience_forwards": forwards,
+        "update_s": _median_time(update, repeats, clock),
+        "updates": updates,
+        "micro_batches": int(mb.input_ids.shape[0]),
+    }
+
+
+def bare_kernels(cfg, shape: dict, repeats: int, clock: CompileClock) -> dict:
+    """Loads the checkpoint as `run_rl` does and times the bare rollout and train kernels."""
+    from flax import nnx
+
+    from jaxrl_llm.assets import resolve_checkpoint
+    from jaxrl_llm.models import from_pretrained, load_tokenizer
+    from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
+
+    mesh = build_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    src = resolve_checkpoint(cfg.policy.checkpoint)
+    load = dict(dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype, mesh=mesh)
+    policy = from_pretrained(src, rules=TRAIN_RULES, remat=cfg.policy.remat, **load)
+    graphdef, params = nnx.split(policy)
+    tokenizer = load_tokenizer(src)
+    out = bare_rollout(cfg, policy, tokenizer, mesh, params, shape, repeats, clock)
+    vocab = policy.config.vocab_size
+    return {**out, **bare_train(cfg, graphdef, params, vocab, shape, repeats, clock)}
+
+
+def run_steps(cfg, clock: CompileClock) -> tuple[list[dict], list[float] | None, float]:
+    """`run_rl(cfg)` -> (records, XLA compile seconds per step or None, wall seconds).
+
+    A step's compile seconds are those that ended after the previous step's log line (the
+    run's start for step 1, so step 1 also carries the set-up's compiles)."""
+    from jaxrl_llm.learner.rl_loop import run_rl
+
+    with step_end_times() as ends:
+        t0 = time.perf_counter()
+        records = run_rl(cfg)
+        wall = time.perf_counter() - t0
+    n = sum("timing/step" in r for r in records)
+    if len(ends) != n:  # the loop's log lines changed: say nothing rather than guess
+        return records, None, wall
+    edges = [t0, *ends]
+    return records, [clock.between(a, b) for a, b in itertools.pairwise(edges)], wall
+
+
+def main(args: argparse.Namespace) -> int:
+    from jaxrl_llm.config import parse_gin
+    from jaxrl_llm.learner.rl_config import RLConfig
+
+    files = args.gin_file or [DEFAULT_GIN]
+    with tempfile.TemporaryDirectory() as tmp, CompileClock() as clock:
+        overrides = [
+            f"RLConfig.steps = {args.steps}",
+            "RLConfig.eval_every = 0",
+            "RLConfig.save_every = 0",
+            f"RLConfig.run_dir = '{Path(tmp) / 'run'}'",
+        ]
+        parse_gin(files, [*args.gin_param, *overrides])
+        cfg = RLConfig()
+        if cfg.uses_critic:
+            raise SystemExit("bench rl-step: estimator 'gae' has a critic the baseline lacks")
+        records, compile_s, wall = run_steps(cfg, clock)
+        summary = summarize(records, compile_s)
+        shape = step_shape(cfg, records)
+        bare = bare_kernels(cfg, shape, args.repeats, clock)
+    phases = summary["phases_s"]
+    bare["total_s"] = bare["rollout_s"] + bare["experience_s"] + bare["update_s"]
+    result = {
+        "suite": "rl-step",
+        "gin_files": files,
+        "gin_params": list(args.gin_param),
+        "steps": args.steps,
+        **{k: v for k, v in summary.items() if k != "per_step"},
+        "shape": shape,
+        "bare": bare,
+        "ratios": {
+            "overhead_ratio": phases["total"] / bare["total_s"],
+            "rollout_vs_bare": phases["rollout"] / bare["rollout_s"],
+            "rollout_tail_vs_bare": bare["rollout_tail_s"] / bare["rollout_s"],
+            "experience_vs_bare": phases["experience"] / bare["experience_s"],
+            "update_vs_bare": phases["update"] / bare["update_s"],
+        },
+        "run_wall_s": wall,
+        "outside_steps_s": wall - sum(s["total"] for s in summary["per_step"]),
+        "per_step": summary["per_step"],
+    }
+    print(json.dumps(result, indent=1))
+    return 0

@@ -1,0 +1,157 @@
+"""What a multi-controller (multi-host) RL loop needs beyond one process.
+
+JAX runs one Python process per host; every process runs the same program, and a jitted
+computation over a global mesh is a collective all of them must enter in the same order.
+Rollout is the part that cannot work that way: how many decode calls, tool turns and refills
+a batch of samples takes depends on what was sampled, so each host must drive its own
+engine over its own devices without waiting on the others. The pieces:
+
+- `local_sampling_mesh(mesh)`: this host's devices, laid out for sampling. Tensor groups of
+  the training mesh stay together; a tensor axis that spans hosts is refused.
+- `WeightSync`: the trainer's params (global arrays, FSDP over every host) -> one full
+  copy per host in the sampling layout, as arrays of that host's local mesh. One jitted
+  collective (cast + all-gather into a "host-replicated" global layout), then each host
+  wraps the shards it already holds as local arrays: no further copy.
+- `allgather_objects`: small host-side results (completions, scores) from every host, so
+  each host continues with the same global batch and takes the same decisions.
+- `global_array` / `to_host`: numpy that every host holds -> a global array in a given
+  sharding; a global array -> full numpy on every host.
+
+With one process every function reduces to the single-host behaviour (no collectives).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_llm.sharding.axes import MESH_AXES
+from jaxrl_llm.sharding.reshard import already_placed, target_shardings
+from jaxrl_llm.sharding.rules import SAMPLE_RULES, Rules
+
+
+def _host_devices(mesh: Mesh, process: int) -> list:
+    """`process`'s devices of `mesh`, in the mesh's own (row-major) order."""
+    return [d for d in mesh.devices.flat if d.process_index == process]
+
+
+def _host_grid(mesh: Mesh, process: int) -> np.ndarray:
+    tensor = mesh.shape["tensor"]
+    devices = _host_devices(mesh, process)
+    if not devices or len(devices) % tensor:
+        raise ValueError(
+            f"mesh tensor axis of {tensor} does not fit in host {process}'s {len(devices)} "
+            "devices; a multi-host RL run samples on each host separately, so keep the "
+            "tensor axis within a host (tensor <= devices per host) and scale with fsdp/data"
+        )
+    # Consecutive devices along the (last, fastest) tensor axis form one tensor group.
+    grid = np.empty((len(devices) // tensor, 1, tensor), dtype=object)
+    for i, d in enumerate(devices):
+        grid.flat[i] = d
+    for group in grid.reshape(-1, tensor):
+        coords = [tuple(np.argwhere(mesh.devices == d)[0][:-1]) for d in group]
+        if len(set(coords)) != 1:
+            raise ValueError("a tensor group of the training mesh spans hosts")
+    return grid
+
+
+def local_sampling_mesh(mesh: Mesh) -> Mesh:
+    """The mesh this host's rollout engine runs on: `mesh` itself with one process;
+    otherwise ("data"=local devices / tensor, "fsdp"=1, "tensor") over this host's devices."""
+    if jax.process_count() == 1:
+        return mesh
+    return Mesh(_host_grid(mesh, jax.process_index()), MESH_AXES)
+
+
+def host_replicated_mesh(mesh: Mesh) -> Mesh:
+    """All hosts' sampling meshes stacked along "data": a global mesh whose per-host slice is
+    exactly that host's `local_sampling_mesh`. Params sharded on it by `SAMPLE_RULES` (never
+    split over data/fsdp) hold one full copy per host."""
+    grids = [_host_grid(mesh, p) for p in range(jax.process_count())]
+    return Mesh(np.concatenate(grids, axis=0), MESH_AXES)
+
+
+class WeightSync:
+    """`sync(params) -> params for this host's engine`, laid out as `local_shardings`.
+
+    `params`: the trainer's params (an nnx State of global arrays). `cast`: an optional
+    jittable map applied on the way (e.g. to bfloat16). One process: the trainer's own
+    arrays when they are already in the sampling layout (no copy), else one jitted
+    cast/reshard. Several processes: one jitted collective into the host-replicated layout,
+    then each host wraps the shards it holds as arrays of its local mesh.
+    """
+
+    def __init__(
+        self,
+        abstract: Any,
+        train_mesh: Mesh,
+        local_shardings: Any,
+        *,
+        cast: Callable[[Any], Any] | None = None,
+        rules: Rules = SAMPLE_RULES,
+    ):
+        self._multi = jax.process_count() > 1
+        self._local = jax.tree.leaves(local_shardings)
+        treedef = jax.tree.structure(abstract)
+        target = local_shardings
+        if self._multi:
+            target = target_shardings(abstract, host_replicated_mesh(train_mesh), rules)
+        out = jax.tree.unflatten(treedef, jax.tree.leaves(target))
+        self._cast = cast
+        self._move = jax.jit(cast if cast is not None else (lambda p: p), out_shardings=out)
+
+    def __call__(self, params: Any) -> Any:
+        if not self._multi:
+            if self._cast is None and already_placed(params, self._local):
+                return params
+            return self._move(params)
+        glob = self._move(params)
+        leaves, treedef = jax.tree.flatten(glob)
+        local = [
+            jax.make_array_from_single_device_arrays(
+                x.shape, s, [shard.data for shard in x.addressable_shards]
+            )
+            for x, s in zip(leaves, self._local, strict=True)
+        ]
+        return jax.tree.unflatten(treedef, local)
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+    """[obj of process 0, obj of process 1, ...] on every process (pickled host data; keep
+    it to what a step produces: token ids, logprobs, scores). One process: `[obj]`."""
+    if jax.process_count() == 1:
+        return [obj]
+    payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([payload.size], np.int64)))
+    sizes = sizes.reshape(-1)
+    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf[: payload.size] = payload
+    everyone = np.asarray(multihost_utils.process_allgather(buf))
+    return [pickle.loads(everyone[p, : sizes[p]].tobytes()) for p in range(len(sizes))]
+
+
+def batch_sharding(mesh: Mesh, shape: tuple[int, ...], axis: int = 0) -> NamedSharding:
+    """Rows (dimension `axis`) split over ("data", "fsdp") when they divide, else replicated."""
+    spec: list[Any] = [None] * len(shape)
+    if shape[axis] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0:
+        spec[axis] = ("data", "fsdp")
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def global_array(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """A global array from numpy every process holds in full (each takes its own shards)."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def to_host(x: Any) -> np.ndarray:
+    """Full numpy of a (possibly multi-host) array, on every process."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)

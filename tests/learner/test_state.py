@@ -1,0 +1,30 @@
+"""`TrainState.create` lays every leaf out on the parameters' mesh."""
+
+import jax
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
+from jaxrl_llm.learner.state import TrainState
+from jaxrl_llm.models import ModelConfig, init_model
+from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
+
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4,
+                  num_kv_heads=2, head_dim=8)  # fmt: skip
+
+
+@pytest.mark.parametrize("key", [jax.random.PRNGKey, jax.random.key])
+def test_moments_follow_their_parameters_and_scalars_are_replicated(key):
+    mesh = build_mesh(1, 4, 2)
+    params = nnx.state(init_model(CFG, seed=0, mesh=mesh, rules=TRAIN_RULES))
+    state = TrainState.create(params, make_optimizer(OptimConfig(lr=1e-3), 10), key(0))
+    specs: dict = {}
+    for x in jax.tree.leaves(params):
+        specs.setdefault(x.shape, set()).add(x.sharding.spec)
+    for x in jax.tree.leaves(state.opt_state):
+        assert isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+        if x.ndim:  # Adam's moments: sharded exactly like the parameter they track
+            assert x.sharding.spec in specs[x.shape], x.shape
+    for x in (state.step, state.rng):
+        assert x.sharding.mesh == mesh and x.sharding.spec == PartitionSpec()

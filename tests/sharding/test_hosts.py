@@ -1,0 +1,66 @@
+"""`sharding.hosts` in one process (8 simulated devices); the two-process behaviour is tested
+end to end in tests/integration/test_multihost.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec
+
+from jaxrl_llm.models import ModelConfig, init_model
+from jaxrl_llm.sharding import SAMPLE_RULES, TRAIN_RULES, build_mesh, hosts, target_shardings
+
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4,
+                  num_kv_heads=2, head_dim=8)  # fmt: skip
+
+
+def test_one_process_keeps_the_training_mesh_and_gathers_nothing():
+    mesh = build_mesh(2, 2, 2)
+    assert hosts.local_sampling_mesh(mesh) is mesh
+    assert hosts.allgather_objects({"a": [1, 2]}) == [{"a": [1, 2]}]
+
+
+def test_host_replicated_mesh_is_the_hosts_sampling_meshes_stacked():
+    mesh = build_mesh(1, 4, 2)
+    stacked = hosts.host_replicated_mesh(mesh)
+    assert dict(stacked.shape) == {"data": 4, "fsdp": 1, "tensor": 2}
+    # Tensor groups of the training mesh stay together.
+    groups = {tuple(d.id for d in g) for g in mesh.devices.reshape(-1, 2)}
+    assert {tuple(d.id for d in g) for g in stacked.devices.reshape(-1, 2)} == groups
+
+
+def test_batch_sharding_splits_rows_only_when_they_divide():
+    mesh = build_mesh(2, 2, 2)
+    assert hosts.batch_sharding(mesh, (8, 3)).spec == PartitionSpec(("data", "fsdp"), None)
+    assert hosts.batch_sharding(mesh, (6, 3)).spec == PartitionSpec(None, None)
+    assert hosts.batch_sharding(mesh, (2, 8, 3), axis=1).spec == PartitionSpec(
+        None, ("data", "fsdp"), None
+    )
+
+
+def test_global_array_and_to_host_round_trip():
+    mesh = build_mesh(2, 4, 1)
+    x = np.arange(24, dtype=np.float32).reshape(8, 3)
+    arr = hosts.global_array(x, hosts.batch_sharding(mesh, x.shape))
+    assert len(arr.addressable_shards) == 8 and arr.addressable_shards[0].data.shape == (1, 3)
+    np.testing.assert_array_equal(hosts.to_host(arr), x)
+    np.testing.assert_array_equal(hosts.to_host(x), x)
+
+
+@pytest.mark.parametrize("cast", [None, jnp.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 1, 4), (1, 4, 2)])
+def test_weight_sync_hands_over_in_the_sampling_layout(shape, cast):
+    """One process: the trainer's own arrays when the layouts agree (fsdp=1, no cast); else
+    one jitted cast/reshard into the engine's layout (weights replicated over fsdp)."""
+    mesh = build_mesh(*shape)
+    params = nnx.state(init_model(CFG, seed=0, mesh=mesh, rules=TRAIN_RULES))
+    fn = None if cast is None else jax.jit(lambda p: jax.tree.map(lambda x: x.astype(cast), p))
+    local = target_shardings(params, mesh, SAMPLE_RULES)
+    out = hosts.WeightSync(params, mesh, local, cast=fn)(params)
+    if cast is None and shape[1] == 1:
+        assert out is params  # no copy
+    for x, y, s in zip(jax.tree.leaves(out), jax.tree.leaves(params), jax.tree.leaves(local)):
+        assert x.sharding.is_equivalent_to(s, x.ndim)
+        assert x.dtype == (cast or y.dtype)
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y).astype(x.dtype))
