@@ -251,7 +251,7 @@ def _make_batch(cfg, mesh, exp, seq_len, pad_id, state, ref_params, logprob_fn, 
     loss_mask = packed["response_mask"]
     if cfg.algo.overlong_filter:
         loss_mask = loss_mask * (~packed["truncated"])[:, None]
-    rows = lambda x: hosts.global_array(x, hosts.batch_sharding(mesh, x.shape))
+    rows = lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape))
     ids, mask = rows(packed["input_ids"]), rows(loss_mask)
     old_lp = logprob_fn(state.policy.params, ids)
     ref_lp = logprob_fn(ref_params, ids) if ref_params is not None else jnp.zeros_like(old_lp)
@@ -320,7 +320,7 @@ def _update(cfg, mesh, step, state: RunState, batch: TrainBatch, policy_step, cr
         for k in range(a.mini_batches):
             host = to_micro_batches(batch, order[k * mini : (k + 1) * mini], a.micro_batch_size)
             mb = jax.tree.map(
-                lambda x: hosts.global_array(x, hosts.batch_sharding(mesh, x.shape, axis=1)),
+                lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape, axis=1)),
                 host,
             )
             cm: dict[str, Any] = {}

@@ -14,8 +14,8 @@ engine over its own devices without waiting on the others. The pieces:
   wraps the shards it already holds as local arrays: no further copy.
 - `allgather_objects`: small host-side results (completions, scores) from every host, so
   each host continues with the same global batch and takes the same decisions.
-- `global_array` / `to_host`: numpy that every host holds -> a global array in a given
-  sharding; a global array -> full numpy on every host.
+- `global_array` / `put_batch` / `to_host`: numpy that every host holds -> a global array
+  in a given sharding; a global array -> full numpy on every host.
 
 With one process every function reduces to the single-host behaviour (no collectives).
 """
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -148,6 +149,17 @@ def global_array(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
     """A global array from numpy every process holds in full (each takes its own shards)."""
     x = np.asarray(x)
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def put_batch(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """A batch array for a jitted step. Several processes: the global array in `sharding`
+    (`global_array`). One process: a plain device array that the jitted step lays out
+    itself (its activations are constrained to the same row split), as the loop always did:
+    on XLA:CPU with 8 simulated devices, per-shard host-to-device copies issued between the
+    multi-device programs were followed by rare collective deadlocks in our tests."""
+    if jax.process_count() == 1:
+        return jnp.asarray(x)
+    return global_array(x, sharding)
 
 
 def to_host(x: Any) -> np.ndarray:
