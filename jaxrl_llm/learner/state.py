@@ -40,6 +40,9 @@ def _on_params_mesh(state: TrainState) -> TrainState:
     """Every leaf not already laid out on a mesh (the step, optimiser counters) replicated
     over the parameters' mesh. Multi-host jit and Orbax need global arrays throughout; an
     uncommitted scalar would also come back from a checkpoint pinned to one device."""
+    leaves = jax.tree.leaves(state)
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return state  # traced (jit, eval_shape): placement is the caller's out_shardings
     mesh = next(
         (x.sharding.mesh for x in jax.tree.leaves(state.params)
          if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding)),

@@ -120,20 +120,23 @@ def test_two_processes_match_one_process(tmp_path):
                                        atol=ATOL, err_msg=name)  # fmt: skip
 
 
-def _rl_job(tmp_path: Path, name: str, processes: int, *args: str) -> list[dict]:
-    """`run_rl` on `processes` x (4 / processes) devices; each process's result JSON."""
-    port, out, run = _free_port(), tmp_path / name, tmp_path / "runs" / name.split("-")[0]
-    procs = []
-    for i in range(processes):
-        env = {}
-        if processes > 1:
-            env = dict(JAXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                       JAXRL_NUM_PROCESSES=str(processes), JAXRL_PROCESS_ID=str(i))  # fmt: skip
-        log = tmp_path / f"{name}.p{i}.log"
-        argv = ["--run-dir", str(run), "--out", str(out), *args]
-        procs.append((_start(argv, 4 // processes, log, RL_WORKER, **env), log))
+def _rl_jobs(tmp_path: Path, *jobs: tuple[str, int, list[str]]) -> list[list[dict]]:
+    """Run `run_rl` jobs side by side, each on `processes` x (4 / processes) devices (name,
+    processes, worker args); for each job, every process's result JSON."""
+    procs, outs = [], []
+    for name, processes, args in jobs:
+        port, out, run = _free_port(), tmp_path / name, tmp_path / "runs" / name.split("-")[0]
+        for i in range(processes):
+            env = {}
+            if processes > 1:
+                env = dict(JAXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                           JAXRL_NUM_PROCESSES=str(processes), JAXRL_PROCESS_ID=str(i))  # fmt: skip
+            log = tmp_path / f"{name}.p{i}.log"
+            argv = ["--run-dir", str(run), "--out", str(out), *args]
+            procs.append((_start(argv, 4 // processes, log, RL_WORKER, **env), log))
+        outs.append([Path(f"{out}.p{i}.json") for i in range(processes)])
     _wait_all(procs)
-    return [json.loads(Path(f"{out}.p{i}.json").read_text()) for i in range(processes)]
+    return [[json.loads(p.read_text()) for p in job] for job in outs]
 
 
 def _values(records: list[dict]) -> dict[tuple[int, str], float]:
@@ -144,9 +147,8 @@ def _values(records: list[dict]) -> dict[tuple[int, str], float]:
 def test_rl_loop_on_two_hosts_matches_one_host_and_resumes(tmp_path):
     """Each host samples its share of the prompts on its own devices; the gathered batch, the
     losses, validation and the resumed step equal a one-process run of the same config."""
-    ref = _rl_job(tmp_path, "ref", 1)[0]
-    first = _rl_job(tmp_path, "mh-a", 2, "--stop-after", "2")
-    resumed = _rl_job(tmp_path, "mh-b", 2, "--resume")
+    (ref,), first = _rl_jobs(tmp_path, ("ref", 1, []), ("mh-a", 2, ["--stop-after", "2"]))
+    (resumed,) = _rl_jobs(tmp_path, ("mh-b", 2, ["--resume"]))
     assert [(r["process_count"], r["device_count"]) for r in first] == [(2, 4), (2, 4)]
     assert first[0]["local_device_count"] == 2 and ref["process_count"] == 1
 
