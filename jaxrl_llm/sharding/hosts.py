@@ -55,10 +55,13 @@ def _host_grid(mesh: Mesh, process: int) -> np.ndarray:
     grid = np.empty((len(devices) // tensor, 1, tensor), dtype=object)
     for i, d in enumerate(devices):
         grid.flat[i] = d
+    where = {d: idx[:-1] for idx, d in np.ndenumerate(mesh.devices)}  # all but tensor
     for group in grid.reshape(-1, tensor):
-        coords = [tuple(np.argwhere(mesh.devices == d)[0][:-1]) for d in group]
-        if len(set(coords)) != 1:
-            raise ValueError("a tensor group of the training mesh spans hosts")
+        if len({where[d] for d in group}) != 1:
+            raise ValueError(
+                "a tensor group of the training mesh spans hosts; keep the tensor axis "
+                "within a host for multi-host RL"
+            )
     return grid
 
 
