@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm.assets import resolve_checkpoint
 from jaxrl_llm.learner import run_setup
@@ -70,14 +69,14 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
 
     updates_per_step = a.ppo_epochs * a.mini_batches
     tx = make_optimizer(cfg.optim, cfg.steps * updates_per_step)
-    state = RunState(TrainState.create(params, tx, _key(cfg.seed, mesh)), None)
+    state = RunState(TrainState.create(params, tx, jax.random.PRNGKey(cfg.seed)), None)
     critic_graphdef = critic_step = value_fn = None
     if cfg.uses_critic:
         critic_src = resolve_checkpoint(cfg.policy.critic_checkpoint or cfg.policy.checkpoint)
         critic = from_pretrained(critic_src, cls=ValueModel, rules=TRAIN_RULES, **load)
         critic_graphdef, critic_params = nnx.split(critic)
         ctx_ = make_optimizer(cfg.critic_optim, cfg.steps * updates_per_step)
-        state.critic = TrainState.create(critic_params, ctx_, _key(cfg.seed + 1, mesh))
+        state.critic = TrainState.create(critic_params, ctx_, jax.random.PRNGKey(cfg.seed + 1))
         critic_step = make_critic_step(critic_graphdef, ctx_, a)
         value_fn = make_value_fn(critic_graphdef, a.micro_batch_size)
 
@@ -238,15 +237,9 @@ def _concat(parts: list[dict], want: int, n: int) -> dict:
     return out
 
 
-def _key(seed: int, mesh) -> jax.Array:
-    """A PRNG key replicated over `mesh` (a global array: Orbax saves it from every host)."""
-    raw = np.asarray(jax.random.key_data(jax.random.PRNGKey(seed)))
-    return hosts.global_array(raw, NamedSharding(mesh, PartitionSpec()))
-
-
 def _make_batch(cfg, mesh, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn):
     """The step's `TrainBatch` as numpy (every host holds all of it): packing on the host, the
-    forwards and advantages on the mesh with rows split over ("data", "fsdp")."""
+    forwards and advantages on the mesh (rows over ("data", "fsdp"), `hosts.put_batch`)."""
     packed = pack_sequences(exp["completions"], seq_len, pad_id)
     loss_mask = packed["response_mask"]
     if cfg.algo.overlong_filter:
@@ -306,8 +299,8 @@ def _batch_metrics(batch: TrainBatch, exp: dict) -> dict[str, float]:
 
 
 def _update(cfg, mesh, step, state: RunState, batch: TrainBatch, policy_step, critic_step):
-    """ppo_epochs x mini_batches updates; each mini-batch goes to the mesh as [M, mb, T]
-    with the mb rows split over ("data", "fsdp")."""
+    """ppo_epochs x mini_batches updates; each mini-batch is cut on the host and goes to the
+    mesh as [M, mb, T] (`hosts.put_batch`: the mb rows over ("data", "fsdp"))."""
     a = cfg.algo
     B = batch.input_ids.shape[0]
     mini = B // a.mini_batches
