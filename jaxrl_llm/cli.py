@@ -12,6 +12,8 @@ import importlib
 import logging
 import sys
 
+from jaxrl_llm import cpu_devices
+
 # name -> (module, one-line help); the module's add_arguments/main, or the names given.
 COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
     "train": (
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         top.error(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}")
     entry = COMMANDS[name]
+    cpu_devices.size_thread_pool()  # before JAX starts: simulated CPU devices cannot deadlock
     module = importlib.import_module(entry[0])
     add_fn, main_fn = entry[2:] if len(entry) == 4 else ("add_arguments", "main")
     parser = argparse.ArgumentParser(prog=f"jaxrl-llm {name}", description=entry[1])

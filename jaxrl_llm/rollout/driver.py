@@ -246,10 +246,6 @@ class RolloutDriver:
                         prefix, state, slot, SlotSampling.one(sp, seed), sp.max_new_tokens
                     )
                     self.stats["inserts"] += 1
-                    # Bound the dispatch queue: a refill of many slots would otherwise queue
-                    # one prefill/insert program per slot ahead of the devices; with XLA:CPU's
-                    # simulated devices such deep queues preceded collective deadlocks.
-                    jax.block_until_ready(state)
                 running = [b for b, s in enumerate(slots) if s is not None and b not in pending]
                 if not running:
                     if pending:

@@ -1,16 +1,41 @@
-"""`jaxrl-llm bench rollout` prints one JSON object with ratios and ceilings."""
+"""`jaxrl-llm bench rollout` prints one JSON object whose rates, ratios and sizes agree."""
 
 import json
 
+import jax
+import pytest
+from flax import nnx
+
 from jaxrl_llm import cli
+from jaxrl_llm.assets import resolve_checkpoint
+from jaxrl_llm.models import from_pretrained
 
 
 def test_bench_rollout_json(capsys):
-    argv = ["bench", "rollout", "--checkpoint", "builtin", "--batch", "2", "--prompt-len", "8",
-            "--new-tokens", "4", "--steps-per-call", "4", "--repeats", "1"]  # fmt: skip
+    B, P, N = 2, 8, 4
+    argv = ["bench", "rollout", "--checkpoint", "builtin", "--batch", str(B), "--prompt-len",
+            str(P), "--new-tokens", str(N), "--steps-per-call", "4", "--repeats", "1"]  # fmt: skip
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["engine"]["decode_tokens_per_s"] > 0
-    assert out["hf_generate"]["tokens_per_s"] > 0 and out["speedup_vs_hf"] > 0
-    assert out["decode_bandwidth_roofline_fraction"] > 0
-    assert out["ceilings"]["matmul_flops"] > 0
+    shape = (out["suite"], out["batch"], out["prompt_len"], out["new_tokens"])
+    assert shape == ("rollout", B, P, N)
+    eng, hf, ceil = out["engine"], out["hf_generate"], out["ceilings"]
+    # Sizes: counted here independently from the shipped checkpoint (float32 weights).
+    leaves = jax.tree.leaves(nnx.state(from_pretrained(resolve_checkpoint("builtin"))))
+    assert eng["params"] == sum(x.size for x in leaves)
+    assert eng["param_bytes"] == 4 * eng["params"]
+    # Rates are tokens over the seconds reported next to them.
+    assert eng["prefill_s"] > 0 and eng["decode_s"] > 0 and hf["total_s"] > 0
+    assert eng["prefill_tokens_per_s"] == pytest.approx(B * P / eng["prefill_s"])
+    assert eng["decode_tokens_per_s"] == pytest.approx(B * N / eng["decode_s"])
+    assert eng["tokens_per_s"] == pytest.approx(B * N / (eng["prefill_s"] + eng["decode_s"]))
+    weight_reads = eng["param_bytes"] * N / eng["decode_s"]
+    assert eng["decode_weight_bytes_per_s"] == pytest.approx(weight_reads)
+    assert hf["tokens_per_s"] == pytest.approx(B * N / hf["total_s"])
+    # Ratios are the quotients of the numbers they compare.
+    assert out["speedup_vs_hf"] == pytest.approx(eng["tokens_per_s"] / hf["tokens_per_s"])
+    assert out["decode_bandwidth_roofline_fraction"] == pytest.approx(
+        eng["decode_weight_bytes_per_s"] / ceil["read_bytes_per_s"]
+    )
+    # Ceilings of a real CPU: at least 0.1 GFLOP/s and 0.1 GB/s.
+    assert ceil["matmul_flops"] > 1e8 and ceil["read_bytes_per_s"] > 1e8

@@ -58,7 +58,32 @@ def test_per_request_params_mix_in_one_batch(tiny_model, tiny_engine):
     ]
     out = RolloutDriver(tiny_engine).generate(MIXED[:3], sps)
     np.testing.assert_array_equal(out[0].token_ids, naive_greedy(tiny_model, MIXED[0], 6, (5,)))
-    assert (out[1].logprobs < 0).all() or out[1].finish_reason == "eos"
+    # Every sampled token of every sample, against an uncached forward and a numpy filter.
+    for c, p, sp in zip(out, MIXED[:3], sps):
+        assert len(c.token_ids) == 6 or c.finish_reason == "eos"
+        rows = [p + c.token_ids[:t].tolist() for t in range(len(c.token_ids))]
+        logits = full_logits(tiny_model, rows).astype(np.float64)
+        for t, tok in enumerate(c.token_ids):
+            raw = logits[t] - np.logaddexp.reduce(logits[t])
+            np.testing.assert_allclose(c.raw_logprobs[t], raw[tok], atol=1e-4)
+            if sp.temperature == 0.0:
+                assert tok == logits[t].argmax() and c.logprobs[t] == 0.0
+                continue
+            kept = _kept_tokens(logits[t] / sp.temperature, sp.top_k, sp.top_p)
+            assert tok in kept, (t, tok, kept)
+            scaled = logits[t][kept] / sp.temperature
+            expected = scaled[kept.index(tok)] - np.logaddexp.reduce(scaled)
+            np.testing.assert_allclose(c.logprobs[t], expected, atol=1e-4)
+
+
+def _kept_tokens(scaled, top_k, top_p):
+    """Token ids top-k then top-p keep (numpy; the engine's filter is jitted JAX)."""
+    order = np.argsort(-scaled, kind="stable")
+    if top_k:
+        order = order[:top_k]
+    probs = np.exp(scaled[order] - np.logaddexp.reduce(scaled[order]))
+    mass_before = np.cumsum(probs) - probs
+    return [int(i) for r, i in enumerate(order) if r == 0 or mass_before[r] < top_p]
 
 
 def test_prompt_buckets_bound_compiles(tiny_engine):
@@ -146,15 +171,23 @@ def test_tool_turn_appends_masked_tokens_and_resumes(builtin):
 
 
 def test_failing_tool_ends_only_its_sample(builtin):
+    """Prompt 0's samples hit stop strings and call a tool that raises: each ends there with
+    the error. Prompt 1 (no stop strings, same batch) goes on exactly as without a tool."""
     _, _, engine = builtin
+    calls = []
 
     def tool(text):
+        calls.append(text)
         raise RuntimeError("sandbox down")
 
-    sp = SamplingParams(temperature=1.0, max_new_tokens=20, stop=("a", "e", "o", " "), n=2)
-    out = RolloutDriver(engine).generate(["Hi", "Yo"], sp, tool=tool)
-    assert len(out) == 4
-    for c in out:
-        assert c.finish_reason in ("stop", "eos", "length")
-        if c.finish_reason == "stop":
-            assert c.error and "sandbox down" in c.error
+    stopping = SamplingParams(temperature=1.0, max_new_tokens=20, stop=(".",), n=2)
+    free = SamplingParams(temperature=1.0, max_new_tokens=20, n=2, seed=3)
+    out = RolloutDriver(engine).generate(["Hi", "Yo"], [stopping, free], tool=tool)
+    assert len(out) == 4 and len(calls) == 2
+    for c in out[:2]:
+        assert c.finish_reason == "stop" and c.error and "sandbox down" in c.error
+        assert len(c.token_ids) < 20
+    alone = RolloutDriver(engine).generate(["Yo"], free, prompt_indices=[1])
+    for c, ref in zip(out[2:], alone):
+        assert c.error is None and c.finish_reason in ("eos", "length")
+        np.testing.assert_array_equal(c.token_ids, ref.token_ids)
