@@ -7,7 +7,7 @@ BASE_STAMP := $(VENV)/.installed-base
 TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 
-.PHONY: train test lint format sysdeps clean tiny-checkpoint repro-torl repro-limr
+.PHONY: train test test-fast lint format sysdeps clean tiny-checkpoint repro-torl repro-limr
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "jaxrl-llm needs Python 3.11, found " + sys.version'
@@ -22,19 +22,23 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@ $(BASE_STAMP)
 
-# bubblewrap isolates the Python tool sandbox. Installed with apt-get when we are root;
-# otherwise we say how, and the sandbox falls back (loudly) to rlimits only.
+# System tools, installed with apt-get when we are root (otherwise we say how):
+# bubblewrap isolates the Python tool sandbox (without it the sandbox falls back, loudly, to
+# rlimits only); shellcheck lints tpu_scripts/ in the tests (skipped without it).
+SYSTOOLS := bwrap:bubblewrap shellcheck:shellcheck
 sysdeps:
-	@if ! command -v bwrap >/dev/null 2>&1; then \
+	@for pair in $(SYSTOOLS); do \
+	  cmd=$${pair%%:*}; pkg=$${pair##*:}; \
+	  command -v $$cmd >/dev/null 2>&1 && continue; \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing bubblewrap (sandbox isolation)"; \
-	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
-	     (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)) || \
-	     echo "WARNING: could not install bubblewrap; the Python sandbox will be weaker"; \
+	    echo "installing $$pkg"; \
+	    (apt-get install -y -q $$pkg >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null && apt-get install -y -q $$pkg >/dev/null)) || \
+	     echo "WARNING: could not install $$pkg"; \
 	  else \
-	    echo "NOTE: bubblewrap is missing; install it (sudo apt-get install bubblewrap) for full sandbox isolation"; \
+	    echo "NOTE: $$pkg is missing; install it (sudo apt-get install $$pkg)"; \
 	  fi; \
-	fi
+	done
 
 train: $(BASE_STAMP) sysdeps
 	$(BIN)/jaxrl-llm train
@@ -43,6 +47,13 @@ test: $(TEST_STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The inner loop: everything but the tests marked slow (end-to-end runs, benchmarks,
+# subprocess servers; chosen by measured duration, docs/testing.md). CI runs `make test`.
+test-fast: $(TEST_STAMP) sysdeps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

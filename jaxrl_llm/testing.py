@@ -1,13 +1,20 @@
-"""Test doubles shipped with the package: tiny configs and Hugging Face checkpoints.
+"""Test doubles shipped with the package: tiny configs, reference checkpoints, a scripted
+engine and a dense test reward. Importing this module registers nothing and imports no JAX.
 
-`write_reference_checkpoint` builds a random checkpoint with `transformers` (PyTorch), so
-tests compare our model against an independent implementation; it needs the `test` extra.
+- `tiny_config()`: the small transformer shape the sharding, state and step tests share.
+- `write_reference_checkpoint`: a random checkpoint built with `transformers` (PyTorch), so
+  tests compare our model against an independent implementation (needs the `test` extra).
+- `ScriptedEngine`: the Engine methods `RolloutDriver` calls, emitting fixed text per turn.
+- `register_test_rewards()`: adds the `digit_fraction` reward to the registry, on request.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 TINY_SHAPES: dict[str, Any] = dict(
     vocab_size=101,
@@ -27,6 +34,16 @@ LLAMA31_ROPE = {
     # Small, so that the tiny test sequences cross the interpolated band.
     "original_max_position_embeddings": 16,
 }
+
+
+def tiny_config(**overrides: Any):
+    """A 2-layer `ModelConfig` (D=32, N=4, K=2, H=8, V=64): fast on 8 simulated devices and
+    divisible by a 2x4 mesh."""
+    from jaxrl_llm.models import ModelConfig
+
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4,
+                 num_kv_heads=2, head_dim=8)  # fmt: skip
+    return ModelConfig(**{**shape, **overrides})
 
 
 def write_reference_checkpoint(
@@ -73,10 +90,96 @@ def digit_fraction_reward(
     return incorrect + (correct - incorrect) * frac
 
 
-def _register_test_rewards() -> None:
+def register_test_rewards() -> None:
+    """Register `digit_fraction` (idempotent): for tests and their subprocesses."""
     from jaxrl_llm.rewards.registry import register_reward
 
     register_reward("digit_fraction")(digit_fraction_reward)
 
 
-_register_test_rewards()
+class ScriptedEngine:
+    """The subset of `jaxrl_llm.rollout.Engine` that `RolloutDriver` uses, scripted.
+
+    Every sample emits `turns[0]`; after a turn's text it emits `filler` until the driver
+    stops it (so the driver's stop-string cut is exercised), and after the last turn EOS.
+    `append_tokens` (the driver inserting a tool's output) starts the next turn. Each sampled
+    token gets logprob `logprob`. `appended` records (slot, tokens, start) of each append.
+    """
+
+    def __init__(self, tokenizer, turns: Sequence[str], *, batch: int = 2,
+                 cache_length: int = 4096, max_prefill_length: int | None = None,
+                 filler: str = "~", logprob: float = -0.25):  # fmt: skip
+        self.tokenizer = tokenizer
+        self.batch = batch
+        self.cache_length = cache_length
+        self.max_prefill_length = max_prefill_length or cache_length // 2
+        self.eos_ids = np.asarray([tokenizer.eos_token_id], np.int32)
+        self.turns = [self._ids(t) for t in turns]
+        self.filler = self._ids(filler)[0]
+        self.logprob = logprob
+        self.appended: list[tuple[int, list[int], int]] = []
+        self.prompt_lengths: dict[int, int] = {}
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def place_params(self, params):
+        return params
+
+    def load_params(self):
+        return {}
+
+    def prefill_bucket(self, length: int) -> int:
+        return length
+
+    def prefill(self, *, params, padded_tokens, true_length):
+        return int(true_length)
+
+    def init_decode_state(self):
+        zeros = lambda: np.zeros(self.batch, np.int64)
+        return {"turn": zeros(), "pos": zeros(), "left": zeros(), "active": zeros() > 0}
+
+    def insert_slot(self, prefix, state, slot, sampling, max_new):
+        self.prompt_lengths[slot] = prefix
+        state["turn"][slot], state["pos"][slot] = 0, 0
+        state["left"][slot], state["active"][slot] = max_new, True
+        return state
+
+    def append_tokens(self, params, state, slot, tokens, start, sampling, max_new):
+        self.appended.append((slot, [int(t) for t in tokens], int(start)))
+        state["turn"][slot] += 1
+        state["pos"][slot] = 0
+        state["left"][slot], state["active"][slot] = max_new, True
+        return state
+
+    def deactivate(self, state, slots):
+        state["active"][list(slots)] = False
+        return state
+
+    def _next_token(self, state, b: int) -> int:
+        turn = self.turns[min(state["turn"][b], len(self.turns) - 1)]
+        if state["pos"][b] < len(turn):
+            return turn[state["pos"][b]]
+        if state["turn"][b] >= len(self.turns) - 1:
+            return int(self.eos_ids[0])
+        return self.filler
+
+    def generate_steps(self, params, state, num_steps: int):
+        from jaxrl_llm.rollout.engine import StepRecords
+
+        shape = (num_steps, self.batch)
+        tokens = np.zeros(shape, np.int32)
+        valid, done = np.zeros(shape, bool), np.zeros(shape, bool)
+        for k in range(num_steps):
+            for b in np.flatnonzero(state["active"]):
+                token = self._next_token(state, b)
+                state["pos"][b] += 1
+                state["left"][b] -= 1
+                tokens[k, b], valid[k, b] = token, True
+                if token == self.eos_ids[0] or state["left"][b] <= 0:
+                    done[k, b], state["active"][b] = True, False
+        logprobs = np.where(valid, self.logprob, 0.0).astype(np.float32)
+        records = StepRecords(
+            tokens=tokens, logprobs=logprobs, raw_logprobs=logprobs, valid=valid, done=done
+        )
+        return state, records

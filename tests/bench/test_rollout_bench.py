@@ -11,6 +11,7 @@ from jaxrl_llm.assets import resolve_checkpoint
 from jaxrl_llm.models import from_pretrained
 
 
+@pytest.mark.slow  # measured: a benchmark with HF generate, 4 s on 2 cores (docs/testing.md)
 def test_bench_rollout_json(capsys):
     B, P, N = 2, 8, 4
     argv = ["bench", "rollout", "--checkpoint", "builtin", "--batch", str(B), "--prompt-len",

@@ -13,6 +13,7 @@ from jaxrl_llm.bench.train import model_flops
 from jaxrl_llm.models import CausalLM, ModelConfig
 
 
+@pytest.mark.slow  # measured: a benchmark, 5 s on 2 cores (docs/testing.md)
 def test_bench_train_json(capsys):
     B, T = 2, 16
     argv = ["bench", "train", "--checkpoint", "builtin", "--batch", str(B), "--seq-len",

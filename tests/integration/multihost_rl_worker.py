@@ -50,12 +50,13 @@ def main(argv=None) -> None:
 
     import jax
 
-    import jaxrl_llm.testing  # noqa: F401  (registers the 'digit_fraction' test reward)
     from jaxrl_llm.config import parse_gin
     from jaxrl_llm.learner.rl_config import RLConfig
     from jaxrl_llm.learner.rl_loop import run_rl
     from jaxrl_llm.sharding import initialize_distributed
+    from jaxrl_llm.testing import register_test_rewards
 
+    register_test_rewards()
     distributed = initialize_distributed()
     parse_gin(
         [], [*PARAMS, f"RLConfig.steps = {args.steps}", f"RLConfig.run_dir = '{args.run_dir}'"]

@@ -31,10 +31,9 @@ SEED = 0
 
 
 def model_config():
-    from jaxrl_llm.models import ModelConfig
+    from jaxrl_llm.testing import tiny_config
 
-    return ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4,
-                       num_kv_heads=2, head_dim=8)  # fmt: skip
+    return tiny_config()
 
 
 def global_batch(vocab: int, seed: int = SEED) -> dict[str, np.ndarray]:

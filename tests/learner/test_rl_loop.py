@@ -11,15 +11,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import jaxrl_llm.testing  # noqa: F401  (registers the 'digit_fraction' test reward)
+from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.config import parse_gin
 from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.rl_loop import run_rl
 from jaxrl_llm.metrics import read_metrics
+from jaxrl_llm.models import load_tokenizer
+from jaxrl_llm.testing import ScriptedEngine, register_test_rewards
 
 from .rl_helpers import TINY_RL_PARAMS
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _test_rewards():
+    register_test_rewards()  # 'digit_fraction', named by TINY_RL_PARAMS
 
 
 def _config(run_dir, *extra):
@@ -109,7 +116,8 @@ def test_existing_run_dir_needs_resume(tmp_path):
 
 def _train_cmd(run_dir, *, resume=False):
     params = [*TINY_RL_PARAMS, f"RLConfig.run_dir = '{run_dir}'"]
-    cmd = [sys.executable, "-c", "import jaxrl_llm.testing, sys; from jaxrl_llm.cli import main; "
+    cmd = [sys.executable, "-c", "import sys, jaxrl_llm.testing as t; t.register_test_rewards(); "
+           "from jaxrl_llm.cli import main; "
            "sys.exit(main(sys.argv[1:]))", "train"]  # fmt: skip
     for p in params:
         cmd += ["--gin_param", p]
@@ -194,7 +202,31 @@ def test_export_writes_the_checkpointed_policy(tmp_path):
     assert any(changed)  # training moved the weights
 
 
-def test_search_r1_tool_turns_in_the_loop(tmp_path):
+def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch):
+    """A scripted policy (`ScriptedEngine`: it searches, then answers) through the real loop,
+    search tool and update: every sample makes one search, and the retrieved passages are in
+    the trained rows but masked from the loss, while every model-written token is trained."""
+    import jaxrl_llm.rollout as rollout_pkg
+    from jaxrl_llm.learner import rl_loop
+
+    turns = ["<search> capital of a country </search>", "<answer> Paris </answer>"]
+    real_engine, make_batch, batches = rollout_pkg.Engine, rl_loop._make_batch, []
+
+    def scripted_engine(policy, *, tokenizer, max_concurrent_decodes, max_cache_length, **kw):
+        real = real_engine(policy, tokenizer=tokenizer, max_cache_length=max_cache_length,
+                           max_concurrent_decodes=max_concurrent_decodes, **kw)  # fmt: skip
+        engine = ScriptedEngine(tokenizer, turns, batch=max_concurrent_decodes,
+                                cache_length=max_cache_length,
+                                max_prefill_length=kw["max_prefill_length"])  # fmt: skip
+        engine.param_shardings = real.param_shardings  # what the weight sync targets
+        return engine
+
+    def recorded_batch(*args):
+        batches.append(make_batch(*args))
+        return batches[-1]
+
+    monkeypatch.setattr(rollout_pkg, "Engine", scripted_engine)
+    monkeypatch.setattr(rl_loop, "_make_batch", recorded_batch)
     cfg = _config(
         tmp_path / "s",
         "RLConfig.steps = 1",
@@ -202,13 +234,25 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path):
         "DataConfig.template = 'search_r1'",
         "DataConfig.max_prompt_length = 768",
         "RolloutConfig.tool = 'search'",
-        "RolloutConfig.max_new_tokens = 24",
+        "RolloutConfig.search_k = 1",
+        "RolloutConfig.max_new_tokens = 384",
         "RewardConfig.name = 'exact_match'",
     )
     records = run_rl(cfg)
     assert (tmp_path / "s" / "data" / "corpus.jsonl").is_file()
-    for key in ("env/tool_calls/mean", "env/ratio_of_valid_action", "critic/score/mean"):
-        assert key in records[-1], key
+    assert records[-1]["env/tool_calls/mean"] == 1.0
+    assert records[-1]["env/ratio_of_valid_action"] == 1.0
+    tok = load_tokenizer(builtin_checkpoint())
+    (batch,) = batches
+    for ids, loss_mask in zip(np.asarray(batch.input_ids), np.asarray(batch.loss_mask)):
+        trained = tok.decode(ids[loss_mask > 0])
+        assert trained == "".join(turns), trained
+        start = np.flatnonzero(loss_mask)[0]  # first response token
+        end = np.flatnonzero(loss_mask)[-1] + 1
+        masked = tok.decode(ids[start:end][loss_mask[start:end] == 0])
+        assert masked.startswith("\n\n<information>Doc 1(Title: ") and masked.endswith(
+            "</information>\n\n"
+        ), masked
 
 
 def test_grpo_learns_the_builtin_task_with_a_margin(tmp_path):

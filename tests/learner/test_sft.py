@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 from jaxrl_llm.assets import builtin_checkpoint
@@ -64,6 +65,7 @@ def test_micro_batch_accumulation_equals_full_batch():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+@pytest.mark.slow  # measured: an SFT run, 12 s on 2 cores (docs/testing.md)
 def test_sft_reduces_validation_loss(tmp_path):
     from jaxrl_llm.assets.build import build
 

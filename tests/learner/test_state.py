@@ -7,11 +7,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
 from jaxrl_llm.learner.state import TrainState
-from jaxrl_llm.models import ModelConfig, init_model
+from jaxrl_llm.models import init_model
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
+from jaxrl_llm.testing import tiny_config
 
-CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4,
-                  num_kv_heads=2, head_dim=8)  # fmt: skip
+CFG = tiny_config()
 
 
 @pytest.mark.parametrize("key", [jax.random.PRNGKey, jax.random.key])

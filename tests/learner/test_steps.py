@@ -12,12 +12,12 @@ from flax import nnx
 from jaxrl_llm.learner.rl_config import AlgoConfig
 from jaxrl_llm.learner.state import TrainState
 from jaxrl_llm.learner.steps import make_critic_step, make_policy_step, to_micro_batches
-from jaxrl_llm.models import ModelConfig, ValueModel, init_model
+from jaxrl_llm.models import ValueModel, init_model
 from jaxrl_llm.sharding import build_mesh
+from jaxrl_llm.testing import tiny_config
 from jaxrl_llm.types import TrainBatch
 
-CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4,
-                  num_kv_heads=2, head_dim=8)  # fmt: skip
+CFG = tiny_config()
 B, T = 8, 12
 
 
@@ -57,6 +57,7 @@ def _run_policy(model, batch, micro):
     return step(state, to_micro_batches(batch, jnp.arange(B), micro))
 
 
+@pytest.mark.slow  # measured: 8 s on 2 cores (docs/testing.md)
 def test_sharded_policy_step_equals_unsharded():
     mesh = build_mesh(data=1, fsdp=2, tensor=4)
     plain = init_model(CFG, seed=1)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from jaxrl_llm.models import KVCache, ModelConfig, ValueModel, from_pretrained, init_model
@@ -64,6 +65,7 @@ def test_cached_decode_matches_full_forward_mixed_lengths(qwen_checkpoint):
         np.testing.assert_allclose(last, _full_logits(model, rows), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # measured: 5 s on 2 cores (docs/testing.md)
 def test_multi_token_append_matches_full_forward(qwen_checkpoint):
     """Appending a block (e.g. tool output) to a live row equals recomputing it."""
     path, _ = qwen_checkpoint
@@ -79,6 +81,7 @@ def test_multi_token_append_matches_full_forward(qwen_checkpoint):
     np.testing.assert_allclose(ours, full, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # measured: 5 s on 2 cores (docs/testing.md)
 def test_bfloat16_cache_decode_is_finite_and_close():
     cfg = ModelConfig(dtype="bfloat16", param_dtype="bfloat16")
     model = init_model(cfg, seed=0)

@@ -85,6 +85,7 @@ def test_bfloat16_close_to_float32(qwen_checkpoint):
     assert np.abs(np.asarray(mixed(ids)) - a).max() < 0.1
 
 
+@pytest.mark.slow  # measured: 6 s on 2 cores (docs/testing.md)
 def test_remat_gives_same_logits_and_grads(qwen_checkpoint):
     import jax
     from flax import nnx

@@ -60,6 +60,7 @@ def _collect(stub, request):
     return "".join(s.text for s in samples), [t for s in samples for t in s.token_ids]
 
 
+@pytest.mark.slow  # measured: a server subprocess, 10 s with its fixture (docs/testing.md)
 def test_round_trip_concurrent_malformed_and_clean_shutdown(server):
     stub, proc, lines = server
     assert stub.HealthCheck(jetstream_pb2.HealthCheckRequest(), timeout=30).is_live

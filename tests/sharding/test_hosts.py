@@ -8,11 +8,11 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from jaxrl_llm.models import ModelConfig, init_model
+from jaxrl_llm.models import init_model
 from jaxrl_llm.sharding import SAMPLE_RULES, TRAIN_RULES, build_mesh, hosts, target_shardings
+from jaxrl_llm.testing import tiny_config
 
-CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4,
-                  num_kv_heads=2, head_dim=8)  # fmt: skip
+CFG = tiny_config()
 
 
 def test_one_process_keeps_the_training_mesh_and_gathers_nothing():

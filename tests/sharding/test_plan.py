@@ -25,6 +25,7 @@ SMALL = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_l
 
 
 # None of these was among the configs the activation counts were fitted on.
+@pytest.mark.slow  # measured: XLA compiles, 10 s for three on 2 cores (docs/testing.md)
 @pytest.mark.parametrize(
     "cfg, mesh_shape, work",
     [
@@ -43,6 +44,7 @@ def test_estimate_within_15_percent_of_xla(cfg, mesh_shape, work):
     assert plan.terms["activations"] > 0.3 * plan.train_step  # not a parameter-only check
 
 
+@pytest.mark.slow  # measured: 5 s on 2 cores (docs/testing.md)
 def test_named_shapes_match_published_parameter_counts():
     one = abstract_mesh(1, 1, 1)
     counts = {k: param_bytes(model_config(k), one, TRAIN_RULES)[1] for k in SHAPES}

@@ -1,10 +1,8 @@
 """Scripted policy through the real `RolloutDriver`: ToRL and Search-R1 tool turns.
 
-`ScriptedEngine` stands in for the model: it implements the Engine methods the driver calls
-and makes every sample emit a fixed script, one text per model turn. After a turn's text it
-keeps emitting filler ("~") until the driver stops it (so the driver's stop-string cut is
-exercised), and after the last turn it emits EOS. `append_tokens` (the driver inserting a
-tool's output) starts the next turn. The tools are real: `torl_observation` with a
+`jaxrl_llm.testing.ScriptedEngine` stands in for the model: every sample emits a fixed
+script, one text per model turn, filler after each turn until the driver's stop-string cut,
+EOS after the last. The tools are real: `torl_observation` with a
 `PythonTool` (bubblewrap sandbox) and the BM25 `SearchTool`.
 """
 
@@ -20,90 +18,12 @@ from jaxrl_llm.learner.run_setup import OUTPUT_STOP, torl_observation
 from jaxrl_llm.models import load_tokenizer
 from jaxrl_llm.rewards import exact_match_reward, format_reward
 from jaxrl_llm.rollout import RolloutDriver, SamplingParams
-from jaxrl_llm.rollout.engine import StepRecords
+from jaxrl_llm.testing import ScriptedEngine
 from jaxrl_llm.tools import PythonTool
 from jaxrl_llm.tools.search import INVALID_ACTION, information_block, make_search_tool
 
 FILLER = "~"
 LOGPROB = -0.25
-
-
-class ScriptedEngine:
-    """The subset of `jaxrl_llm.rollout.Engine` that `RolloutDriver` uses, scripted."""
-
-    def __init__(self, tokenizer, turns, *, batch=2, cache_length=4096):
-        self.tokenizer = tokenizer
-        self.batch = batch
-        self.cache_length = cache_length
-        self.max_prefill_length = cache_length // 2
-        self.eos_ids = np.asarray([tokenizer.eos_token_id], np.int32)
-        self.turns = [self._ids(t) for t in turns]
-        self.filler = self._ids(FILLER)[0]
-        self.appended = []  # (slot, tokens, start) of each append_tokens call
-        self.prompt_lengths = {}
-
-    def _ids(self, text):
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def place_params(self, params):
-        return params
-
-    def load_params(self):
-        return {}
-
-    def prefill_bucket(self, length):
-        return length
-
-    def prefill(self, *, params, padded_tokens, true_length):
-        return int(true_length)
-
-    def init_decode_state(self):
-        zeros = lambda: np.zeros(self.batch, np.int64)
-        return {"turn": zeros(), "pos": zeros(), "left": zeros(), "active": zeros() > 0}
-
-    def insert_slot(self, prefix, state, slot, sampling, max_new):
-        self.prompt_lengths[slot] = prefix
-        state["turn"][slot], state["pos"][slot] = 0, 0
-        state["left"][slot], state["active"][slot] = max_new, True
-        return state
-
-    def append_tokens(self, params, state, slot, tokens, start, sampling, max_new):
-        self.appended.append((slot, [int(t) for t in tokens], int(start)))
-        state["turn"][slot] += 1
-        state["pos"][slot] = 0
-        state["left"][slot], state["active"][slot] = max_new, True
-        return state
-
-    def deactivate(self, state, slots):
-        state["active"][list(slots)] = False
-        return state
-
-    def generate_steps(self, params, state, num_steps):
-        shape = (num_steps, self.batch)
-        tokens, valid, done = (
-            np.zeros(shape, np.int32),
-            np.zeros(shape, bool),
-            np.zeros(shape, bool),
-        )
-        for k in range(num_steps):
-            for b in np.flatnonzero(state["active"]):
-                turn = self.turns[min(state["turn"][b], len(self.turns) - 1)]
-                if state["pos"][b] < len(turn):
-                    token = turn[state["pos"][b]]
-                elif state["turn"][b] >= len(self.turns) - 1:
-                    token = int(self.eos_ids[0])
-                else:
-                    token = self.filler
-                state["pos"][b] += 1
-                state["left"][b] -= 1
-                tokens[k, b], valid[k, b] = token, True
-                if token == self.eos_ids[0] or state["left"][b] <= 0:
-                    done[k, b], state["active"][b] = True, False
-        logprobs = np.where(valid, LOGPROB, 0.0).astype(np.float32)
-        records = StepRecords(
-            tokens=tokens, logprobs=logprobs, raw_logprobs=logprobs, valid=valid, done=done
-        )
-        return state, records
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +37,7 @@ def python_tool():
 
 
 def run_script(tokenizer, turns, prompt, tool, stop, *, n=2, max_tool_turns=4):
-    engine = ScriptedEngine(tokenizer, turns)
+    engine = ScriptedEngine(tokenizer, turns, filler=FILLER, logprob=LOGPROB)
     calls = []
 
     def counted(text):
