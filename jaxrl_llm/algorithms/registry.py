@@ -86,3 +86,16 @@ def resolve(kind: str, name: str, /, **kwargs: Any) -> Callable[..., Any]:
             f"it takes: {', '.join(sorted(keyword_ok))}"
         )
     return functools.partial(fn, **kwargs)
+
+
+def resolve_declared(kind: str, name: str, /, **options: Any) -> Callable[..., Any]:
+    """`resolve` with only the `options` that the function declares as keyword-only
+    parameters: a trainer hands over every hyperparameter it has and each registered function
+    takes its own (GRPO `group_size` and `norm_by_std`, GAE `gamma` and `lam`, ...), so no
+    caller branches on the name."""
+    declared = {
+        p.name
+        for p in inspect.signature(lookup(kind, name)).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    return resolve(kind, name, **{k: v for k, v in options.items() if k in declared})

@@ -183,7 +183,7 @@ def step_shape(cfg, records: list[dict]) -> dict:
         "prompts": cfg.data.prompts_per_step,
         "samples": B,
         "slots": slots,
-        "seq_len": cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
+        "seq_len": cfg.seq_len,
         "prompt_len_mean": max(1, round(tokens / B - response_mean)),
         "response_len_mean": response_mean,
         "response_len_max": response_max,
@@ -294,7 +294,7 @@ def bare_train(cfg, graphdef, params, vocab: int, shape, repeats, clock) -> dict
     scores = jnp.asarray(np.random.RandomState(2).randint(0, 2, B).astype(np.float32))
     logprob_fn = make_logprob_fn(graphdef, cfg.rollout.temperature, a.micro_batch_size)
     adv_fn = make_advantage_fn(a, n)
-    forwards = 2 if (a.use_kl_loss or a.kl_in_reward_coef > 0) else 1
+    forwards = 2 if cfg.needs_reference else 1
 
     def experience():
         old = logprob_fn(params, ids)

@@ -5,8 +5,9 @@ same run, with the machine's ceilings (float32 matmul FLOP/s, streaming read byt
 output reads as ratios and roofline fractions. Greedy decoding with EOS disabled, so every
 row produces exactly `--new-tokens` tokens. Prompts are random token ids.
 
-`--checkpoint` is a directory, 'builtin' (the shipped tiny model) or a random-weight shape
-name from `SHAPES` (written once to a temporary HF checkpoint that both sides load).
+`--checkpoint` is a directory, 'builtin' (the shipped tiny model) or a shape
+name from `models.presets.PRESETS` (random weights, written once to a temporary HF
+checkpoint that both sides load).
 """
 
 from __future__ import annotations
@@ -19,65 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-SHAPES = {
-    "qwen2.5-0.5b": dict(
-        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
-        tie_word_embeddings=True, rope_theta=1000000.0,
-    ),
-}  # fmt: skip
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from jaxrl_llm.bench import rl_step
-
-    parser.add_argument("suite", choices=["rollout", "train", "rl-step"])
-    parser.add_argument("--checkpoint", default="builtin")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--steps-per-call", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
-    parser.add_argument("--seq-len", type=int, default=256, help="train: tokens per sequence")
-    rl_step.add_arguments(parser)  # --gin_file, --gin_param, --steps
-
-
-def machine_ceilings() -> dict:
-    import jax
-    import jax.numpy as jnp
-
-    n = 2048
-    a = jnp.ones((n, n), jnp.float32)
-    mm = jax.jit(lambda x: x @ x)
-    mm(a).block_until_ready()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        mm(a).block_until_ready()
-    flops = 5 * 2 * n**3 / (time.perf_counter() - t0)
-    big = jnp.ones(64 * 2**20, jnp.float32)  # 256 MB, well past the caches
-    total = jax.jit(jnp.sum)
-    total(big).block_until_ready()
-    best = float("inf")
-    for _ in range(5):  # a streaming read, as decode reads the weights
-        t0 = time.perf_counter()
-        total(big).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    bandwidth = big.nbytes / best
-    return {"matmul_flops": flops, "read_bytes_per_s": bandwidth}
-
-
-def _checkpoint(name: str, tmp: Path) -> Path:
-    from jaxrl_llm.assets import resolve_checkpoint
-
-    if name not in SHAPES:
-        return resolve_checkpoint(name)
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(**SHAPES[name])).save_pretrained(str(tmp))
-    return tmp
+from jaxrl_llm.bench.machine import bench_checkpoint, machine_ceilings
 
 
 def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -> dict:
@@ -145,17 +88,9 @@ def bench_hf(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.suite == "train":
-        from jaxrl_llm.bench import train
-
-        return train.main(args)
-    if args.suite == "rl-step":
-        from jaxrl_llm.bench import rl_step
-
-        return rl_step.main(args)
     B, P, N = args.batch, args.prompt_len, args.new_tokens
     with tempfile.TemporaryDirectory() as tmp:
-        path = _checkpoint(args.checkpoint, Path(tmp))
+        path = bench_checkpoint(args.checkpoint, Path(tmp))
         ours = bench_engine(path, B, P, N, args.steps_per_call, args.repeats)
         hf = None if args.skip_hf else bench_hf(path, B, P, N, args.repeats)
     ceilings = machine_ceilings()

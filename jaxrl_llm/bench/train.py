@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrl_llm.bench.rollout import _checkpoint, machine_ceilings
+from jaxrl_llm.bench.machine import bench_checkpoint, machine_ceilings
 
 
 def model_flops(cfg, n_params: int, batch: int, seq_len: int) -> float:
@@ -114,7 +114,7 @@ def bench_torch(path: Path, batch: int, seq_len: int, repeats: int) -> dict:
 def main(args: argparse.Namespace) -> int:
     B, T = args.batch, args.seq_len
     with tempfile.TemporaryDirectory() as tmp:
-        path = _checkpoint(args.checkpoint, Path(tmp))
+        path = bench_checkpoint(args.checkpoint, Path(tmp))
         ours = bench_jax(path, B, T, args.repeats)
         torch_run = None if args.skip_hf else bench_torch(path, B, T, args.repeats)
     ceilings = machine_ceilings()

@@ -19,7 +19,7 @@ from jaxrl_llm.algorithms import (
     outcome_token_rewards,
     token_logprobs,
 )
-from jaxrl_llm.algorithms.registry import resolve
+from jaxrl_llm.algorithms.registry import resolve_declared
 
 
 def pack_sequences(completions: Sequence[Any], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -104,16 +104,10 @@ def make_advantage_fn(algo, group_size: int):
     The outcome score sits on the last trained token; with `kl_in_reward_coef > 0` the
     per-token KL to the reference is subtracted (verl `apply_kl_penalty`).
     """
-    kwargs: dict[str, Any] = {}
-    if algo.estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
-        kwargs["group_size"] = group_size
-    if algo.estimator == "grpo":
-        kwargs["norm_by_std"] = algo.norm_by_std
-    if algo.estimator == "gae":
-        kwargs.update(gamma=algo.gamma, lam=algo.lam)
-    if algo.estimator == "reinforce_plus_plus":
-        kwargs["gamma"] = algo.gamma
-    estimator = resolve("advantage", algo.estimator, **kwargs)
+    estimator = resolve_declared(
+        "advantage", algo.estimator, group_size=group_size, norm_by_std=algo.norm_by_std,
+        gamma=algo.gamma, lam=algo.lam,
+    )  # fmt: skip
 
     @jax.jit
     def fn(scores, loss_mask, old_logprobs, ref_logprobs, values):

@@ -141,6 +141,21 @@ class RLConfig:
     def uses_critic(self) -> bool:
         return self.algo.estimator == "gae"
 
+    @property
+    def needs_reference(self) -> bool:
+        """A frozen reference policy is kept when a KL term (loss or reward) is on."""
+        return self.algo.use_kl_loss or self.algo.kl_in_reward_coef > 0
+
+    @property
+    def seq_len(self) -> int:
+        """T of every training row: the longest prompt plus the response budget."""
+        return self.data.max_prompt_length + self.rollout.max_new_tokens
+
+    @property
+    def cache_len(self) -> int:
+        """Rollout KV cache length: `seq_len` plus the position of the last sampled token."""
+        return self.seq_len + 1
+
     def validate(self) -> None:
         from jaxrl_llm.algorithms import registry
 

@@ -64,8 +64,7 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
     policy = from_pretrained(src, rules=TRAIN_RULES, remat=cfg.policy.remat, **load)
     graphdef, params = nnx.split(policy)
     a = cfg.algo
-    needs_ref = a.use_kl_loss or a.kl_in_reward_coef > 0
-    ref_params = jax.tree.map(jnp.copy, params) if needs_ref else None
+    ref_params = jax.tree.map(jnp.copy, params) if cfg.needs_reference else None
 
     updates_per_step = a.ppo_epochs * a.mini_batches
     tx = make_optimizer(cfg.optim, cfg.steps * updates_per_step)
@@ -87,7 +86,7 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
     data = run_setup.prompt_data(cfg, tokenizer, run_dir)
     rollout = run_setup.Rollout(cfg, policy, tokenizer, mesh, data.corpus)
     reward = run_setup.make_reward_pool(cfg.reward)
-    seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    seq_len = cfg.seq_len
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     ckpt = Checkpointer(run_dir / "checkpoints")

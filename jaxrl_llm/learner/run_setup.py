@@ -24,7 +24,6 @@ from jaxrl_llm.metrics.progress import bar
 from jaxrl_llm.sharding import hosts
 
 log = logging.getLogger(__name__)
-OUTPUT_STOP = "```output"
 
 
 @dataclasses.dataclass
@@ -112,7 +111,7 @@ class Rollout:
         self.engine = Engine(
             policy,
             max_concurrent_decodes=r.max_slots,
-            max_cache_length=cfg.data.max_prompt_length + r.max_new_tokens + 1,
+            max_cache_length=cfg.cache_len,
             max_prefill_length=cfg.data.max_prompt_length,
             mesh=hosts.local_sampling_mesh(mesh),
             tokenizer=tokenizer,
@@ -136,15 +135,13 @@ class Rollout:
         if r.tool == "python":
             from jaxrl_llm.tools import PythonTool
 
-            python = PythonTool()
-            self.stop = (*self.stop, OUTPUT_STOP)
-            self.tool = lambda text: torl_observation(python, text)
+            self.tool = PythonTool()
         elif r.tool == "search":
             from jaxrl_llm.tools import make_search_tool
 
-            search = make_search_tool(r.search_corpus or corpus, k=r.search_k)
-            self.stop = (*self.stop, *search.stop_strings)
-            self.tool = search
+            self.tool = make_search_tool(r.search_corpus or corpus, k=r.search_k)
+        if self.tool is not None:
+            self.stop = (*self.stop, *self.tool.stop_strings)
 
     def _sampling(self, seed: int, *, n: int, temperature: float):
         from jaxrl_llm.rollout import SamplingParams
@@ -278,17 +275,6 @@ def _make_cast(dtype: str):
         )
 
     return cast
-
-
-def torl_observation(python_tool, text: str) -> str | None:
-    """ToRL turn: the model stopped on "```output" (kept as its own token, so it is trained);
-    run its last ```python block and return the rest of the block: "\\n{result}\\n```\\n"."""
-    if not text.endswith(OUTPUT_STOP):
-        return None
-    obs = python_tool.observe(text[: -len(OUTPUT_STOP)])
-    if obs is None:
-        return None
-    return obs[len(OUTPUT_STOP) :] if obs.startswith(OUTPUT_STOP) else obs
 
 
 def make_reward_pool(cfg: RewardConfig):

@@ -28,10 +28,9 @@ from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
 from jaxrl_llm.models import from_pretrained, load_tokenizer, save_pretrained
+from jaxrl_llm.tools.python_tool import OUTPUT_START
 
 log = logging.getLogger(__name__)
-
-OUTPUT_STOP = "```output"
 
 
 @gin.configurable
@@ -84,8 +83,8 @@ def builtin_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
 def _environment_spans(response: str) -> list[tuple[int, int]]:
     """Character spans written by the tool: after each "```output" up to its closing fence."""
     spans, i = [], 0
-    while (j := response.find(OUTPUT_STOP, i)) >= 0:
-        start = j + len(OUTPUT_STOP)
+    while (j := response.find(OUTPUT_START, i)) >= 0:
+        start = j + len(OUTPUT_START)
         close = response.find("```", start)
         end = len(response) if close < 0 else min(len(response), close + 4)  # "```\n"
         spans.append((start, end))

@@ -24,22 +24,17 @@ from jaxrl_llm.algorithms import (
     token_logprobs,
     value_loss,
 )
-from jaxrl_llm.algorithms.registry import resolve
+from jaxrl_llm.algorithms.registry import resolve_declared
 from jaxrl_llm.learner.experience import sequence_values, shift_right
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
 from jaxrl_llm.types import TrainBatch
 
 
 def _policy_loss_fn(algo):
-    if algo.policy_loss == "gspo":
-        return resolve("policy_loss", "gspo", clip_low=algo.clip_low, clip_high=algo.clip_high)
-    return resolve(
-        "policy_loss",
-        algo.policy_loss,
-        clip_low=algo.clip_low,
-        clip_high=algo.clip_high,
+    return resolve_declared(
+        "policy_loss", algo.policy_loss, clip_low=algo.clip_low, clip_high=algo.clip_high,
         dual_clip_c=algo.dual_clip_c,
-    )
+    )  # fmt: skip
 
 
 def make_policy_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo, temperature):

@@ -61,7 +61,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_llm.assets import resolve_checkpoint
     from jaxrl_llm.data.examples import FieldMap
     from jaxrl_llm.data.pipeline import PipelineConfig, build_prompt_pipeline
-    from jaxrl_llm.learner.run_setup import OUTPUT_STOP, torl_observation
     from jaxrl_llm.models import from_pretrained, load_tokenizer
     from jaxrl_llm.rewards import extract_answer, get_reward
     from jaxrl_llm.rollout import Engine, RolloutDriver, SamplingParams
@@ -103,9 +102,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if args.tool == "python":
         from jaxrl_llm.tools import PythonTool
 
-        python = PythonTool()
-        stop = (OUTPUT_STOP,)
-        tool = lambda text: torl_observation(python, text)
+        tool = PythonTool()
+        stop = tool.stop_strings
     sampling = SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,

@@ -8,7 +8,8 @@ from jaxrl_llm.tools.python_tool import (
     format_observation,
     truncate_middle,
 )
-from jaxrl_llm.tools.sandbox import ExecResult, SandboxConfig, run_python
+from jaxrl_llm.tools.sandbox import run_python
+from jaxrl_llm.tools.sandbox_types import ExecResult, SandboxConfig
 from jaxrl_llm.tools.search import BM25Retriever, SearchTool, make_search_tool
 
 __all__ = [

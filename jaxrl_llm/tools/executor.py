@@ -12,7 +12,8 @@ import concurrent.futures
 import os
 from collections.abc import Sequence
 
-from jaxrl_llm.tools.sandbox import ExecResult, SandboxConfig, run_python
+from jaxrl_llm.tools.sandbox import run_python
+from jaxrl_llm.tools.sandbox_types import ExecResult, SandboxConfig
 
 
 def default_workers() -> int:

@@ -1,10 +1,10 @@
 """What the rollout driver calls between model turns: the `Tool` protocol.
 
-One tool turn, as the rollout runs it:
-  1. The model generates until one of `tool.stop_strings` (the stop string itself is not
-     part of the text handed to the tool, as with vLLM's default).
-  2. `observation = tool.observe(text_so_far)`; None means "no call here": the sample is
-     finished (or continues without a tool turn, as the rollout decides).
+One tool turn, as the rollout driver runs it:
+  1. The model generates until one of `tool.stop_strings`; the stop string stays in the
+     response (it is the model's own writing, so it is trained) and ends the text handed
+     to the tool.
+  2. `observation = tool(text_so_far)`; None means "no call here": the sample is finished.
   3. The observation is tokenised, appended, and masked out of the policy loss and the KL.
   4. Generation continues, for at most the configured number of tool calls.
 `observe_many` runs `observe` for a batch of samples concurrently; tools whose work is I/O
@@ -25,6 +25,8 @@ class Tool(Protocol):
 
     name: str
     stop_strings: tuple[str, ...]
+
+    def __call__(self, text: str) -> str | None: ...
 
     def observe(self, text: str) -> str | None: ...
 

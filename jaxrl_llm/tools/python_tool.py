@@ -6,7 +6,8 @@ Format (ToRL, Li et al. 2025): the model writes
     print(2 ** 10)
     ```
 
-and generation stops at "```output"; the tool appends "```output\\n{result}\\n```\\n".
+and generation stops at "```output" (the stop string stays in the response, so the policy
+is trained to ask for the tool); the tool appends the rest of the block, "\\n{result}\\n```\\n".
 `result` is stdout for a clean run. For a failed run it is the stdout followed by the last
 line of stderr (e.g. "ZeroDivisionError: division by zero"); a timeout reads
 "TimeoutError: ...". Each part is truncated ToRL-style: beyond 256 characters keep the first
@@ -26,7 +27,8 @@ import dataclasses
 import re
 
 from jaxrl_llm.tools.executor import PythonExecutor
-from jaxrl_llm.tools.sandbox import ExecResult, SandboxConfig, run_python
+from jaxrl_llm.tools.sandbox import run_python
+from jaxrl_llm.tools.sandbox_types import ExecResult, SandboxConfig
 
 CODE_START = "```python"
 OUTPUT_START = "```output"
@@ -89,10 +91,12 @@ def any_code_failed(response: str) -> bool:
 
 @dataclasses.dataclass
 class PythonTool:
-    """The `Tool` for ToRL rollouts; `observe` blocks, `submit` returns a future.
+    """The `Tool` for ToRL rollouts; `tool(text)` blocks, `submit(text)` returns a future.
 
-    observe(text) returns None when the text has no ```python block, or when its last code
-    block already has an output block after it (nothing new to run).
+    `text` is the response so far, ending with the stop string generation stopped on. When
+    it ends with "```output" and holds a ```python block with no output yet, the last such
+    block runs and the result is the rest of its output block ("\\n{result}\\n```\\n");
+    otherwise None (no call: the sample ends).
     """
 
     config: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
@@ -106,18 +110,23 @@ class PythonTool:
         self._executor: PythonExecutor | None = None
 
     def pending_code(self, text: str) -> str | None:
+        """The code `text` (ending in "```output") asks to run, or None."""
+        if not text.endswith(OUTPUT_START):
+            return None
+        text = text[: -len(OUTPUT_START)]
         start = text.rfind(CODE_START)
         if start < 0 or OUTPUT_START in text[start:]:
             return None
         return last_code_block(text[start:])
 
+    def _observation(self, result: ExecResult) -> str:
+        return format_observation(result, limit=self.limit, keep=self.keep)[len(OUTPUT_START) :]
+
     def observe(self, text: str) -> str | None:
         code = self.pending_code(text)
-        if code is None:
-            return None
-        return format_observation(
-            run_python(code, config=self.config), limit=self.limit, keep=self.keep
-        )
+        return None if code is None else self._observation(run_python(code, config=self.config))
+
+    __call__ = observe
 
     def submit(self, text: str) -> concurrent.futures.Future[str | None]:
         """A future of `observe(text)` (None resolved immediately when there is no call)."""
@@ -133,7 +142,7 @@ class PythonTool:
 
         def _finish(f):
             try:
-                outer.set_result(format_observation(f.result(), limit=self.limit, keep=self.keep))
+                outer.set_result(self._observation(f.result()))
             except BaseException as e:
                 outer.set_exception(e)
 

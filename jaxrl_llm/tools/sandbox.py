@@ -61,58 +61,10 @@ import time
 import warnings
 from collections.abc import Iterator
 
+from jaxrl_llm.tools import sandbox_fusion
+from jaxrl_llm.tools.sandbox_types import CappedBuffer, ExecResult, SandboxConfig
+
 logger = logging.getLogger(__name__)
-
-BACKENDS = ("auto", "bwrap", "subprocess", "sandbox_fusion")
-
-
-@dataclasses.dataclass(frozen=True)
-class ExecResult:
-    """What one run of code produced.
-
-    exit_code: the process's status; negative means killed by that signal (-9 on timeout or
-      output overflow), None when the sandbox itself failed (see `sandbox_error`).
-    """
-
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    timed_out: bool
-    duration_s: float = 0.0
-    output_truncated: bool = False
-    backend: str = ""
-    sandbox_error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and self.sandbox_error is None
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxConfig:
-    """How code runs; `run_python`'s timeout_s and memory_mb override the first two."""
-
-    timeout_s: float = 10.0
-    memory_mb: int = 1024
-    backend: str = "auto"
-    max_output_bytes: int = 64 * 1024
-    kill_output_bytes: int = 8 * 1024 * 1024
-    max_processes: int = 32
-    max_file_mb: int = 16
-    max_open_files: int = 256
-    tmp_mb: int = 64
-    # Read-only directories added to sys.path inside the sandbox, e.g. a site-packages with
-    # numpy/sympy for ToRL-style code; the project itself is never needed.
-    import_paths: tuple[str, ...] = ()
-    # Per-run uids when bubblewrap runs as root: uid_base + slot, slot < max concurrent runs.
-    uid_base: int = 1_000_000
-    sandbox_fusion_url: str = "http://127.0.0.1:8080"
-
-    def __post_init__(self):
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown sandbox backend {self.backend!r}; choose from {BACKENDS}")
-        if self.timeout_s <= 0 or self.memory_mb < 32:
-            raise ValueError("need timeout_s > 0 and memory_mb >= 32")
 
 
 def run_python(
@@ -134,8 +86,6 @@ def run_python(
     )
     backend = resolve_backend(config.backend)
     if backend == "sandbox_fusion":
-        from jaxrl_llm.tools import sandbox_fusion  # imports this module
-
         return sandbox_fusion.run_code(code, config=config)
     mode = _bwrap_mode(config) if backend == "bwrap" else None
     if backend == "bwrap" and mode is None:
@@ -313,31 +263,6 @@ def _run_local(code: str, config: SandboxConfig, *, mode: str | None, slot: int)
         output_truncated=truncated,
         backend="bwrap" if mode else "subprocess",
     )
-
-
-class CappedBuffer:
-    """Keeps the first and last `cap // 2` bytes of a stream and counts what it dropped."""
-
-    def __init__(self, cap: int):
-        self.half = max(cap // 2, 1)
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def add(self, data: bytes) -> None:
-        self.total += len(data)
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if data:
-            self.tail += data
-            del self.tail[: max(len(self.tail) - self.half, 0)]
-
-    def text(self) -> str:
-        dropped = self.total - len(self.head) - len(self.tail)
-        middle = f"\n...[{dropped} bytes truncated]...\n".encode() if dropped else b""
-        return bytes(self.head + middle + self.tail).decode("utf-8", errors="replace")
 
 
 def _communicate_capped(

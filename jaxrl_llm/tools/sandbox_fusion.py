@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 
-from jaxrl_llm.tools.sandbox import CappedBuffer, ExecResult, SandboxConfig
+from jaxrl_llm.tools.sandbox_types import CappedBuffer, ExecResult, SandboxConfig
 
 # Seconds the HTTP call may take beyond the run timeout (queueing, process start).
 HTTP_MARGIN_S = 30.0

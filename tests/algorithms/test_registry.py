@@ -57,3 +57,16 @@ def test_register_a_new_option_then_remove_it():
         np.testing.assert_array_equal(resolve("kl", "zero_for_test")(one := jnp.ones(2), one), 0.0)
     finally:
         del registry._TABLES["kl"]["zero_for_test"]
+
+
+def test_resolve_declared_binds_only_the_options_each_function_takes():
+    options = dict(group_size=2, norm_by_std=False, gamma=0.5, lam=0.9)
+    grpo = registry.resolve_declared("advantage", "grpo", **options)
+    assert grpo.keywords == {"group_size": 2, "norm_by_std": False}
+    gae = registry.resolve_declared("advantage", "gae", **options)
+    assert gae.keywords == {"gamma": 0.5, "lam": 0.9}
+    assert registry.resolve_declared("advantage", "rloo", **options).keywords == {"group_size": 2}
+    gspo = registry.resolve_declared("policy_loss", "gspo", clip_low=0.1, dual_clip_c=3.0)
+    assert gspo.keywords == {"clip_low": 0.1}
+    with pytest.raises(ValueError, match="unknown advantage 'grp0'"):
+        registry.resolve_declared("advantage", "grp0", **options)

@@ -64,15 +64,17 @@ def test_any_code_failed_reads_output_blocks():
 
 
 def test_python_tool_observes_and_skips_executed_blocks():
+    """The driver's contract: the text ends with the stop string generation stopped on."""
     tool = PythonTool(SandboxConfig(timeout_s=5))
     assert isinstance(tool, Tool) and tool.stop_strings == ("```output",)
-    text = "Compute.\n```python\nprint(6 * 7)\n```\n"
-    observation = tool.observe(text)
-    assert observation == "```output\n42\n```\n"
-    assert tool.observe(text + observation + "The answer is 42.") is None
-    assert tool.observe("no code") is None
-    failing = tool.observe("```python\nundefined_name\n```\n")
-    assert failing == "```output\nNameError: name 'undefined_name' is not defined\n```\n"
+    text = "Compute.\n```python\nprint(6 * 7)\n```\n```output"
+    observation = tool(text)
+    assert observation == "\n42\n```\n" and tool.observe(text) == observation
+    assert tool(text + observation + "Again.```output") is None  # that block already ran
+    assert tool("Compute.\n```python\nprint(6 * 7)\n```\n") is None  # not at the stop
+    assert tool("no code```output") is None
+    failing = tool("```python\nundefined_name\n```\n```output")
+    assert failing == "\nNameError: name 'undefined_name' is not defined\n```\n"
     assert tool.submit("plain text").result() is None
     assert tool.submit(text).result() == observation
     tool.close()
@@ -94,5 +96,5 @@ def test_runs_in_parallel_without_blocking():
 
 def test_observe_many_keeps_order():
     tool = PythonTool(SandboxConfig(timeout_s=5))
-    texts = [f"```python\nprint({i} ** 2)\n```\n" for i in range(4)] + ["none"]
-    assert observe_many(tool, texts) == [f"```output\n{i * i}\n```\n" for i in range(4)] + [None]
+    texts = [f"```python\nprint({i} ** 2)\n```\n```output" for i in range(4)] + ["none"]
+    assert observe_many(tool, texts) == [f"\n{i * i}\n```\n" for i in range(4)] + [None]

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from jaxrl_llm.tools import SandboxConfig, run_python, sandbox
-from jaxrl_llm.tools.sandbox import CappedBuffer, resolve_backend
+from jaxrl_llm.tools.sandbox import resolve_backend
+from jaxrl_llm.tools.sandbox_types import CappedBuffer
 
 HAVE_BWRAP = resolve_backend("auto") == "bwrap"
 pytestmark = pytest.mark.filterwarnings("ignore:SANDBOX IS WEAK")

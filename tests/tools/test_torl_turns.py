@@ -2,8 +2,8 @@
 
 `jaxrl_llm.testing.ScriptedEngine` stands in for the model: every sample emits a fixed
 script, one text per model turn, filler after each turn until the driver's stop-string cut,
-EOS after the last. The tools are real: `torl_observation` with a
-`PythonTool` (bubblewrap sandbox) and the BM25 `SearchTool`.
+EOS after the last. The tools are real: `PythonTool` (bubblewrap sandbox) and the BM25
+`SearchTool`, called with the driver's one contract (text ending in the stop string).
 """
 
 import json
@@ -14,12 +14,12 @@ import pytest
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.data.tasks import retrieval
 from jaxrl_llm.data.templates import search_r1_prompt
-from jaxrl_llm.learner.run_setup import OUTPUT_STOP, torl_observation
 from jaxrl_llm.models import load_tokenizer
 from jaxrl_llm.rewards import exact_match_reward, format_reward
 from jaxrl_llm.rollout import RolloutDriver, SamplingParams
 from jaxrl_llm.testing import ScriptedEngine
 from jaxrl_llm.tools import PythonTool
+from jaxrl_llm.tools.python_tool import OUTPUT_START
 from jaxrl_llm.tools.search import INVALID_ACTION, information_block, make_search_tool
 
 FILLER = "~"
@@ -76,8 +76,8 @@ TORL_TURNS = [
 
 
 def test_torl_output_block_is_inserted_masked_and_generation_continues(tokenizer, python_tool):
-    tool = lambda text: torl_observation(python_tool, text)
-    out, engine, calls = run_script(tokenizer, TORL_TURNS, "6 * 7?", tool, (OUTPUT_STOP,))
+    stop = python_tool.stop_strings
+    out, engine, calls = run_script(tokenizer, TORL_TURNS, "6 * 7?", python_tool, stop)
     obs = "\n42\n```\n"
     assert len(out) == 2 and len(calls) == 2  # one tool call per sample
     assert all(text == TORL_TURNS[0] for text in calls)  # the stop string ends the text
@@ -100,21 +100,23 @@ def test_torl_max_tool_turns_caps_the_calls(tokenizer, python_tool):
         "\n```python\nprint(3)\n```\n```output",
         "\nThe answer is \\boxed{3}.",
     ]
-    tool = lambda text: torl_observation(python_tool, text)
-    out, _, calls = run_script(tokenizer, turns, "Go", tool, (OUTPUT_STOP,), n=1, max_tool_turns=2)
+    tool = python_tool
+    out, _, calls = run_script(
+        tokenizer, turns, "Go", tool, tool.stop_strings, n=1, max_tool_turns=2
+    )
     (c,) = out
     observations = ["\n1\n```\n", "\nZeroDivisionError: division by zero\n```\n"]
     assert len(calls) == 2 and c.tool_calls == 2
     # The third "```output" ends the sample: no third call, nothing after it.
-    assert c.finish_reason == "stop" and c.stop_string == OUTPUT_STOP
+    assert c.finish_reason == "stop" and c.stop_string == OUTPUT_START
     assert c.text == turns[0] + observations[0] + turns[1] + observations[1] + turns[2]
     check_turns(tokenizer, c, turns[:3], observations)
 
 
 def test_torl_stop_without_code_ends_the_sample(tokenizer, python_tool):
     turns = ["No code here.\n```output", "never reached"]
-    tool = lambda text: torl_observation(python_tool, text)
-    (c,), _, calls = run_script(tokenizer, turns, "Go", tool, (OUTPUT_STOP,), n=1)
+    tool = python_tool
+    (c,), _, calls = run_script(tokenizer, turns, "Go", tool, tool.stop_strings, n=1)
     assert len(calls) == 1 and c.tool_calls == 0
     assert c.finish_reason == "stop" and c.text == turns[0]
     np.testing.assert_array_equal(c.response_mask, 1)

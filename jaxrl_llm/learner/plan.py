@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm.models.presets import PRESETS as SHAPES
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import SAMPLE_RULES, TRAIN_RULES, Rules, logical_to_spec
 
@@ -66,32 +67,6 @@ ACTIVATION_COUNTS = {
     "bt*D_head": 5.4,  # embedding output, final norm and their gradients, once
 }
 MOMENTS = 2  # AdamW
-
-# HF config.json fields of common checkpoints, for planning before anything is downloaded.
-_QWEN = dict(
-    model_type="qwen2",
-    hidden_act="silu",
-    rms_norm_eps=1e-6,
-    vocab_size=151936,
-    tie_word_embeddings=True,
-    max_position_embeddings=32768,
-    rope_theta=1e6,
-)
-SHAPES: dict[str, dict] = {
-    "qwen2.5-0.5b": dict(_QWEN, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2),
-    "qwen2.5-1.5b": dict(_QWEN, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2),
-    "qwen2.5-7b": dict(_QWEN, vocab_size=152064, tie_word_embeddings=False, hidden_size=3584,
-                       intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4),
-    "llama3-8b": dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5,
-                      vocab_size=128256, tie_word_embeddings=False, rope_theta=5e5,
-                      max_position_embeddings=8192, hidden_size=4096, intermediate_size=14336,
-                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8),
-}  # fmt: skip
-SHAPES["qwen2.5-math-1.5b"] = dict(SHAPES["qwen2.5-1.5b"], max_position_embeddings=4096)
-SHAPES["qwen2.5-math-7b"] = dict(SHAPES["qwen2.5-7b"], max_position_embeddings=4096)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,14 +86,13 @@ class Workload:
         a, d, r = cfg.algo, cfg.data, cfg.rollout
         mini = d.prompts_per_step * r.n // a.mini_batches
         mb = min(a.micro_batch_size, mini)
-        T = d.max_prompt_length + r.max_new_tokens
         return cls(
             micro_batch=mb,
-            seq_len=T,
+            seq_len=cfg.seq_len,
             micro_batches=max(mini // mb, 1),
             slots=r.max_slots,
-            cache_len=T + 1,
-            reference=a.use_kl_loss or a.kl_in_reward_coef > 0,
+            cache_len=cfg.cache_len,
+            reference=cfg.needs_reference,
             critic=cfg.uses_critic,
         )
 

@@ -6,9 +6,7 @@ import jax
 import pytest
 
 from jaxrl_llm import cli
-from jaxrl_llm.models import ModelConfig
-from jaxrl_llm.sharding import build_mesh
-from jaxrl_llm.sharding.plan import (
+from jaxrl_llm.learner.plan import (
     SHAPES,
     Workload,
     abstract_mesh,
@@ -18,6 +16,8 @@ from jaxrl_llm.sharding.plan import (
     shard_numel,
     xla_step_bytes,
 )
+from jaxrl_llm.models import ModelConfig
+from jaxrl_llm.sharding import build_mesh
 from jaxrl_llm.sharding.rules import TRAIN_RULES
 
 SMALL = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,

@@ -1,0 +1,33 @@
+"""`jaxrl-llm bench SUITE`: one parser for every suite, then the suite's own `main(args)`.
+
+Suites: `rollout` (engine vs HF `generate`), `train` (policy step vs a PyTorch forward +
+backward), `rl-step` (one GRPO step by phase vs its kernels alone). Each prints one JSON
+object with its same-run baselines and the machine's ceilings (`bench.machine`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+SUITES = {"rollout": "jaxrl_llm.bench.rollout", "train": "jaxrl_llm.bench.train",
+          "rl-step": "jaxrl_llm.bench.rl_step"}  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from jaxrl_llm.bench import rl_step
+
+    parser.add_argument("suite", choices=list(SUITES))
+    parser.add_argument("--checkpoint", default="builtin")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--steps-per-call", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
+    parser.add_argument("--seq-len", type=int, default=256, help="train: tokens per sequence")
+    rl_step.add_arguments(parser)  # --gin_file, --gin_param, --steps
+
+
+def main(args: argparse.Namespace) -> int:
+    return importlib.import_module(SUITES[args.suite]).main(args)
