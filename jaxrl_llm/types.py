@@ -1,7 +1,11 @@
-"""Pytrees passed between stages of an RL step.
+"""Records passed between the stages of an RL step; no stage mutates another's record.
 
-Shape legend: B batch (prompts x G, groups consecutive), G samples per prompt, T tokens of
-a packed sequence (prompt then response, right-padded), M micro-batches.
+    rollout stage  -> `Rollout`     (samples, scores, in global-batch order)
+    experience     -> `Experience`  (the rollout + packed rows + `TrainBatch` + summaries)
+    update         <- `TrainBatch`  (as [M, mb, T] micro-batches)
+
+Shape legend: B batch (prompts x G, groups consecutive), P prompts, G samples per prompt,
+T tokens of a packed sequence (prompt then response, right-padded), M micro-batches.
 
 Token alignment: index t of every per-token array refers to the token `input_ids[:, t]`
 as an *action*: its log-probability comes from the logits at t - 1 and its value from the
@@ -12,8 +16,15 @@ token). Index 0 is never an action.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
+import numpy as np
+from jaxtyping import Bool, Float, Int
+
+if TYPE_CHECKING:
+    from jaxrl_llm.rollout.driver import Completion
 
 
 @jax.tree_util.register_dataclass
@@ -29,3 +40,72 @@ class TrainBatch:
     returns: jax.Array  # float32 (critic targets; advantages for critic-free estimators)
     old_values: jax.Array  # float32 (zeros without a critic)
     rollout_logprobs: jax.Array  # float32: the engine's logprobs (mismatch / TIS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """One step's scored samples in global-batch order: sample b belongs to prompt b // G.
+
+    Each completion (`rollout.driver.Completion`) carries the sample's token ids, its
+    response mask (0 on tool output: not the model's, never trained), the engine's logprobs,
+    finish reason, stop string and tool-call count.
+    """
+
+    completions: tuple[Completion, ...]  # [B]
+    answers: tuple[Any, ...]  # [B] the ground truth of each sample's prompt
+    prompt_ids: tuple[Any, ...]  # [P]
+    scores: Float[np.ndarray, " B"]
+    group_size: int  # G
+    policy_version: int  # the trainer step whose weights sampled these
+
+    def __post_init__(self):
+        B, P, G = len(self.completions), len(self.prompt_ids), self.group_size
+        if B != P * G or len(self.answers) != B or self.scores.shape != (B,):
+            raise ValueError(
+                f"rollout of {B} samples, {P} prompts x G={G}, "
+                f"{len(self.answers)} answers, scores {self.scores.shape}"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus response tokens of every sample."""
+        return sum(len(c.prompt_ids) + len(c.token_ids) for c in self.completions)
+
+    def select_groups(self, keep: Bool[np.ndarray, " P"]) -> Rollout:
+        """The groups (prompts with all their samples) where `keep` is True."""
+        rows = np.repeat(keep, self.group_size)
+        pick = lambda xs, mask: tuple(x for x, k in zip(xs, mask) if k)
+        return dataclasses.replace(
+            self,
+            completions=pick(self.completions, rows),
+            answers=pick(self.answers, rows),
+            prompt_ids=pick(self.prompt_ids, keep),
+            scores=self.scores[rows],
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[Rollout], prompts: int) -> Rollout:
+        """The first `prompts` groups of `parts`, in order (same G and policy version)."""
+        G, B = parts[0].group_size, prompts * parts[0].group_size
+        return cls(
+            completions=tuple(c for p in parts for c in p.completions)[:B],
+            answers=tuple(a for p in parts for a in p.answers)[:B],
+            prompt_ids=tuple(i for p in parts for i in p.prompt_ids)[:prompts],
+            scores=np.concatenate([p.scores for p in parts])[:B],
+            group_size=G,
+            policy_version=parts[0].policy_version,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Experience:
+    """What the experience stage adds to a `Rollout`: the packed rows and everything the
+    update reads (`batch`, numpy), plus per-sample summaries for metrics."""
+
+    rollout: Rollout
+    batch: TrainBatch  # arrays [B, T]
+    model_mask: Float[np.ndarray, "B T"]  # 1 on model-written tokens (before any filter)
+    response_length: Int[np.ndarray, " B"]  # all response tokens, tool output included
+    truncated: Bool[np.ndarray, " B"]  # the sample hit its token budget
+    sequence_rewards: Float[np.ndarray, " B"]  # per-token rewards summed (score - KL shaping)
+    has_values: bool  # a critic produced `batch.old_values`

@@ -71,5 +71,5 @@ def test_no_import_cycles_between_modules():
 def test_the_checker_sees_function_level_imports():
     """The rollout stage imports the engine inside a function; the graph must still see it."""
     graph = _import_graph()
-    assert "jaxrl_llm.rollout" in graph["jaxrl_llm.learner.run_setup"]
+    assert "jaxrl_llm.rollout" in graph["jaxrl_llm.rollout.stage"]
     assert "jaxrl_llm.learner.rl_config" in graph["jaxrl_llm.config"]

@@ -220,12 +220,15 @@ def bare_rollout(cfg, policy, tokenizer, mesh, params, shape, repeats, clock) ->
     """Prefill + insert time for the step's prompts and samples, and one decode call's time."""
     import jax
 
-    from jaxrl_llm.learner.run_setup import Rollout
     from jaxrl_llm.rollout import Engine, SamplingParams
     from jaxrl_llm.rollout.sampling import SlotSampling
+    from jaxrl_llm.rollout.stage import RolloutStage
 
     r = cfg.rollout
-    rollout = Rollout(cfg, policy, tokenizer, mesh)  # the run's engine sizes and weight sync
+    rollout = RolloutStage(  # the run's engine sizes and weight sync
+        r, policy, tokenizer, mesh, max_prompt_length=cfg.data.max_prompt_length,
+        seed=cfg.seed, rollout_dtype=cfg.policy.rollout_dtype,
+    )  # fmt: skip
     params = rollout.sync_weights(params)
     engine = Engine(
         policy,

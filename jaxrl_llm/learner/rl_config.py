@@ -11,7 +11,12 @@ import time
 
 import gin
 
+from jaxrl_llm.data.config import DataConfig
 from jaxrl_llm.learner.optim import OptimConfig
+from jaxrl_llm.rewards.config import RewardConfig
+from jaxrl_llm.rollout.config import RolloutConfig
+
+__all__ = ["DataConfig", "RLConfig", "RewardConfig", "RolloutConfig"]
 
 
 @gin.configurable
@@ -31,44 +36,6 @@ class MeshConfig:
     data: int = 1
     fsdp: int = -1
     tensor: int = 1
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    """Prompts. With no `train_file`, the built-in arithmetic task is generated."""
-
-    train_file: str | None = None
-    val_file: str | None = None
-    builtin_task: str = "arithmetic"  # with no train_file: 'arithmetic' | 'retrieval'
-    prompt_key: str | None = None  # None: try prompt / question / problem
-    answer_key: str | None = None  # None: try answer / solution / ground_truth
-    template: str = "chat"
-    system_prompt: str | None = None
-    max_prompt_length: int = 160
-    prompts_per_step: int = 8
-    val_size: int = 64
-    builtin_train_size: int = 2000
-    builtin_levels: tuple[int, ...] = (1, 2, 3, 4)
-    seed: int = 0
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    n: int = 8  # samples per prompt (G)
-    max_new_tokens: int = 96
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    tool: str = "none"  # 'none' | 'python' (ToRL) | 'search' (Search-R1)
-    max_tool_calls: int = 2  # tool turns per sample (Search-R1's max turns)
-    search_corpus: str | None = None  # jsonl corpus; None with the built-in retrieval task
-    search_k: int = 3
-    max_slots: int = 64  # concurrent decode slots
-    steps_per_call: int = 8
-    val_temperature: float = 0.0  # greedy validation
 
 
 @gin.configurable
@@ -99,17 +66,6 @@ class AlgoConfig:
     max_sampling_tries: int = 3
     tis_cap: float | None = None  # truncated importance sampling vs rollout logprobs
     overlong_filter: bool = False  # truncated responses excluded from the loss
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class RewardConfig:
-    name: str = "math"
-    correct: float = 1.0
-    incorrect: float = 0.0
-    code_failure_penalty: float = 0.0
-    timeout_s: float = 5.0
-    workers: int = 2
 
 
 @gin.configurable

@@ -20,7 +20,8 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.assets import resolve_checkpoint
-from jaxrl_llm.learner import run_setup
+from jaxrl_llm.config import write_resolved_config
+from jaxrl_llm.data.prompts import prompt_data
 from jaxrl_llm.learner.checkpoint import Checkpointer
 from jaxrl_llm.learner.experience import (
     all_equal_groups,
@@ -36,10 +37,13 @@ from jaxrl_llm.learner.steps import make_critic_step, make_policy_step, to_micro
 from jaxrl_llm.metrics import MetricsWriter
 from jaxrl_llm.metrics.health import HealthMonitor
 from jaxrl_llm.metrics.plots import write_dashboard
-from jaxrl_llm.metrics.progress import bar
+from jaxrl_llm.metrics.progress import bar, summary_line
+from jaxrl_llm.metrics.samples import record_step_samples
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer, save_pretrained
+from jaxrl_llm.rewards.config import build_reward_pool
+from jaxrl_llm.rollout.stage import RolloutStage
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh, hosts
-from jaxrl_llm.types import TrainBatch
+from jaxrl_llm.types import Experience, Rollout, TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +87,12 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
     logprob_fn = make_logprob_fn(graphdef, cfg.rollout.temperature, a.micro_batch_size)
     adv_fn = make_advantage_fn(a, cfg.rollout.n)
 
-    data = run_setup.prompt_data(cfg, tokenizer, run_dir)
-    rollout = run_setup.Rollout(cfg, policy, tokenizer, mesh, data.corpus)
-    reward = run_setup.make_reward_pool(cfg.reward)
-    seq_len = cfg.seq_len
+    data = prompt_data(cfg.data, tokenizer, run_dir)
+    rollout = RolloutStage(
+        cfg.rollout, policy, tokenizer, mesh, max_prompt_length=cfg.data.max_prompt_length,
+        seed=cfg.seed, rollout_dtype=cfg.policy.rollout_dtype, corpus=data.corpus,
+    )  # fmt: skip
+    reward = build_reward_pool(cfg.reward)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     ckpt = Checkpointer(run_dir / "checkpoints")
@@ -103,44 +109,46 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
             f"{run_dir} already has checkpoints; pass --resume or choose another run_dir"
         )
     if jax.process_index() == 0:
-        run_setup.write_config(run_dir)
+        write_resolved_config(run_dir)
     writer = MetricsWriter(run_dir, resume_step=state.step if resume else None)
     health = HealthMonitor()
     records: list[dict] = []
     try:
         if state.step == 0 and cfg.eval_every:
-            m = rollout.validate(state.policy.params, data.val, reward)
+            m = rollout.validate(state.policy.params, data.val, reward, cfg.reward.correct)
             writer.write(0, m)
             records.append({"step": 0, **m})
             _refresh_dashboard(run_dir)
         while state.step < cfg.steps:
             step = state.step + 1
             t0 = time.perf_counter()
-            exp, metrics = _collect(cfg, step, it, rollout, reward, state.policy.params)
+            samples, metrics = _collect(cfg, step, it, rollout, reward, state.policy.params)
             # Generation and rewards; the weight hand-over is timed apart (timing/weight_sync).
             metrics["timing/rollout"] = time.perf_counter() - t0 - metrics["timing/weight_sync"]
-            same = all_equal_groups(exp["scores"], cfg.rollout.n)
+            same = all_equal_groups(samples.scores, cfg.rollout.n)
             metrics["batch/all_equal_groups_frac"] = float(same.mean())
             t1 = time.perf_counter()
-            batch = _make_batch(
-                cfg, mesh, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn
+            exp = _make_experience(
+                cfg, mesh, samples, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn
             )
-            metrics.update(_batch_metrics(batch, exp))
+            metrics.update(_experience_metrics(exp))
             metrics["timing/experience"] = time.perf_counter() - t1
             t2 = time.perf_counter()
-            metrics.update(_update(cfg, mesh, step, state, batch, policy_step, critic_step))
+            metrics.update(_update(cfg, mesh, step, state, exp.batch, policy_step, critic_step))
             metrics["timing/update"] = time.perf_counter() - t2
             metrics["timing/step"] = time.perf_counter() - t0
-            metrics["perf/tokens_per_s"] = exp["tokens"] / metrics["timing/step"]
-            run_setup.record_samples(run_dir, step, exp)
+            metrics["perf/tokens_per_s"] = samples.num_tokens / metrics["timing/step"]
+            record_step_samples(run_dir, step, samples)
             state.step = step
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                 t3 = time.perf_counter()
-                metrics.update(rollout.validate(state.policy.params, data.val, reward))
+                metrics.update(
+                    rollout.validate(state.policy.params, data.val, reward, cfg.reward.correct)
+                )
                 metrics["timing/validate"] = time.perf_counter() - t3
             writer.write(step, metrics)
             records.append({"step": step, **metrics})
-            log.info(run_setup.summary_line(step, metrics))
+            log.info(summary_line(step, metrics))
             if jax.process_index() == 0:
                 health.check(step, metrics)
                 if "val/test_score" in metrics:
@@ -180,8 +188,8 @@ def _collect(cfg, step, it, rollout, reward, params):
     """Rollouts and rewards for one step; DAPO dynamic sampling refills all-equal groups."""
     n = cfg.rollout.n
     want = cfg.data.prompts_per_step
-    mixed: list[dict] = []  # groups with a learning signal
-    equal: list[dict] = []  # all-equal groups, used only to top up a short batch
+    mixed: list[Rollout] = []  # groups with a learning signal
+    equal: list[Rollout] = []  # all-equal groups, used only to top up a short batch
     tries = dropped = 0
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -190,22 +198,22 @@ def _collect(cfg, step, it, rollout, reward, params):
     while True:
         tries += 1
         batch = next(it)
-        exp = rollout.generate(params, batch, step, tries, reward)  # the whole batch, scored
+        got = rollout.generate(params, batch, step, tries, reward)  # the whole batch, scored
         if tries == 1:
-            metrics.update(rollout.env_metrics(exp))
+            metrics.update(rollout.env_metrics(got))
         if not cfg.algo.dynamic_sampling:
-            mixed.append(exp)
+            mixed.append(got)
             break
-        same = all_equal_groups(exp["scores"], n)
+        same = all_equal_groups(got.scores, n)
         dropped += int(same.sum())
-        mixed.append(_select_groups(exp, ~same, n))
-        equal.append(_select_groups(exp, same, n))
-        have = sum(len(e["prompt_ids"]) for e in mixed)
+        mixed.append(got.select_groups(~same))
+        equal.append(got.select_groups(same))
+        have = sum(len(e.prompt_ids) for e in mixed)
         if have >= want or tries >= cfg.algo.max_sampling_tries:
             break
     metrics["dynamic_sampling/tries"] = tries
     metrics["dynamic_sampling/dropped_groups"] = dropped
-    have = sum(len(e["prompt_ids"]) for e in mixed)
+    have = sum(len(e.prompt_ids) for e in mixed)
     if have < want:
         log.warning(
             "step %d: only %d of %d prompts had mixed rewards after %d tries; the batch is "
@@ -213,33 +221,15 @@ def _collect(cfg, step, it, rollout, reward, params):
             step, have, want, tries,
         )  # fmt: skip
         mixed += equal
-    return _concat(mixed, want, n), metrics
+    return Rollout.concat(mixed, want), metrics
 
 
-def _select_groups(exp: dict, keep: np.ndarray, n: int) -> dict:
-    rows = np.repeat(keep, n)
-    return {
-        "completions": [c for c, k in zip(exp["completions"], rows) if k],
-        "answers": [x for x, k in zip(exp["answers"], rows) if k],
-        "prompt_ids": [x for x, k in zip(exp["prompt_ids"], keep) if k],
-        "scores": exp["scores"][rows],
-    }
-
-
-def _concat(parts: list[dict], want: int, n: int) -> dict:
-    out = {
-        "completions": [c for p in parts for c in p["completions"]][: want * n],
-        "answers": [x for p in parts for x in p["answers"]][: want * n],
-        "prompt_ids": [x for p in parts for x in p["prompt_ids"]][:want],
-        "scores": np.concatenate([p["scores"] for p in parts])[: want * n],
-    }
-    return out
-
-
-def _make_batch(cfg, mesh, exp, seq_len, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn):
-    """The step's `TrainBatch` as numpy (every host holds all of it): packing on the host, the
-    forwards and advantages on the mesh (rows over ("data", "fsdp"), `hosts.put_batch`)."""
-    packed = pack_sequences(exp["completions"], seq_len, pad_id)
+def _make_experience(
+    cfg, mesh, samples: Rollout, pad_id, state, ref_params, logprob_fn, value_fn, adv_fn
+) -> Experience:
+    """Packing on the host, the forwards and advantages on the mesh (rows over ("data",
+    "fsdp"), `hosts.put_batch`); the `TrainBatch` comes back as numpy on every host."""
+    packed = pack_sequences(samples.completions, cfg.seq_len, pad_id)
     loss_mask = packed["response_mask"]
     if cfg.algo.overlong_filter:
         loss_mask = loss_mask * (~packed["truncated"])[:, None]
@@ -248,13 +238,9 @@ def _make_batch(cfg, mesh, exp, seq_len, pad_id, state, ref_params, logprob_fn, 
     old_lp = logprob_fn(state.policy.params, ids)
     ref_lp = logprob_fn(ref_params, ids) if ref_params is not None else jnp.zeros_like(old_lp)
     values = value_fn(state.critic.params, ids) if value_fn is not None else None
-    adv, returns, token_rewards = adv_fn(rows(exp["scores"]), mask, old_lp, ref_lp, values)
-    exp["packed"] = packed
-    exp["rewards"] = hosts.to_host(token_rewards).sum(-1)
-    exp["tokens"] = int(sum(len(c.prompt_ids) + len(c.token_ids) for c in exp["completions"]))
-    exp["has_values"] = values is not None
+    adv, returns, token_rewards = adv_fn(rows(samples.scores), mask, old_lp, ref_lp, values)
     old_lp = hosts.to_host(old_lp)
-    return TrainBatch(
+    batch = TrainBatch(
         input_ids=packed["input_ids"],
         loss_mask=np.asarray(loss_mask, np.float32),
         old_logprobs=old_lp,
@@ -264,32 +250,39 @@ def _make_batch(cfg, mesh, exp, seq_len, pad_id, state, ref_params, logprob_fn, 
         old_values=hosts.to_host(values) if values is not None else np.zeros_like(old_lp),
         rollout_logprobs=packed["rollout_logprobs"],
     )
+    return Experience(
+        rollout=samples,
+        batch=batch,
+        model_mask=packed["response_mask"],
+        response_length=packed["response_length"],
+        truncated=packed["truncated"],
+        sequence_rewards=hosts.to_host(token_rewards).sum(-1),
+        has_values=values is not None,
+    )
 
 
-def _batch_metrics(batch: TrainBatch, exp: dict) -> dict[str, float]:
+def _experience_metrics(exp: Experience) -> dict[str, float]:
+    batch, scores, lengths = exp.batch, exp.rollout.scores, exp.response_length
     mask = np.asarray(batch.loss_mask)
-    model_mask = np.asarray(exp["packed"]["response_mask"])
-    scores = exp["scores"]
-    lengths = exp["packed"]["response_length"]
     adv = np.asarray(batch.advantages)[mask > 0]
     diff = np.abs(np.asarray(batch.old_logprobs) - np.asarray(batch.rollout_logprobs))
-    diff = diff[model_mask > 0]
+    diff = diff[exp.model_mask > 0]
     m = {
         "critic/score/mean": scores.mean(),
         "critic/score/max": scores.max(),
         "critic/score/min": scores.min(),
-        "critic/rewards/mean": exp["rewards"].mean(),
+        "critic/rewards/mean": exp.sequence_rewards.mean(),
         "critic/advantages/mean": adv.mean() if adv.size else 0.0,
         "critic/advantages/max": adv.max() if adv.size else 0.0,
         "critic/advantages/min": adv.min() if adv.size else 0.0,
         "response_length/mean": lengths.mean(),
         "response_length/max": lengths.max(),
         "response_length/min": lengths.min(),
-        "response_length/clip_ratio": exp["packed"]["truncated"].mean(),
+        "response_length/clip_ratio": exp.truncated.mean(),
         "rollout/logprob_diff/mean": diff.mean() if diff.size else 0.0,
         "rollout/logprob_diff/max": diff.max() if diff.size else 0.0,
     }
-    if exp["has_values"]:
+    if exp.has_values:
         vals = np.asarray(batch.old_values)[mask > 0]
         rets = np.asarray(batch.returns)[mask > 0]
         m["critic/values/mean"] = vals.mean() if vals.size else 0.0

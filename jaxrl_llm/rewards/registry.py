@@ -56,6 +56,15 @@ def get_reward(name: str, **options: Any) -> RewardFn:
     return functools.partial(fn, **options) if options else fn
 
 
+def get_reward_declared(name: str, **options: Any) -> RewardFn:
+    """`get_reward` with only the `options` the reward declares as keyword parameters: a
+    trainer hands over every setting it has and each reward takes its own."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown reward {name!r}; registered: {reward_names()}")
+    declared = set(list(inspect.signature(_REGISTRY[name]).parameters)[2:])
+    return get_reward(name, **{k: v for k, v in options.items() if k in declared})
+
+
 @dataclasses.dataclass(frozen=True)
 class CombinedReward:
     """sum_i weight_i * reward_i(response, ground_truth). Picklable (names, not functions),

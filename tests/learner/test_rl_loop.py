@@ -210,7 +210,7 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch):
     from jaxrl_llm.learner import rl_loop
 
     turns = ["<search> capital of a country </search>", "<answer> Paris </answer>"]
-    real_engine, make_batch, batches = rollout_pkg.Engine, rl_loop._make_batch, []
+    real_engine, make_experience, seen = rollout_pkg.Engine, rl_loop._make_experience, []
 
     def scripted_engine(policy, *, tokenizer, max_concurrent_decodes, max_cache_length, **kw):
         real = real_engine(policy, tokenizer=tokenizer, max_cache_length=max_cache_length,
@@ -221,12 +221,12 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch):
         engine.param_shardings = real.param_shardings  # what the weight sync targets
         return engine
 
-    def recorded_batch(*args):
-        batches.append(make_batch(*args))
-        return batches[-1]
+    def recorded_experience(*args):
+        seen.append(make_experience(*args))
+        return seen[-1]
 
     monkeypatch.setattr(rollout_pkg, "Engine", scripted_engine)
-    monkeypatch.setattr(rl_loop, "_make_batch", recorded_batch)
+    monkeypatch.setattr(rl_loop, "_make_experience", recorded_experience)
     cfg = _config(
         tmp_path / "s",
         "RLConfig.steps = 1",
@@ -243,7 +243,10 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch):
     assert records[-1]["env/tool_calls/mean"] == 1.0
     assert records[-1]["env/ratio_of_valid_action"] == 1.0
     tok = load_tokenizer(builtin_checkpoint())
-    (batch,) = batches
+    (exp,) = seen
+    assert exp.rollout.policy_version == 1 and exp.rollout.group_size == cfg.rollout.n
+    assert [c.tool_calls for c in exp.rollout.completions] == [1] * len(exp.rollout.completions)
+    batch = exp.batch
     for ids, loss_mask in zip(np.asarray(batch.input_ids), np.asarray(batch.loss_mask)):
         trained = tok.decode(ids[loss_mask > 0])
         assert trained == "".join(turns), trained

@@ -1,0 +1,27 @@
+"""`DataConfig`: where an RL run's prompts come from and how they are shaped (gin)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gin
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Prompts. With no `train_file`, the built-in arithmetic task is generated."""
+
+    train_file: str | None = None
+    val_file: str | None = None
+    builtin_task: str = "arithmetic"  # with no train_file: 'arithmetic' | 'retrieval'
+    prompt_key: str | None = None  # None: try prompt / question / problem
+    answer_key: str | None = None  # None: try answer / solution / ground_truth
+    template: str = "chat"
+    system_prompt: str | None = None
+    max_prompt_length: int = 160
+    prompts_per_step: int = 8
+    val_size: int = 64
+    builtin_train_size: int = 2000
+    builtin_levels: tuple[int, ...] = (1, 2, 3, 4)
+    seed: int = 0

@@ -1,0 +1,86 @@
+"""An RL run's prompts: train and validation pipelines from `DataConfig` (files, or the
+built-in arithmetic / retrieval task written into the run directory first)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxrl_llm.data.config import DataConfig
+from jaxrl_llm.data.examples import FieldMap
+from jaxrl_llm.data.pipeline import PipelineConfig, build_prompt_pipeline
+from jaxrl_llm.data.sources import SourceConfig
+from jaxrl_llm.data.tasks import arithmetic
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class PromptData:
+    train: Any  # PromptPipeline
+    val: Any  # PromptPipeline
+    corpus: Path | None = None  # the built-in retrieval task's corpus
+
+
+def prompt_data(d: DataConfig, tokenizer: Any, run_dir: Path) -> PromptData:
+    """Train and validation pipelines; the built-in task is written to run_dir/data first."""
+    train_file, val_file, corpus = d.train_file, d.val_file, None
+    if train_file is None and d.builtin_task == "retrieval":
+        from jaxrl_llm.data.tasks import retrieval
+
+        paths = retrieval.write_task(
+            run_dir / "data", n_train=d.builtin_train_size, n_val=d.val_size, seed=d.seed
+        )
+        train_file, val_file, corpus = str(paths["train"]), str(paths["val"]), paths["corpus"]
+    elif train_file is None:
+        paths = arithmetic.write_splits(
+            run_dir / "data",
+            n_train=d.builtin_train_size,
+            n_val=d.val_size,
+            seed=d.seed,
+            levels=d.builtin_levels,
+        )
+        train_file, val_file = str(paths["train"]), str(paths["val"])
+    fields = FieldMap(
+        prompt=(d.prompt_key,) if d.prompt_key else FieldMap().prompt,
+        answer=(d.answer_key,) if d.answer_key else FieldMap().answer,
+    )
+    common = dict(
+        fields=fields,
+        template=d.template,
+        system_prompt=d.system_prompt,
+        max_prompt_length=d.max_prompt_length,
+        seed=d.seed,
+    )
+    proc = dict(process_index=jax.process_index(), process_count=jax.process_count())
+    train = build_prompt_pipeline(
+        PipelineConfig(
+            source=SourceConfig(train_file),
+            global_batch_size=d.prompts_per_step,
+            num_epochs=None,
+            **common,
+        ),
+        tokenizer,
+        **proc,
+    )
+    val = None
+    if val_file is not None:
+        val = build_prompt_pipeline(
+            PipelineConfig(
+                source=SourceConfig(val_file),
+                global_batch_size=min(d.val_size, 64),
+                num_epochs=1,
+                shuffle=False,
+                drop_remainder=False,
+                **common,
+            ),
+            tokenizer,
+        )
+    for name, pipe in (("train", train), ("val", val)):
+        if pipe is not None:
+            log.info("%s prompts: %s", name, pipe.report.summary())
+    return PromptData(train, val, corpus)

@@ -1,0 +1,25 @@
+"""`RolloutConfig`: sampling, tools and engine sizes of an RL run's rollout (gin)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gin
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    n: int = 8  # samples per prompt (G)
+    max_new_tokens: int = 96
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    tool: str = "none"  # 'none' | 'python' (ToRL) | 'search' (Search-R1)
+    max_tool_calls: int = 2  # tool turns per sample (Search-R1's max turns)
+    search_corpus: str | None = None  # jsonl corpus; None with the built-in retrieval task
+    search_k: int = 3
+    max_slots: int = 64  # concurrent decode slots
+    steps_per_call: int = 8
+    val_temperature: float = 0.0  # greedy validation

@@ -1,0 +1,220 @@
+"""The RL rollout stage: prompts in, scored samples out, with the trainer's live weights.
+
+`RolloutStage.sync_weights(params)` once per step hands the trainer's params to the engine
+(`hosts.WeightSync`: the same arrays when the layouts agree); `generate` samples `n`
+completions per prompt through `RolloutDriver` (tool turns included), scores them, and with
+several processes gathers every host's rows back into global-batch order; `validate` is the
+greedy pass over the validation set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxrl_llm.metrics.progress import bar
+from jaxrl_llm.rollout.config import RolloutConfig
+from jaxrl_llm.sharding import hosts
+from jaxrl_llm.types import Rollout
+
+
+class RolloutStage:
+    """The RL rollout stage: engine and driver over the trainer's live weights, the tool,
+    scoring, the multi-host gather, and validation."""
+
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        policy,
+        tokenizer,
+        mesh,
+        *,
+        max_prompt_length: int,
+        seed: int,
+        rollout_dtype: str | None = None,
+        corpus: Path | None = None,
+    ):
+        """`mesh`: the training mesh. With several processes each host samples on its own
+        devices (`hosts.local_sampling_mesh`) with `cfg.max_slots` slots, and the results
+        are gathered so every host continues with the whole batch. `seed` seeds every
+        step's samples; `corpus` is the built-in retrieval task's (Search-R1 tool)."""
+        from flax import nnx
+
+        from jaxrl_llm.rollout import Engine, RolloutDriver
+
+        r = cfg
+        self.cfg = cfg
+        self.seed = seed
+        self.tokenizer = tokenizer
+        self.engine = Engine(
+            policy,
+            max_concurrent_decodes=r.max_slots,
+            max_cache_length=max_prompt_length + r.max_new_tokens + 1,
+            max_prefill_length=max_prompt_length,
+            mesh=hosts.local_sampling_mesh(mesh),
+            tokenizer=tokenizer,
+            keep_params=False,  # the trainer's live params come with every call
+        )
+        self.driver = RolloutDriver(
+            self.engine,
+            tokenizer,
+            steps_per_call=r.steps_per_call,
+            max_tool_turns=r.max_tool_calls,
+        )
+        self.tool = None
+        self.stop = tuple(r.stop)
+        # Rollout weights may be narrower (e.g. bfloat16: half the bytes read per decoded
+        # token); the trainer's master weights are untouched, and the gap shows in
+        # rollout/logprob_diff/*. One jitted cast (and, multi-host, gather) per step.
+        cast = _make_cast(rollout_dtype) if rollout_dtype else None
+        self._sync = hosts.WeightSync(
+            nnx.state(policy), mesh, self.engine.param_shardings, cast=cast
+        )
+        if r.tool == "python":
+            from jaxrl_llm.tools import PythonTool
+
+            self.tool = PythonTool()
+        elif r.tool == "search":
+            from jaxrl_llm.tools import make_search_tool
+
+            self.tool = make_search_tool(r.search_corpus or corpus, k=r.search_k)
+        if self.tool is not None:
+            self.stop = (*self.stop, *self.tool.stop_strings)
+
+    def _sampling(self, seed: int, *, n: int, temperature: float):
+        from jaxrl_llm.rollout import SamplingParams
+
+        r = self.cfg
+        return SamplingParams(
+            temperature=temperature,
+            top_k=r.top_k,
+            top_p=r.top_p,
+            max_new_tokens=r.max_new_tokens,
+            stop=self.stop,
+            n=n,
+            seed=seed,
+        )
+
+    def sync_weights(self, params):
+        """The trainer's params as the rollout reads them (`hosts.WeightSync`): the same
+        arrays when the training and sampling layouts agree and nothing is cast, else one
+        jitted re-layout/cast; multi-host, a full copy on each host's devices.
+        Call once per step (on every process), before `generate`."""
+        return self._sync(params)
+
+    def generate(self, params, batch, step: int, attempt: int, reward) -> Rollout:
+        """Scored samples of this host's `batch` (its share of the global batch) with
+        `params` from `sync_weights`, gathered from every host in global-batch order: every
+        process gets the same whole-batch `Rollout`. `step` is its policy version."""
+        r = self.cfg
+        seed = int(np.random.default_rng([self.seed, step, attempt]).integers(2**31))
+        prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(len(batch))]
+        progress = bar(f"rollout {step}", len(prompts) * r.n, unit="sample")
+        completions = self.driver.generate(
+            prompts,
+            self._sampling(seed, n=r.n, temperature=r.temperature),
+            params=params,
+            tool=self.tool,
+            progress=lambda done, total: progress.update(done - progress.n),
+            prompt_indices=_global_rows(len(prompts)),
+        )
+        progress.close()
+        answers = [a for a in batch.answers for _ in range(r.n)]
+        scores = reward.score([c.text for c in completions], answers)
+        mine = Rollout(
+            completions=tuple(completions),
+            answers=tuple(answers),
+            prompt_ids=tuple(batch.ids),
+            scores=np.asarray(scores, np.float32),
+            group_size=r.n,
+            policy_version=step,
+        )
+        return _gather_rows(mine)
+
+    def env_metrics(self, rollout: Rollout) -> dict[str, float]:
+        comps = rollout.completions
+        reasons = [c.finish_reason for c in comps]
+        m = {f"rollout/finish/{k}": reasons.count(k) / len(comps) for k in set(reasons)}
+        if self.tool is None:
+            return m
+        calls = np.asarray([c.tool_calls for c in comps], np.float32)
+        m["env/tool_calls/mean"] = float(calls.mean())
+        m["env/number_of_actions/mean"] = float(calls.mean())
+        m["env/ratio_of_valid_action"] = float(np.mean(calls > 0))
+        if self.cfg.tool == "python":
+            from jaxrl_llm.tools.python_tool import is_error_output, output_blocks
+
+            blocks = [b for c in comps for b in output_blocks(c.text)]
+            ok = [not is_error_output(b) for b in blocks]
+            m["env/code_success_rate"] = float(np.mean(ok)) if ok else 0.0
+        return m
+
+    def validate(self, params, val, reward, correct: float) -> dict[str, float]:
+        """Greedy (by default) pass over the validation set: `val/test_score` is the fraction
+        of samples scoring at least `correct`."""
+        if val is None:
+            return {}
+        r = self.cfg
+        texts, answers = [], []
+        params = self.sync_weights(params)
+        me, hosts_ = jax.process_index(), jax.process_count()
+        for batch in val.iterator():
+            # Multi-host: each host takes every process_count-th row of the batch.
+            rows = range(me, len(batch), hosts_)
+            prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in rows]
+            comps = self.driver.generate(
+                prompts,
+                self._sampling(self.seed, n=1, temperature=r.val_temperature),
+                params=params,
+                tool=self.tool,
+                prompt_indices=list(rows),
+            )
+            texts += [c.text for c in comps]
+            answers += [batch.answers[i] for i in rows]
+        mine = np.asarray(reward.score(texts, answers), np.float32)
+        scores = np.concatenate(hosts.allgather_objects(mine))
+        solved = scores >= correct
+        return {"val/test_score": float(solved.mean()), "val/reward/mean": float(scores.mean())}
+
+
+def _global_rows(local_rows: int) -> list[int]:
+    """Positions in the global batch of this host's rows: the prompt pipeline gives host p
+    rows p, p + P, p + 2P, ... (so sample seeds match a one-host run of the same batch)."""
+    p, n = jax.process_index(), jax.process_count()
+    return [p + n * r for r in range(local_rows)]
+
+
+def _gather_rows(mine: Rollout) -> Rollout:
+    """Every host's share of a step's rollout, interleaved back into global-batch order."""
+    parts = hosts.allgather_objects(mine)
+    if len(parts) == 1:
+        return mine
+    P, rows, G = len(parts), len(mine.prompt_ids), mine.group_size
+    order = [(r, p) for r in range(rows) for p in range(P)]  # global row r * P + p
+    group = lambda xs, r: xs[r * G : (r + 1) * G]
+    return dataclasses.replace(
+        mine,
+        prompt_ids=tuple(parts[p].prompt_ids[r] for r, p in order),
+        completions=tuple(c for r, p in order for c in group(parts[p].completions, r)),
+        answers=tuple(a for r, p in order for a in group(parts[p].answers, r)),
+        scores=np.concatenate([group(parts[p].scores, r) for r, p in order]),
+    )
+
+
+def _make_cast(dtype: str):
+    import jax.numpy as jnp
+
+    from jaxrl_llm.models.config import as_dtype
+
+    target = as_dtype(dtype)
+
+    @jax.jit
+    def cast(params):
+        return jax.tree.map(
+            lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+        )
+
+    return cast
