@@ -74,3 +74,13 @@ def test_pool_size_is_raised_never_lowered():
     assert cpu_devices.size_thread_pool(big) is None and big["PJRT_NPROC"] == "64"
     one = {"XLA_FLAGS": "", "NPROC": "2"}
     assert cpu_devices.size_thread_pool(one) is None and "PJRT_NPROC" not in one
+
+
+def test_the_cli_sizes_the_pool_before_jax_starts(monkeypatch):
+    from jaxrl_llm import cli
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    monkeypatch.setenv("PJRT_NPROC", "1")
+    with pytest.raises(SystemExit):
+        cli.main(["export", "--help"])
+    assert os.environ["PJRT_NPROC"] == str(cpu_devices.pool_threads(2))
