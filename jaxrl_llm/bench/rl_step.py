@@ -279,45 +279,38 @@ def bare_rollout(cfg, policy, tokenizer, mesh, params, shape, repeats, clock) ->
     }
 
 
-def bare_train(cfg, graphdef, params, vocab: int, shape, repeats, clock) -> dict:
-    """The run's jitted experience forwards and policy updates on its batch shapes."""
-    import jax
+def bare_train(cfg, learner, shape, repeats, clock) -> dict:
+    """The run's own jitted experience forwards and policy updates (`learner`, as
+    `build_learner` makes them for `run_rl`) on the step's batch shapes."""
     import jax.numpy as jnp
 
-    from jaxrl_llm.learner.experience import make_advantage_fn, make_logprob_fn
-    from jaxrl_llm.learner.optim import make_optimizer
-    from jaxrl_llm.learner.state import TrainState
-    from jaxrl_llm.learner.steps import make_policy_step, to_micro_batches
+    from jaxrl_llm.learner.steps import to_micro_batches
     from jaxrl_llm.types import TrainBatch
 
-    a, n = cfg.algo, cfg.rollout.n
+    a, lr = cfg.algo, learner
+    params, vocab = lr.state.policy.params, lr.policy.config.vocab_size
     B, T = shape["samples"], shape["seq_len"]
     ids = jnp.asarray(np.random.RandomState(1).randint(3, vocab, (B, T)).astype(np.int32))
     loss_mask = jnp.zeros((B, T), jnp.float32).at[:, shape["prompt_len_mean"] :].set(1.0)
     scores = jnp.asarray(np.random.RandomState(2).randint(0, 2, B).astype(np.float32))
-    logprob_fn = make_logprob_fn(graphdef, cfg.rollout.temperature, a.micro_batch_size)
-    adv_fn = make_advantage_fn(a, n)
     forwards = 2 if cfg.needs_reference else 1
 
     def experience():
-        old = logprob_fn(params, ids)
-        ref = logprob_fn(params, ids) if forwards == 2 else jnp.zeros_like(old)
-        return old, adv_fn(scores, loss_mask, old, ref, None)
+        old = lr.logprob_fn(params, ids)
+        ref = lr.logprob_fn(params, ids) if forwards == 2 else jnp.zeros_like(old)
+        return old, lr.adv_fn(scores, loss_mask, old, ref, None)
 
     experience_s = _median_time(experience, repeats, clock)
     old, (adv, returns, _) = experience()
     batch = TrainBatch(ids, loss_mask, old, old, adv, returns, jnp.zeros_like(old), old)
     mb = to_micro_batches(batch, jnp.arange(B // a.mini_batches), a.micro_batch_size)
     updates = a.ppo_epochs * a.mini_batches
-    tx = make_optimizer(cfg.optim, cfg.steps * updates)
-    policy_step = make_policy_step(graphdef, tx, a, cfg.rollout.temperature)
-    # A copy: the step donates its state, and `params` is still the experience's input.
-    own = jax.tree.map(jnp.copy, params)
-    holder = {"state": TrainState.create(own, tx, jax.random.PRNGKey(cfg.seed))}
+    # The step donates its state: the experience timings above are done with `params`.
+    holder = {"state": lr.state.policy}
 
     def update():
         for _ in range(updates):
-            holder["state"], m = policy_step(holder["state"], mb)
+            holder["state"], m = lr.policy_step(holder["state"], mb)
         return m
 
     return {
@@ -330,22 +323,14 @@ def bare_train(cfg, graphdef, params, vocab: int, shape, repeats, clock) -> dict
 
 
 def bare_kernels(cfg, shape: dict, repeats: int, clock: CompileClock) -> dict:
-    """Loads the checkpoint as `run_rl` does and times the bare rollout and train kernels."""
-    from flax import nnx
+    """Builds the run's learner as `run_rl` does and times the bare rollout and train
+    kernels."""
+    from jaxrl_llm.learner.run import build_learner
 
-    from jaxrl_llm.assets import resolve_checkpoint
-    from jaxrl_llm.models import from_pretrained, load_tokenizer
-    from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
-
-    mesh = build_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-    src = resolve_checkpoint(cfg.policy.checkpoint)
-    load = dict(dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype, mesh=mesh)
-    policy = from_pretrained(src, rules=TRAIN_RULES, remat=cfg.policy.remat, **load)
-    graphdef, params = nnx.split(policy)
-    tokenizer = load_tokenizer(src)
-    out = bare_rollout(cfg, policy, tokenizer, mesh, params, shape, repeats, clock)
-    vocab = policy.config.vocab_size
-    return {**out, **bare_train(cfg, graphdef, params, vocab, shape, repeats, clock)}
+    lr = build_learner(cfg)
+    params = lr.state.policy.params
+    out = bare_rollout(cfg, lr.policy, lr.tokenizer, lr.mesh, params, shape, repeats, clock)
+    return {**out, **bare_train(cfg, lr, shape, repeats, clock)}
 
 
 def run_steps(cfg, clock: CompileClock) -> tuple[list[dict], list[float] | None, float]:

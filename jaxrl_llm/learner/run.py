@@ -1,0 +1,149 @@
+"""What an RL run is built from: the learner (models on the mesh, optimisers, jitted steps),
+prompt data, the rollout stage, the reward pool and the checkpointer, restored on resume.
+
+`build_run(cfg)` constructs; `rl_loop.train(run)` runs. `bench rl-step` builds the same
+learner to time its kernels alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxrl_llm.assets import resolve_checkpoint
+from jaxrl_llm.data.prompts import PromptData, prompt_data
+from jaxrl_llm.learner.checkpoint import Checkpointer
+from jaxrl_llm.learner.experience import make_advantage_fn, make_logprob_fn, make_value_fn
+from jaxrl_llm.learner.optim import make_optimizer
+from jaxrl_llm.learner.rl_config import RLConfig
+from jaxrl_llm.learner.state import TrainState
+from jaxrl_llm.learner.steps import make_critic_step, make_policy_step
+from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer
+from jaxrl_llm.rewards.config import build_reward_pool
+from jaxrl_llm.rollout.stage import RolloutStage
+from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RunState:
+    """What a checkpoint restores: device state plus host counters."""
+
+    policy: TrainState
+    critic: TrainState | None
+    step: int = 0
+
+
+@dataclasses.dataclass
+class Learner:
+    """A run's models on the mesh and the jitted functions over them."""
+
+    mesh: Mesh
+    tokenizer: Any
+    policy: Any  # the CausalLM module; the rollout engine is built from it
+    graphdef: nnx.GraphDef
+    state: RunState
+    ref_params: Any | None  # frozen reference policy when a KL term is on
+    policy_step: Callable
+    critic_step: Callable | None
+    logprob_fn: Callable
+    value_fn: Callable | None
+    adv_fn: Callable
+
+
+def build_learner(cfg: RLConfig) -> Learner:
+    """Load the policy (and critic) straight into the training layout; build the steps."""
+    mesh = build_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    src = resolve_checkpoint(cfg.policy.checkpoint)
+    load = dict(dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype, mesh=mesh)
+    policy = from_pretrained(src, rules=TRAIN_RULES, remat=cfg.policy.remat, **load)
+    graphdef, params = nnx.split(policy)
+    a = cfg.algo
+    ref_params = jax.tree.map(jnp.copy, params) if cfg.needs_reference else None
+    updates = cfg.steps * a.ppo_epochs * a.mini_batches
+    tx = make_optimizer(cfg.optim, updates)
+    state = RunState(TrainState.create(params, tx, jax.random.PRNGKey(cfg.seed)), None)
+    critic_step = value_fn = None
+    if cfg.uses_critic:
+        critic_src = resolve_checkpoint(cfg.policy.critic_checkpoint or cfg.policy.checkpoint)
+        critic = from_pretrained(critic_src, cls=ValueModel, rules=TRAIN_RULES, **load)
+        critic_graphdef, critic_params = nnx.split(critic)
+        ctx_ = make_optimizer(cfg.critic_optim, updates)
+        state.critic = TrainState.create(critic_params, ctx_, jax.random.PRNGKey(cfg.seed + 1))
+        critic_step = make_critic_step(critic_graphdef, ctx_, a)
+        value_fn = make_value_fn(critic_graphdef, a.micro_batch_size)
+    return Learner(
+        mesh=mesh,
+        tokenizer=load_tokenizer(src),
+        policy=policy,
+        graphdef=graphdef,
+        state=state,
+        ref_params=ref_params,
+        policy_step=make_policy_step(graphdef, tx, a, cfg.rollout.temperature),
+        critic_step=critic_step,
+        logprob_fn=make_logprob_fn(graphdef, cfg.rollout.temperature, a.micro_batch_size),
+        value_fn=value_fn,
+        adv_fn=make_advantage_fn(a, cfg.rollout.n),
+    )
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything a training run is built from; `train(run)` runs it."""
+
+    cfg: RLConfig
+    run_dir: Path
+    learner: Learner
+    data: PromptData
+    prompts: Any  # the train pipeline's iterator (its state is checkpointed)
+    rollout: RolloutStage
+    reward: Any  # RewardPool
+    ckpt: Checkpointer
+    resumed: bool
+
+
+def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
+    """Models, data, rollout stage, reward pool and checkpointer; with `resume`, the latest
+    checkpoint restored (a run directory with checkpoints and no `resume` is an error)."""
+    cfg.validate()
+    run_dir = Path(cfg.resolved_run_dir())
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    step0 = ckpt.latest_step()
+    if step0 is not None and not resume:
+        ckpt.close()
+        raise FileExistsError(
+            f"{run_dir} already has checkpoints; pass --resume or choose another run_dir"
+        )
+    learner = build_learner(cfg)
+    data = prompt_data(cfg.data, learner.tokenizer, run_dir)
+    prompts = data.train.iterator()
+    state = learner.state
+    if resume and step0 is not None:
+        restored, extra = ckpt.restore(step0, device_state(state))
+        state.policy, state.critic = restored["policy"], restored.get("critic")
+        prompts.set_state(extra["data"])
+        state.step = step0
+        log.info("resumed from %s step %d", ckpt.directory, step0)
+    rollout = RolloutStage(
+        cfg.rollout, learner.policy, learner.tokenizer, learner.mesh,
+        max_prompt_length=cfg.data.max_prompt_length, seed=cfg.seed,
+        rollout_dtype=cfg.policy.rollout_dtype, corpus=data.corpus,
+    )  # fmt: skip
+    reward = build_reward_pool(cfg.reward)
+    return Run(cfg, run_dir, learner, data, prompts, rollout, reward, ckpt, resume)
+
+
+def device_state(state: RunState) -> dict[str, Any]:
+    out: dict[str, Any] = {"policy": state.policy}
+    if state.critic is not None:
+        out["critic"] = state.critic
+    return out
