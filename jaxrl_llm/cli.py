@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
     "serve": ("jaxrl_llm.rollout.server", "serve a checkpoint over JetStream's gRPC API"),
     "bench": ("jaxrl_llm.bench.cli", "benchmarks (rollout, train, rl-step), JSON output"),
     "plan": ("jaxrl_llm.learner.plan", "memory per device of a run: does it fit, what to change"),
-    "eval": ("jaxrl_llm.metrics.evaluate", "pass@1, pass@k and maj@k of a checkpoint"),
+    "eval": ("jaxrl_llm.rollout.evaluate", "pass@1, pass@k and maj@k of a checkpoint"),
     "plot": ("jaxrl_llm.metrics.plots", "dashboard PNGs of one or more runs' metrics"),
     "export": ("jaxrl_llm.learner.export", "write a run's policy checkpoint as HF safetensors"),
     "limr": ("jaxrl_llm.data.limr_cli", "LIMR: score a run's prompts, select a subset"),

@@ -1,0 +1,161 @@
+"""`jaxrl-llm eval`: pass@1, pass@k (unbiased) and maj@k of a checkpoint on a prompt set.
+
+Samples with the rollout engine and driver (the tool too, with `--tool python`), scores with a
+registered reward, and summarises with `metrics.pass_at_k`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxrl_llm.metrics.pass_at_k import majority_answer, pass_at_k
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", default="builtin", help="HF folder or 'builtin'")
+    parser.add_argument("--data", default=None, help="jsonl/json/parquet, tfds:NAME, or builtin")
+    parser.add_argument("--data-dir", default=None, help="TFDS data_dir")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--limit", type=int, default=None, help="first N problems")
+    parser.add_argument("--template", default="chat")
+    parser.add_argument("--system-prompt", default=None)
+    parser.add_argument("--tool", choices=("none", "python"), default="none")
+    parser.add_argument("--n", type=int, default=1, help="samples per problem")
+    parser.add_argument("--k", type=int, nargs="*", default=None, help="k values (default n)")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-prompt-length", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="write results JSON here")
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """Sample `--n` completions per problem with the RL rollout stage (the same engine, driver,
+    tool and reward pool as training), then pass@k and maj@k."""
+    import jax
+    from flax import nnx
+
+    from jaxrl_llm.assets import resolve_checkpoint
+    from jaxrl_llm.models import from_pretrained, load_tokenizer
+    from jaxrl_llm.rewards import get_reward
+    from jaxrl_llm.rewards.config import RewardConfig, build_reward_pool
+    from jaxrl_llm.rollout.config import RolloutConfig
+    from jaxrl_llm.rollout.stage import RolloutStage
+    from jaxrl_llm.sharding import build_mesh
+
+    _check(args)
+    src = resolve_checkpoint(args.checkpoint)
+    tokenizer = load_tokenizer(src)
+    model = from_pretrained(src)
+    rollout = RolloutConfig(
+        n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_p=args.top_p, tool=args.tool, max_slots=64,
+    )  # fmt: skip
+    mesh = build_mesh(1, 1, 1, devices=jax.devices()[:1])
+    stage = RolloutStage(rollout, model, tokenizer, mesh,
+                         max_prompt_length=args.max_prompt_length, seed=args.seed)  # fmt: skip
+    params = stage.sync_weights(nnx.state(model))
+    rows: list[dict[str, Any]] = []
+    pool = build_reward_pool(RewardConfig(name="math", workers=1))
+    try:
+        for i, batch in enumerate(_prompts(args, tokenizer).iterator()):
+            got = stage.generate(params, batch, step=0, attempt=i + 1, reward=pool)
+            rows += _rows(got)
+            if args.limit and len(rows) >= args.limit:
+                break
+    finally:
+        pool.close()
+    rows = rows[: args.limit]
+    result = _summary(rows, args.n, sorted(set(args.k or [args.n])), get_reward("math"))
+    result = {"checkpoint": str(src), **result}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"summary": result, "samples": rows}, indent=1))
+    return result
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.temperature == 0 and args.n > 1:
+        raise ValueError("--n > 1 needs --temperature > 0 (greedy samples are identical)")
+    if any(k < 1 or k > args.n for k in args.k or []):
+        raise ValueError(f"every --k must be in [1, --n={args.n}], got {args.k}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+
+
+def _prompts(args: argparse.Namespace, tokenizer):
+    from jaxrl_llm.data.examples import FieldMap
+    from jaxrl_llm.data.pipeline import PipelineConfig, build_prompt_pipeline
+
+    config = PipelineConfig(
+        source=_source(args), fields=FieldMap(), template=args.template,
+        system_prompt=args.system_prompt, max_prompt_length=args.max_prompt_length,
+        global_batch_size=64, num_epochs=1, shuffle=False, drop_remainder=False,
+    )  # fmt: skip
+    return build_prompt_pipeline(config, tokenizer)
+
+
+def _rows(got) -> list[dict[str, Any]]:
+    """One row per problem of a scored `Rollout`: its samples' texts, answers, correctness."""
+    from jaxrl_llm.rewards import extract_answer
+
+    G, out = got.group_size, []
+    for p, pid in enumerate(got.prompt_ids):
+        texts = [c.text for c in got.completions[p * G : (p + 1) * G]]
+        out.append({
+            "id": pid,
+            "answer": got.answers[p * G],
+            "correct": [bool(s > 0) for s in got.scores[p * G : (p + 1) * G]],
+            "answers": [extract_answer(t) for t in texts],
+            "texts": texts,
+        })  # fmt: skip
+    return out
+
+
+def _summary(rows: list[dict[str, Any]], n: int, ks: list[int], reward) -> dict[str, Any]:
+    """pass@1, pass@k and maj@k over `rows` (maj@k: the majority answer, boxed, scored)."""
+    result: dict[str, Any] = {"problems": len(rows), "n": n}
+    result["pass@1"] = float(np.mean([np.mean(r["correct"]) for r in rows]))
+    for k in ks:
+        result[f"pass@{k}"] = float(np.mean([pass_at_k(n, sum(r["correct"]), k) for r in rows]))
+        maj = [majority_answer(r["answers"][:k]) for r in rows]
+        hits = [m is not None and reward(f"\\boxed{{{m}}}", r["answer"]) > 0
+                for m, r in zip(maj, rows)]  # fmt: skip
+        result[f"maj@{k}"] = float(np.mean(hits))
+    return result
+
+
+def _source(args):
+    from jaxrl_llm.data.sources import SourceConfig
+
+    if args.data in (None, "builtin"):
+        import tempfile
+
+        from jaxrl_llm.data.tasks import arithmetic
+
+        # The held-out side of the task's fixed partition: never seen in SFT or RL training.
+        problems = arithmetic.generate_problems(
+            args.limit or 200, seed=1_000_003, id_prefix="val", split="val"
+        )
+        out = Path(tempfile.gettempdir()) / "jaxrl_eval_builtin_val.jsonl"
+        return SourceConfig(str(arithmetic.write_jsonl(problems, out)))
+    if args.data.startswith("tfds:"):
+        return SourceConfig(args.data[5:], format="tfds", split=args.split, data_dir=args.data_dir)
+    return SourceConfig(args.data, split=args.split)
+
+
+def main(args: argparse.Namespace) -> int:
+    result = evaluate(args)
+    width = max(len(k) for k in result)
+    for k, v in result.items():
+        print(f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    return 0
