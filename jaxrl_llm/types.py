@@ -17,29 +17,35 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
 
 import jax
 import numpy as np
 from jaxtyping import Bool, Float, Int
+from typing_extensions import TypeVar  # `default=` (PEP 696) before Python 3.13
 
 if TYPE_CHECKING:
     from jaxrl_llm.rollout.driver import Completion
 
+# The leaves of a pytree record (`TrainBatch`, `learner.state.TrainState`): `jax.Array` on
+# the mesh (the default), `np.ndarray` on the host (`Experience.batch`), `jax.ShapeDtypeStruct`
+# when only shapes and shardings are wanted (`learner.plan`).
+Leaf = TypeVar("Leaf", default=jax.Array)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class TrainBatch:
+class TrainBatch(Generic[Leaf]):
     """Everything an update step reads. All arrays [B, T] unless noted."""
 
-    input_ids: jax.Array  # int32: prompt + response + padding
-    loss_mask: jax.Array  # float32: 1 on model-written response tokens that are trained
-    old_logprobs: jax.Array  # float32: trainer's logprobs before the update
-    ref_logprobs: jax.Array  # float32: frozen reference model (zeros when unused)
-    advantages: jax.Array  # float32
-    returns: jax.Array  # float32 (critic targets; advantages for critic-free estimators)
-    old_values: jax.Array  # float32 (zeros without a critic)
-    rollout_logprobs: jax.Array  # float32: the engine's logprobs (mismatch / TIS)
+    input_ids: Leaf  # int32: prompt + response + padding
+    loss_mask: Leaf  # float32: 1 on model-written response tokens that are trained
+    old_logprobs: Leaf  # float32: trainer's logprobs before the update
+    ref_logprobs: Leaf  # float32: frozen reference model (zeros when unused)
+    advantages: Leaf  # float32
+    returns: Leaf  # float32 (critic targets; advantages for critic-free estimators)
+    old_values: Leaf  # float32 (zeros without a critic)
+    rollout_logprobs: Leaf  # float32: the engine's logprobs (mismatch / TIS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +109,7 @@ class Experience:
     update reads (`batch`, numpy), plus per-sample summaries for metrics."""
 
     rollout: Rollout
-    batch: TrainBatch  # arrays [B, T]
+    batch: TrainBatch[np.ndarray]  # arrays [B, T]
     model_mask: Float[np.ndarray, "B T"]  # 1 on model-written tokens (before any filter)
     response_length: Int[np.ndarray, " B"]  # all response tokens, tool output included
     truncated: Bool[np.ndarray, " B"]  # the sample hit its token budget

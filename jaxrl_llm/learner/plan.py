@@ -418,6 +418,8 @@ def xla_step_bytes(cfg, mesh, w: Workload, algo=None, optim=None) -> dict[str, i
     batch = TrainBatch(f(jnp.int32), *[f(jnp.float32)] * 7)
     step = make_policy_step(graphdef, tx, algo or AlgoConfig(), 1.0)
     ma = step.lower(state, batch).compile().memory_analysis()
+    if ma is None:
+        raise RuntimeError(f"the {jax.default_backend()} backend reports no memory analysis")
     out = {
         "arguments": ma.argument_size_in_bytes,
         "outputs": ma.output_size_in_bytes,

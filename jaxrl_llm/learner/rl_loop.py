@@ -178,7 +178,10 @@ def _make_experience(cfg, lr: Learner, samples: Rollout) -> Experience:
     old_lp = lr.logprob_fn(state.policy.params, ids)
     ref = lr.ref_params
     ref_lp = lr.logprob_fn(ref, ids) if ref is not None else jnp.zeros_like(old_lp)
-    values = lr.value_fn(state.critic.params, ids) if lr.value_fn is not None else None
+    values = None
+    if lr.value_fn is not None:
+        assert state.critic is not None  # built with value_fn (`build_learner`)
+        values = lr.value_fn(state.critic.params, ids)
     adv, returns, token_rewards = lr.adv_fn(rows(samples.scores), mask, old_lp, ref_lp, values)
     old_lp = hosts.to_host(old_lp)
     batch = TrainBatch(
@@ -231,7 +234,7 @@ def _experience_metrics(exp: Experience) -> dict[str, float]:
     return {k: float(v) for k, v in m.items()}
 
 
-def _update(cfg, lr: Learner, step: int, batch: TrainBatch) -> dict[str, float]:
+def _update(cfg, lr: Learner, step: int, batch: TrainBatch[np.ndarray]) -> dict[str, float]:
     """ppo_epochs x mini_batches updates; each mini-batch is cut on the host and goes to the
     mesh as [M, mb, T] (`hosts.put_batch`: the mb rows over ("data", "fsdp"))."""
     a, state, mesh = cfg.algo, lr.state, lr.mesh

@@ -8,6 +8,7 @@ learner to time its kernels alone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -64,8 +65,14 @@ def build_learner(cfg: RLConfig) -> Learner:
     """Load the policy (and critic) straight into the training layout; build the steps."""
     mesh = build_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     src = resolve_checkpoint(cfg.policy.checkpoint)
-    load = dict(dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype, mesh=mesh)
-    policy = from_pretrained(src, rules=TRAIN_RULES, remat=cfg.policy.remat, **load)
+    load = functools.partial(
+        from_pretrained,
+        dtype=cfg.policy.dtype,
+        param_dtype=cfg.policy.param_dtype,
+        mesh=mesh,
+        rules=TRAIN_RULES,
+    )
+    policy = load(src, remat=cfg.policy.remat)
     graphdef, params = nnx.split(policy)
     a = cfg.algo
     ref_params = jax.tree.map(jnp.copy, params) if cfg.needs_reference else None
@@ -75,7 +82,7 @@ def build_learner(cfg: RLConfig) -> Learner:
     critic_step = value_fn = None
     if cfg.uses_critic:
         critic_src = resolve_checkpoint(cfg.policy.critic_checkpoint or cfg.policy.checkpoint)
-        critic = from_pretrained(critic_src, cls=ValueModel, rules=TRAIN_RULES, **load)
+        critic = load(critic_src, cls=ValueModel)
         critic_graphdef, critic_params = nnx.split(critic)
         ctx_ = make_optimizer(cfg.critic_optim, updates)
         state.critic = TrainState.create(critic_params, ctx_, jax.random.PRNGKey(cfg.seed + 1))

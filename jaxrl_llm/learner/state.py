@@ -8,31 +8,35 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.core import Tracer
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm.sharding.hosts import global_array
+from jaxrl_llm.types import Leaf
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class TrainState:
-    step: jax.Array  # int32 []
+class TrainState(Generic[Leaf]):
+    """`Leaf` is `jax.Array`, or `jax.ShapeDtypeStruct` for an abstract state (`plan`)."""
+
+    step: Leaf  # int32 []
     params: Any  # nnx.State of Params
     opt_state: Any
-    rng: jax.Array  # PRNG key
+    rng: Leaf  # PRNG key
 
-    @classmethod
-    def create(cls, params: Any, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+    @staticmethod
+    def create(params: Any, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
         # Eagerly: each moment is made like its parameter and keeps that sharding. (Under a
         # bare jit XLA is free to place the zeros anywhere; it puts them on one device.)
         opt_state = tx.init(params)
-        state = cls(jnp.zeros((), jnp.int32), params, opt_state, rng)
+        state = TrainState(jnp.zeros((), jnp.int32), params, opt_state, rng)
         return _on_params_mesh(state)
 
 
@@ -41,7 +45,7 @@ def _on_params_mesh(state: TrainState) -> TrainState:
     over the parameters' mesh. Multi-host jit and Orbax need global arrays throughout; an
     uncommitted scalar would also come back from a checkpoint pinned to one device."""
     leaves = jax.tree.leaves(state)
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+    if any(isinstance(x, Tracer) for x in leaves):
         return state  # traced (jit, eval_shape): placement is the caller's out_shardings
     mesh = next(
         (x.sharding.mesh for x in jax.tree.leaves(state.params)

@@ -27,7 +27,7 @@ from jaxrl_llm.algorithms import (
 from jaxrl_llm.algorithms.registry import resolve_declared
 from jaxrl_llm.learner.experience import sequence_values, shift_right
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
-from jaxrl_llm.types import TrainBatch
+from jaxrl_llm.types import Leaf, TrainBatch
 
 
 def _policy_loss_fn(algo):
@@ -114,7 +114,7 @@ def _make_update(loss_fn, tx, agg: str, role: str, summed: tuple[str, ...]):
     return step
 
 
-def to_micro_batches(batch: TrainBatch, idx: Any, micro_batch_size: int) -> TrainBatch:
+def to_micro_batches(batch: TrainBatch[Leaf], idx: Any, micro_batch_size: int) -> TrainBatch[Leaf]:
     """Rows `idx` of `batch`, reshaped [M, mb, T]."""
 
     def take(x):

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from jaxrl_llm.assets import resolve_checkpoint
-    from jaxrl_llm.models import from_pretrained, load_tokenizer
+    from jaxrl_llm.models import CausalLM, from_pretrained, load_tokenizer
     from jaxrl_llm.rollout.driver import RolloutDriver
     from jaxrl_llm.rollout.engine import Engine
     from jaxrl_llm.rollout.sampling import SamplingParams
@@ -62,6 +62,7 @@ def main(args: argparse.Namespace) -> int:
     while prefill < longest:
         prefill *= 2
     model = from_pretrained(path, dtype=args.dtype)
+    assert isinstance(model, CausalLM)  # from_pretrained's default cls
     engine = Engine(
         model,
         max_concurrent_decodes=args.slots,

@@ -80,7 +80,7 @@ class HFTokenizer(tokenizer_api.Tokenizer):
             ids = np.concatenate([[self.bos_id], ids]).astype(np.int32)
         return token_utils.pad_tokens(
             ids,
-            self.bos_id,
+            0,  # bos_id: not read with is_bos=False (the BOS, if any, is in `ids` already)
             self.pad_id,
             is_bos=False,
             prefill_lengths=kwargs.get("prefill_lengths"),
@@ -100,8 +100,10 @@ class HFTokenizer(tokenizer_api.Tokenizer):
     def eos_id(self) -> int:
         return self.eos_ids[0] if self.eos_ids else -1
 
+    # None without a BOS token (Qwen); JetStream's base says int, but it reads `bos_id` only
+    # in the token-content prefill path that `server._Driver` replaces with `pad`.
     @property
-    def bos_id(self) -> int | None:
+    def bos_id(self) -> int | None:  # pyright: ignore[reportIncompatibleMethodOverride]
         bos = self.hf.bos_token_id
         return None if bos is None else int(bos)
 

@@ -22,12 +22,18 @@ Shapes: B slots, V vocab.
 from __future__ import annotations
 
 import dataclasses
+from typing import Generic
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from typing_extensions import TypeVar  # `default=` (PEP 696) before Python 3.13
 
 Array = jax.Array
+# The leaves of a `SlotSampling`: `jax.Array` (the default), numpy scalars on the host
+# (`SlotSampling.one`), `NamedSharding` in a sharding pytree. (As `jaxrl_llm.types.Leaf`,
+# which this module cannot import: `types` refers to the driver, which imports this.)
+Leaf = TypeVar("Leaf", default=jax.Array)
 
 GREEDY_TEMPERATURE = 0.0
 
@@ -74,27 +80,28 @@ def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class SlotSampling:
-    """Per-slot sampling parameters as arrays [B] (scalars [] for one slot)."""
+class SlotSampling(Generic[Leaf]):
+    """Per-slot sampling parameters as arrays [B] (scalars [] for one slot: numpy scalars
+    on the host, `one`)."""
 
-    temperature: Array  # float32
-    top_k: Array  # int32, 0 = off
-    top_p: Array  # float32, 1 = off
-    seed: Array  # uint32
+    temperature: Leaf  # float32
+    top_k: Leaf  # int32, 0 = off
+    top_p: Leaf  # float32, 1 = off
+    seed: Leaf  # uint32
 
-    @classmethod
-    def fill(cls, batch: int, params: SamplingParams | None = None) -> SlotSampling:
+    @staticmethod
+    def fill(batch: int, params: SamplingParams | None = None) -> SlotSampling:
         p = params or SamplingParams(temperature=GREEDY_TEMPERATURE)
-        return cls(
+        return SlotSampling(
             jnp.full((batch,), p.temperature, jnp.float32),
             jnp.full((batch,), p.top_k, jnp.int32),
             jnp.full((batch,), p.top_p, jnp.float32),
             jnp.full((batch,), p.seed, jnp.uint32),
         )
 
-    @classmethod
-    def one(cls, params: SamplingParams, seed: int) -> SlotSampling:
-        return cls(
+    @staticmethod
+    def one(params: SamplingParams, seed: int) -> SlotSampling[np.generic]:
+        return SlotSampling(
             np.float32(params.temperature),
             np.int32(params.top_k),
             np.float32(params.top_p),

@@ -33,7 +33,7 @@ from typing import Any
 import grpc
 
 from jaxrl_llm.rollout.engine import Engine, ParamsRef
-from jaxrl_llm.rollout.jetstream_compat import patch_orchestrator
+from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, patch_orchestrator
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class _Driver(orchestrator.Driver):
             return tokenizer.encode(
                 content, is_bos=is_bos, max_prefill_length=max_prefill_length, jax_padding=False
             )
+        assert isinstance(tokenizer, HFTokenizer)  # built by `Engine.build_tokenizer`
         return tokenizer.pad(
             content, is_bos=is_bos, max_prefill_length=max_prefill_length, jax_padding=False
         )
@@ -152,11 +153,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from jaxrl_llm.assets import resolve_checkpoint
-    from jaxrl_llm.models import from_pretrained, load_tokenizer
+    from jaxrl_llm.models import CausalLM, from_pretrained, load_tokenizer
 
     path = resolve_checkpoint(args.checkpoint)
+    model = from_pretrained(path, dtype=args.dtype)
+    assert isinstance(model, CausalLM)  # from_pretrained's default cls
     engine = Engine(
-        from_pretrained(path, dtype=args.dtype),
+        model,
         max_concurrent_decodes=args.slots,
         max_cache_length=args.max_cache_length,
         max_prefill_length=args.max_prefill_length,

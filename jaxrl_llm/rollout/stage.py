@@ -80,7 +80,12 @@ class RolloutStage:
         elif r.tool == "search":
             from jaxrl_llm.tools import make_search_tool
 
-            self.tool = make_search_tool(r.search_corpus or corpus, k=r.search_k)
+            path = r.search_corpus or corpus
+            if path is None:  # RLConfig refuses this first
+                raise ValueError(
+                    "rollout.tool='search' needs rollout.search_corpus (a jsonl corpus)"
+                )
+            self.tool = make_search_tool(path, k=r.search_k)
         if self.tool is not None:
             self.stop = (*self.stop, *self.tool.stop_strings)
 
