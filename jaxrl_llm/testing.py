@@ -119,6 +119,7 @@ class ScriptedEngine:
         self.logprob = logprob
         self.appended: list[tuple[int, list[int], int]] = []
         self.prompt_lengths: dict[int, int] = {}
+        self.released: list[int] = []
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -144,6 +145,12 @@ class ScriptedEngine:
         state["turn"][slot], state["pos"][slot] = 0, 0
         state["left"][slot], state["active"][slot] = max_new, True
         return state
+
+    def can_insert(self, prefix, max_new) -> bool:
+        return True
+
+    def release_slot(self, slot) -> None:
+        self.released.append(int(slot))
 
     def append_tokens(self, params, state, slot, tokens, start, sampling, max_new):
         self.appended.append((slot, [int(t) for t in tokens], int(start)))

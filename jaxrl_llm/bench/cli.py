@@ -25,6 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps-per-call", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="rollout: ToRL-shaped lengths (512-token prompts, n=8, 64-2048 "
+        "new tokens each); engine only",
+    )
+    parser.add_argument("--prompts", type=int, default=8, help="rollout --mixed: prompts")
     parser.add_argument("--seq-len", type=int, default=256, help="train: tokens per sequence")
     rl_step.add_arguments(parser)  # --gin_file, --gin_param, --steps
 

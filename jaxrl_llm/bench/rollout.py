@@ -56,7 +56,12 @@ def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
     prefill_s, decode_s = best
+    kv_read = kv_bytes_read(engine, [np.full(B, P + t + 1) for t in range(N)])
     return {
+        **kv_fields(engine, engine.num_pages - engine.pages.allocator.num_free),
+        "ms_per_decode_step": 1e3 * decode_s / N,
+        "decode_kv_bytes_read": kv_read,
+        "decode_bytes_per_s": (param_bytes * N + kv_read) / decode_s,
         "params": int(n_params),
         "param_bytes": int(param_bytes),
         "prefill_s": prefill_s,
@@ -66,6 +71,28 @@ def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -
         "tokens_per_s": B * N / (prefill_s + decode_s),
         "decode_weight_bytes_per_s": param_bytes * N / decode_s,
     }
+
+
+def kv_fields(engine, pages_held: int) -> dict:
+    """The engine's KV cache sizes: bytes per token (all layers), the pool, and the pages
+    held at the peak of a run."""
+    page_bytes = engine.page_size * engine.kv_bytes_per_token()
+    return {
+        "page_size": engine.page_size,
+        "kv_bytes_per_token": engine.kv_bytes_per_token(),
+        "kv_pool_bytes": engine.kv_pool_bytes(),
+        "peak_kv_bytes": pages_held * page_bytes,
+    }
+
+
+def kv_bytes_read(engine, kv_lens_per_step) -> int:
+    """KV bytes the decode attention reads over steps whose rows hold `kv_lens` tokens
+    (the pure-JAX walk's own accounting, `models.paged.pages_read`; every layer)."""
+    from jaxrl_llm.models.paged import pages_read
+
+    page_bytes = engine.page_size * engine.kv_bytes_per_token()
+    pages = sum(int(pages_read(np.asarray(lens), engine.page_size)[1]) for lens in kv_lens_per_step)
+    return pages * page_bytes
 
 
 def bench_hf(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
@@ -88,6 +115,10 @@ def bench_hf(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.mixed:
+        from jaxrl_llm.bench.rollout_mixed import main as mixed
+
+        return mixed(args)
     B, P, N = args.batch, args.prompt_len, args.new_tokens
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_checkpoint(args.checkpoint, Path(tmp))
@@ -106,6 +137,9 @@ def main(args: argparse.Namespace) -> int:
         "speedup_vs_hf": None if hf is None else ours["tokens_per_s"] / hf["tokens_per_s"],
         "decode_bandwidth_roofline_fraction": (
             ours["decode_weight_bytes_per_s"] / ceilings["read_bytes_per_s"]
+        ),
+        "decode_bandwidth_roofline_fraction_with_kv": (
+            ours["decode_bytes_per_s"] / ceilings["read_bytes_per_s"]
         ),
     }
     print(json.dumps(result, indent=1))

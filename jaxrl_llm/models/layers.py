@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models.config import ModelConfig, RopeConfig, as_dtype
+from jaxrl_llm.models.paged import PagedBatch, decode, gathered_attention, write_kv
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext, constrain
 
@@ -125,6 +126,45 @@ class Attention(nnx.Module):
         With a cache, the new keys/values are written at `write_index` [B,T] (indices
         >= S are dropped: padding) and attention runs over the whole cache.
         """
+        q, k, v = self.project(x, cos, sin, ctx)
+        new_cache = None
+        if kv_cache is not None:
+            cache_k, cache_v = kv_cache
+            rows = jnp.arange(x.shape[0])[:, None]
+            cache_k = cache_k.at[rows, write_index].set(k.astype(cache_k.dtype), mode="drop")
+            cache_v = cache_v.at[rows, write_index].set(v.astype(cache_v.dtype), mode="drop")
+            cache_spec = (ax.BATCH, ax.CACHE_SEQ, ax.ACT_KV_HEADS, None)
+            cache_k = constrain(cache_k, cache_spec, ctx)
+            cache_v = constrain(cache_v, cache_spec, ctx)
+            new_cache = (cache_k, cache_v)
+            k, v = cache_k.astype(x.dtype), cache_v.astype(x.dtype)
+        return self.output(attend(q, k, v, mask, self.scale)), new_cache
+
+    def paged(
+        self,
+        x: Array,
+        cos: Array,
+        sin: Array,
+        kv_pages: Array,
+        batch: PagedBatch,
+        positions: Array,
+        ctx: ShardingContext | None,
+    ) -> tuple[Array, Array]:
+        """x [B,T,D] appended to paged sequences (`models.paged`): writes their keys/values
+        into `kv_pages` [P, ps, 2K, H] and attends over the pages each row uses."""
+        q, k, v = self.project(x, cos, sin, ctx)
+        kv_pages = write_kv(kv_pages, k, v, batch.write_slots)
+        if x.shape[1] == 1:
+            out = decode(q[:, 0], kv_pages, batch.kv_lens, batch.page_indices, sm_scale=self.scale)
+            out = out[:, None]
+        else:
+            out = gathered_attention(
+                q, kv_pages, batch.kv_lens, batch.page_indices, positions, sm_scale=self.scale
+            )
+        return self.output(out), kv_pages
+
+    def project(self, x: Array, cos: Array, sin: Array, ctx: ShardingContext | None):
+        """q [B,T,N,H], k, v [B,T,K,H] with rotary embeddings applied to q and k."""
         dtype = x.dtype
         q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dtype))
         k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dtype))
@@ -136,24 +176,14 @@ class Attention(nnx.Module):
         q = constrain(apply_rope(q, cos, sin), (ax.BATCH, ax.SEQ, ax.ACT_HEADS, None), ctx)
         k = constrain(apply_rope(k, cos, sin), (ax.BATCH, ax.SEQ, ax.ACT_KV_HEADS, None), ctx)
         v = constrain(v, (ax.BATCH, ax.SEQ, ax.ACT_KV_HEADS, None), ctx)
+        return q, k, v
 
-        new_cache = None
-        if kv_cache is not None:
-            cache_k, cache_v = kv_cache
-            rows = jnp.arange(x.shape[0])[:, None]
-            cache_k = cache_k.at[rows, write_index].set(k.astype(cache_k.dtype), mode="drop")
-            cache_v = cache_v.at[rows, write_index].set(v.astype(cache_v.dtype), mode="drop")
-            cache_spec = (ax.BATCH, ax.CACHE_SEQ, ax.ACT_KV_HEADS, None)
-            cache_k = constrain(cache_k, cache_spec, ctx)
-            cache_v = constrain(cache_v, cache_spec, ctx)
-            new_cache = (cache_k, cache_v)
-            k, v = cache_k.astype(dtype), cache_v.astype(dtype)
-
-        out = attend(q, k, v, mask, self.scale)
-        out = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(dtype))
+    def output(self, out: Array) -> Array:
+        """Attention output [B,T,N,H] -> [B,T,D] through o_proj."""
+        out = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(out.dtype))
         if self.use_o_bias:
-            out = out + self.o_bias[...].astype(dtype)
-        return out, new_cache
+            out = out + self.o_bias[...].astype(out.dtype)
+        return out
 
 
 def attend(q: Array, k: Array, v: Array, mask: Array, scale: float) -> Array:

@@ -29,6 +29,7 @@ from jaxrl_llm.models.layers import (
     rope_cos_sin,
     rope_inv_freq,
 )
+from jaxrl_llm.models.paged import PagedBatch, slots_for
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext, constrain
 
@@ -72,9 +73,19 @@ class DecoderLayer(nnx.Module):
         h, new_cache = self.self_attn(
             self.input_layernorm(x), cos, sin, mask, kv_cache, write_index, ctx
         )
+        return self._rest(x, h, ctx), new_cache
+
+    def paged(self, x, cos, sin, kv_pages, batch: PagedBatch, positions, ctx):
+        h, kv_pages = self.self_attn.paged(
+            self.input_layernorm(x), cos, sin, kv_pages, batch, positions, ctx
+        )
+        return self._rest(x, h, ctx), kv_pages
+
+    def _rest(self, x, h, ctx):
+        """Residual, post-attention norm, MLP, residual."""
         x = constrain(x + h, (ax.BATCH, ax.SEQ, ax.ACT_EMBED), ctx)
         x = x + self.mlp(self.post_attention_layernorm(x), ctx)
-        return constrain(x, (ax.BATCH, ax.SEQ, ax.ACT_EMBED), ctx), new_cache
+        return constrain(x, (ax.BATCH, ax.SEQ, ax.ACT_EMBED), ctx)
 
 
 class Decoder(nnx.Module):
@@ -100,11 +111,7 @@ class Decoder(nnx.Module):
         ctx: ShardingContext | None,
     ) -> tuple[Array, KVCache | None]:
         """Final-norm hidden states [B, T, D] and the updated cache."""
-        dtype = as_dtype(self.config.dtype)
-        x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(dtype)
-        x = constrain(x, (ax.BATCH, ax.SEQ, ax.ACT_EMBED), ctx)
-        inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope)
-        cos, sin = rope_cos_sin(positions, inv_freq, dtype)
+        x, cos, sin = self._embed(input_ids, positions, ctx)
 
         def run_layer(layer, x, layer_cache):
             return layer(x, cos, sin, mask, layer_cache, write_index, ctx)
@@ -136,6 +143,33 @@ class Decoder(nnx.Module):
                 constrain(new_cache.v, KVCache.logical_axes(), ctx),
             )
         return self.norm(x), new_cache
+
+    def paged(
+        self,
+        input_ids: Array,
+        positions: Array,
+        kv_pages: tuple[Array, ...],
+        batch: PagedBatch,
+        ctx: ShardingContext | None,
+    ) -> tuple[Array, tuple[Array, ...]]:
+        """Final-norm hidden states [B, T, D] of tokens appended to paged sequences, and
+        the per-layer page pools with their keys/values written (each updated in place
+        when donated: no per-step copy of the cache)."""
+        x, cos, sin = self._embed(input_ids, positions, ctx)
+        new_pages = []
+        for layer, pages in zip(self.layers, kv_pages, strict=True):
+            x, pages = layer.paged(x, cos, sin, pages, batch, positions, ctx)
+            new_pages.append(pages)
+        return self.norm(x), tuple(new_pages)
+
+    def _embed(self, input_ids: Array, positions: Array, ctx: ShardingContext | None):
+        """Token embeddings [B, T, D] and the rotary cos/sin of `positions`."""
+        dtype = as_dtype(self.config.dtype)
+        x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(dtype)
+        x = constrain(x, (ax.BATCH, ax.SEQ, ax.ACT_EMBED), ctx)
+        inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope)
+        cos, sin = rope_cos_sin(positions, inv_freq, dtype)
+        return x, cos, sin
 
 
 def default_positions(input_ids: Array, attention_mask: Array | None) -> Array:
@@ -239,6 +273,29 @@ class CausalLM(_Trunked):
         mask = jnp.arange(S)[None, None, :] <= positions[:, :, None]
         h, cache = self.model(input_ids, positions, mask, cache, write_index, self.sharding_ctx)
         return h, cache
+
+    def extend_paged(
+        self,
+        kv_pages: tuple[Array, ...],
+        page_indices: Array,
+        input_ids: Array,
+        start: Array,
+        lengths: Array,
+    ) -> tuple[Array, tuple[Array, ...]]:
+        """`extend` on a paged cache (`models.paged`): row b holds `start[b]` tokens in the
+        pages `page_indices[b]`; its first `lengths[b]` new tokens (0: an inactive row) are
+        written there and attend over the row. Returns hidden states [B, T, D] and pools."""
+        T = input_ids.shape[1]
+        P, ps = kv_pages[0].shape[:2]
+        offsets = jnp.arange(T, dtype=jnp.int32)[None, :]
+        positions = start[:, None].astype(jnp.int32) + offsets
+        write = offsets < lengths[:, None]
+        batch = PagedBatch(
+            page_indices=page_indices,
+            write_slots=slots_for(page_indices, positions, write, ps, P * ps),
+            kv_lens=jnp.where(lengths > 0, start + lengths, 0).astype(jnp.int32),
+        )
+        return self.model.paged(input_ids, positions, kv_pages, batch, self.sharding_ctx)
 
 
 class ValueModel(_Trunked):

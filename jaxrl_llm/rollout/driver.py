@@ -6,7 +6,10 @@
 
 - One prefill per prompt; the prefix is inserted into n decode slots, each sample with its
   own seed (`sample_seed(seed, prompt, sample)`), so results do not depend on slot order.
-- Continuous batching: whenever a slot finishes it is refilled before the next call.
+  The n samples share the prompt's full KV pages (`Engine` pages the cache).
+- Continuous batching: whenever a slot finishes, its pages go back to the pool and the slot
+  is refilled before the next call, when the pool has the pages the next sample reserves
+  (its prompt + token budget); otherwise the sample waits until finished ones free pages.
 - Prompts are padded to power-of-two buckets (`Engine.prefill_bucket`), so the number of
   compiles is bounded by the number of buckets, whatever lengths arrive.
 - `steps_per_call` decode steps run inside one jitted scan between host checks.
@@ -228,6 +231,8 @@ class RolloutDriver:
             while True:
                 state = self._resume_tools(params, state, slots, free, pending, results)
                 while free and (queue or (current and current[2])):
+                    if current is not None and current[2] and not self._fits(current, sampling):
+                        break  # the pool is full: wait for running samples to free pages
                     if current is None or not current[2]:
                         i = queue.popleft()
                         width = eng.prefill_bucket(len(ids[i]))
@@ -238,6 +243,8 @@ class RolloutDriver:
                         )
                         self.stats["prefills"] += 1
                         current = (i, prefix, collections.deque(range(sampling[i].n)))
+                        if not self._fits(current, sampling):
+                            break
                     i, prefix, todo = current
                     j, slot, sp = todo.popleft(), free.popleft(), sampling[i]
                     seed = sample_seed(sp.seed, seed_index[i], j)
@@ -251,6 +258,11 @@ class RolloutDriver:
                     if pending:
                         cf.wait(list(pending.values()), return_when=cf.FIRST_COMPLETED)
                         continue
+                    if current is not None and current[2]:
+                        raise ValueError(
+                            f"prompt {current[0]}: one sample needs more KV pages than the "
+                            "whole pool holds; raise num_pages or lower max_new_tokens"
+                        )
                     break
                 state, rec = eng.generate_steps(params, state, self.steps_per_call)
                 self.stats["generate_calls"] += 1
@@ -270,8 +282,7 @@ class RolloutDriver:
                         pending[b] = pool.submit(tool, text)
                         continue
                     results[(s.prompt_index, s.sample_index)] = self._completion(s, reason, stop)
-                    slots[b] = None
-                    free.append(b)
+                    self._free_slot(b, slots, free)
                 if stopped:
                     state = eng.deactivate(state, stopped)
                 if progress is not None:
@@ -342,9 +353,18 @@ class RolloutDriver:
                     continue
                 reason = "length"
             results[(s.prompt_index, s.sample_index)] = self._completion(s, reason)
-            slots[b] = None
-            free.append(b)
+            self._free_slot(b, slots, free)
         return state
+
+    def _fits(self, current, sampling) -> bool:
+        """Whether the engine's KV pool has room for the next sample of `current`."""
+        i, prefix, _ = current
+        return self.engine.can_insert(prefix, sampling[i].max_new_tokens)
+
+    def _free_slot(self, b: int, slots: list, free: collections.deque) -> None:
+        self.engine.release_slot(b)
+        slots[b] = None
+        free.append(b)
 
     def encode_observation(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

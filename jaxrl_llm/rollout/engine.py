@@ -10,14 +10,21 @@ every call, so a server attached to a training run always uses the latest step.
 Every device function is jitted with explicit in/out shardings under the engine's rules
 (`SAMPLE_RULES` by default) and donates the decode state it transforms.
 
-Decode state, per slot b of B: the KV cache row, the hidden state of the row's last cached
-token, how many tokens the row holds, the sampling parameters and token budget, and an
-active flag. A step samples from the stored hidden state's logits, then appends the
+Decode state: a paged KV cache (`models.paged`: per layer a pool of pages, updated in place
+on the donated state; per slot a page-table row), and per slot b of B the hidden state of
+the row's last cached token, how many tokens the row holds, the sampling parameters and
+token budget, and an active flag. A decode step reads only the pages its rows use. The
+host side (`rollout.pages.SlotPages`) reserves a sample's pages at insert, shares a
+prompt's full pages among the samples inserted from one prefix, and frees them on
+`release_slot`; `can_insert` says whether the pool has room (callers queue otherwise).
+
+A step samples from the stored hidden state's logits, then appends the
 sampled token to the cache: so prefill (JetStream 0.2.2 returns only a prefix) computes no
 logits at all, and the first token of each of n samples inserted from one prefix is drawn
 in its own slot with its own seed.
 
-Shapes: B slots, S cache length, P padded prompt, D embed, L layers, K kv heads, H head dim.
+Shapes: B slots, S cache length (the longest sequence), P padded prompt, D embed, L layers,
+K kv heads, H head dim, NP pages in the pool, ps page size, pps = ceil(S / ps).
 """
 
 from __future__ import annotations
@@ -34,7 +41,10 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.models import CausalLM, KVCache
+from jaxrl_llm.models.config import as_dtype
+from jaxrl_llm.models.paged import write_kv
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
+from jaxrl_llm.rollout.pages import SlotPages
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_tokens
 from jaxrl_llm.sharding import SAMPLE_RULES, ShardingContext, build_mesh, reshard
 from jaxrl_llm.sharding import axes as ax
@@ -64,7 +74,8 @@ class Prefix:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DecodeState:
-    cache: KVCache  # [L, B, S, K, H]
+    kv_pages: tuple[Array, ...]  # per layer [NP, ps, 2K, H]
+    page_table: Array  # [B, pps] int32 (NP past a slot's reservation)
     hidden: Array  # [B, D] hidden state of each row's last cached token
     lengths: Array  # [B] int32 tokens in the cache row (= next position)
     generated: Array  # [B] int32 tokens sampled since insert / resume
@@ -90,7 +101,12 @@ class Engine(engine_api.Engine):
 
     Extra methods used by `rollout.driver`: `insert_slot` (per-slot sampling and budget),
     `generate_steps` (k steps per call), `append_tokens` (tool output into a live slot),
-    `deactivate`, `place_params`. `trace_counts` counts traces (= compiles) per function.
+    `deactivate`, `place_params`, `can_insert`, `release_slot`. `trace_counts` counts
+    traces (= compiles) per function.
+
+    `page_size` tokens per page; `num_pages` in the pool (default: every slot can hold a
+    full-length sequence, the memory of a dense cache; fewer trade concurrency for memory);
+    `kv_dtype` of the cache (default: the model's compute dtype).
     """
 
     def __init__(
@@ -107,6 +123,9 @@ class Engine(engine_api.Engine):
         default_sampling: SamplingParams | None = None,
         eos_ids: tuple[int, ...] | None = None,
         keep_params: bool = True,
+        page_size: int = 32,
+        num_pages: int | None = None,
+        kv_dtype: Any = None,
     ):
         """`keep_params=False`: hold no weights of its own (the RL trainer passes its live
         params to every call), so a layout change does not pin a second copy in memory."""
@@ -124,6 +143,11 @@ class Engine(engine_api.Engine):
         eos = self.config.eos_token_ids if eos_ids is None else tuple(eos_ids)
         self.eos_ids = np.asarray(eos or (-1,), np.int32)
         self.trace_counts: collections.Counter[str] = collections.Counter()
+        self.page_size = int(page_size)
+        self.pages_per_seq = -(-self.cache_length // self.page_size)
+        self.num_pages = int(num_pages or self.batch * self.pages_per_seq)
+        self.kv_dtype = as_dtype(kv_dtype or self.config.dtype)
+        self.pages = SlotPages(self.batch, self.num_pages, self.page_size, self.pages_per_seq)
 
         graphdef, state = nnx.split(model)
         engine_model = nnx.merge(graphdef, state)  # a fresh module tree; same arrays
@@ -141,12 +165,15 @@ class Engine(engine_api.Engine):
         return NamedSharding(self._mesh, PartitionSpec())
 
     def _state_shardings(self) -> DecodeState:
-        cfg, B, S = self.config, self.batch, self.cache_length
-        cache_shape = (cfg.num_layers, B, S, cfg.num_kv_heads, cfg.head_dim)
-        c = self._sharding(KVCache.logical_axes(), cache_shape)
+        cfg, B = self.config, self.batch
+        # Pages are shared across slots, so the pool is not split over the batch axes; kv
+        # heads split over `tensor` as the projections do (decided on K, applied to 2K).
+        pool_shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
+        pool = self._sharding((None, None, ax.ACT_KV_HEADS, None), pool_shape)
         b = self._sharding((ax.BATCH,), (B,))
         return DecodeState(
-            cache=KVCache(c, c),
+            kv_pages=(pool,) * cfg.num_layers,
+            page_table=self._sharding((ax.BATCH, None), (B, self.pages_per_seq)),
             hidden=self._sharding((ax.BATCH, ax.ACT_EMBED), (B, cfg.hidden_size)),
             lengths=b,
             generated=b,
@@ -185,7 +212,7 @@ class Engine(engine_api.Engine):
         self._init_fn = jax.jit(self._init_impl, out_shardings=st)
         self._insert_fn = jax.jit(
             self._insert_impl,
-            in_shardings=(pre, st, R, slot_sampling, R),
+            in_shardings=(pre, st, R, R, R, slot_sampling, R),
             out_shardings=st,
             donate_argnums=(1,),
         )
@@ -227,8 +254,10 @@ class Engine(engine_api.Engine):
         cfg, B = self.config, self.batch
         dtype = jnp.dtype(cfg.dtype)
         zeros = jnp.zeros(B, jnp.int32)
+        pool = (self.num_pages, self.page_size, 2 * cfg.num_kv_heads, cfg.head_dim)
         return DecodeState(
-            cache=KVCache.zeros(cfg, B, self.cache_length),
+            kv_pages=tuple(jnp.zeros(pool, self.kv_dtype) for _ in range(cfg.num_layers)),
+            page_table=jnp.full((B, self.pages_per_seq), self.num_pages, jnp.int32),
             hidden=jnp.zeros((B, cfg.hidden_size), dtype),
             lengths=zeros,
             generated=zeros,
@@ -237,17 +266,16 @@ class Engine(engine_api.Engine):
             sampling=SlotSampling.fill(B),
         )
 
-    def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, sampling, max_new):
+    def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, row, dest, sampling, max_new):
+        """Write the prefix's tokens at flat slots `dest` [P] (shared pages only once) and
+        point the slot's page-table row at its pages."""
         self._count(f"insert[{prefix.cache.k.shape[2]}]")
-        start = (0, slot, 0, 0, 0)
-
-        def put(dst, src):
-            return jax.lax.dynamic_update_slice(dst, src.astype(dst.dtype), start)
-
-        cache = KVCache(put(state.cache.k, prefix.cache.k), put(state.cache.v, prefix.cache.v))
+        k, v = prefix.cache.k[:, 0], prefix.cache.v[:, 0]  # [L, P, K, H]
+        kv_pages = tuple(write_kv(pool, k[i], v[i], dest) for i, pool in enumerate(state.kv_pages))
         sampling = jax.tree.map(lambda a, x: a.at[slot].set(x), state.sampling, sampling)
         return DecodeState(
-            cache=cache,
+            kv_pages=kv_pages,
+            page_table=state.page_table.at[slot].set(row),
             hidden=state.hidden.at[slot].set(prefix.hidden.astype(state.hidden.dtype)),
             lengths=state.lengths.at[slot].set(prefix.length),
             generated=state.generated.at[slot].set(0),
@@ -259,18 +287,14 @@ class Engine(engine_api.Engine):
     def _append_impl(self, params, state, slot, tokens, num_tokens, start, sampling, max_new):
         self._count(f"append[{tokens.shape[-1]}]")
         model = self._model(params)
-        row = KVCache(
-            jax.lax.dynamic_slice_in_dim(state.cache.k, slot, 1, axis=1),
-            jax.lax.dynamic_slice_in_dim(state.cache.v, slot, 1, axis=1),
-        )
-        h, row = model.extend(row, tokens[None].astype(jnp.int32), start[None], num_tokens[None])
-        cache = KVCache(
-            jax.lax.dynamic_update_slice_in_dim(state.cache.k, row.k, slot, axis=1),
-            jax.lax.dynamic_update_slice_in_dim(state.cache.v, row.v, slot, axis=1),
-        )
+        h, kv_pages = model.extend_paged(
+            state.kv_pages, state.page_table[slot][None], tokens[None].astype(jnp.int32),
+            start[None], num_tokens[None],
+        )  # fmt: skip
         sampling = jax.tree.map(lambda a, x: a.at[slot].set(x), state.sampling, sampling)
         return DecodeState(
-            cache=cache,
+            kv_pages=kv_pages,
+            page_table=state.page_table,
             hidden=state.hidden.at[slot].set(h[0, num_tokens - 1].astype(state.hidden.dtype)),
             lengths=state.lengths.at[slot].set(start + num_tokens),
             generated=state.generated.at[slot].set(0),
@@ -289,16 +313,17 @@ class Engine(engine_api.Engine):
         tokens, logprobs, raw = sample_tokens(logits, state.sampling, state.lengths)
         valid = state.active
         write = valid & (state.lengths < S)
-        h, cache = model.extend(
-            state.cache, tokens[:, None], state.lengths, write.astype(jnp.int32)
-        )
+        h, kv_pages = model.extend_paged(
+            state.kv_pages, state.page_table, tokens[:, None], state.lengths,
+            write.astype(jnp.int32),
+        )  # fmt: skip
         lengths = state.lengths + write
         generated = state.generated + valid
         eos = jnp.isin(tokens, jnp.asarray(self.eos_ids))
         done = valid & (eos | (generated >= state.max_new) | (lengths >= S))
         new = dataclasses.replace(
             state,
-            cache=cache,
+            kv_pages=kv_pages,
             hidden=jnp.where(write[:, None], h[:, 0], state.hidden),
             lengths=lengths,
             generated=generated,
@@ -350,13 +375,17 @@ class Engine(engine_api.Engine):
             raise ValueError(
                 f"prompt of {tokens.shape[0]} tokens exceeds max_prefill_length {self._max_prefill}"
             )
-        return self._prefill_fn(self.place_params(params), tokens, np.int32(true_length))
+        prefix = self._prefill_fn(self.place_params(params), tokens, np.int32(true_length))
+        self.pages.register(prefix, int(true_length))
+        return prefix
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
         """Insert with the engine's default sampling (used by JetStream's Driver)."""
         p = self.default_sampling
-        budget = self.cache_length  # the Driver enforces its own max_tokens
-        return self.insert_slot(prefix, decode_state, slot, SlotSampling.one(p, p.seed), budget)
+        budget = self.cache_length  # the Driver enforces its own max_tokens (all pages fit)
+        state = self.insert_slot(prefix, decode_state, slot, SlotSampling.one(p, p.seed), budget)
+        self.pages.unshare(prefix)  # one insert per prefix: its pages go with the slot
+        return state
 
     def generate(self, params: Any, decode_state: DecodeState):
         """One decode step for every slot -> (state, ResultTokens [B, 3]: token, valid, length)."""
@@ -404,8 +433,41 @@ class Engine(engine_api.Engine):
     def insert_slot(
         self, prefix: Prefix, state: DecodeState, slot: int, sampling: SlotSampling, max_new: int
     ) -> DecodeState:
-        """Insert `prefix` at `slot` with its own sampling parameters and token budget."""
-        return self._insert_fn(prefix, state, np.int32(slot), sampling, np.int32(max_new))
+        """Insert `prefix` at `slot` with its own sampling parameters and token budget
+        (releasing the pages the slot held). Samples inserted from the same prefix share
+        its full pages. ValueError when the pool lacks room (see `can_insert`)."""
+        length = self._prefix_length(prefix)
+        self.pages.release(int(slot))  # what the slot held before is free again
+        if not self.pages.fits(prefix, length, max_new):
+            raise ValueError(
+                f"KV pool full: a {length}-token prompt with {max_new} new tokens needs "
+                f"{self.pages.needed(prefix, length, max_new)} pages, "
+                f"{self.pages.allocator.num_free} free (release finished slots first)"
+            )
+        width = prefix.cache.k.shape[2]
+        row, dest = self.pages.admit(int(slot), prefix, length, int(max_new), width)
+        args = (np.int32(slot), row, dest, sampling, np.int32(max_new))
+        return self._insert_fn(prefix, state, *args)
+
+    def _prefix_length(self, prefix: Prefix) -> int:
+        known = self.pages.known_length(prefix)
+        # A prefix that crossed JetStream's transfer thread is a new object: read it (once).
+        return known if known is not None else int(prefix.length)
+
+    def can_insert(self, prefix: Prefix, max_new: int) -> bool:
+        """Whether the pool has the pages one more sample of `prefix` needs now."""
+        return self.pages.fits(prefix, self._prefix_length(prefix), int(max_new))
+
+    def release_slot(self, slot: int) -> None:
+        """Free a finished slot's pages (host bookkeeping only; its row is inactive)."""
+        self.pages.release(int(slot))
+
+    def kv_bytes_per_token(self) -> int:
+        cfg = self.config
+        return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * self.kv_dtype.itemsize
+
+    def kv_pool_bytes(self) -> int:
+        return self.num_pages * self.page_size * self.kv_bytes_per_token()
 
     def generate_steps(
         self, params: Any, state: DecodeState, num_steps: int

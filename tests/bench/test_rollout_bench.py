@@ -40,3 +40,18 @@ def test_bench_rollout_json(capsys):
     )
     # Ceilings of a real CPU: at least 0.1 GFLOP/s and 0.1 GB/s.
     assert ceil["matmul_flops"] > 1e8 and ceil["read_bytes_per_s"] > 1e8
+
+
+@pytest.mark.slow  # measured: 8 samples x 2,048 decode steps twice, about 20 s on 2 cores
+def test_bench_rollout_mixed_reads_only_what_is_in_context(capsys):
+    assert cli.main(["bench", "rollout", "--mixed", "--prompts", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    eng = out["engine"]
+    assert out["suite"] == "rollout-mixed" and eng["samples"] == 8
+    assert eng["kv_read_over_in_context"] == pytest.approx(
+        eng["kv_bytes_read_per_token"] / eng["kv_bytes_in_context_per_token"]
+    )
+    # The paged walk reads within 1.3x of what is in context; a dense cache, far more.
+    assert 1.0 <= eng["kv_read_over_in_context"] <= 1.3
+    assert eng["dense_cache_read_over_in_context"] > 1.5
+    assert eng["peak_kv_bytes"] <= eng["kv_pool_bytes"]

@@ -1,0 +1,240 @@
+"""Paged KV cache: one page pool per layer, a page table per sequence, attention that reads
+only the pages a sequence uses.
+
+Layout (that of JAX's Pallas TPU kernel `ragged_paged_attention`, so the kernel can read it
+directly): a layer's pool is `kv_pages [P, ps, 2K, H]`, combined head 2k holding key head k
+and 2k + 1 value head k. Token t of a sequence lives in page `page_indices[t // ps]` at row
+`t % ps`; its flat slot is `page * ps + t % ps`, and a flat slot >= P * ps means "do not
+write" (padding, inactive rows). `kv_lens` counts a sequence's tokens in the cache, the
+current query token included; 0 marks an inactive row (its output is zero).
+
+`decode_attention` (one query per sequence) walks a ragged work list of (sequence, page)
+pairs in blocks of `block_pages` pages with an online softmax, so a step reads the pages
+in use and nothing else: its cost follows the tokens actually in context, not the slots x
+maximum length. `gathered_attention` (several queries per sequence: a tool's output
+appended to a live sequence) gathers each row's page table densely; it runs once per turn.
+On TPU the engine may route decode to the Pallas kernel instead (`models.paged_tpu`).
+
+Shapes: B sequences, T queries per sequence, N query heads, K kv heads, G = N / K, H head
+dim, P pages, ps page size, pps pages per sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+_NEG = float(jnp.finfo(jnp.float32).min)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PagedBatch:
+    """Where a call's new tokens go and what they attend to.
+
+    page_indices [B, pps]; write_slots [B, T] flat slots of the new tokens (>= P * ps: not
+    written); kv_lens [B] tokens each row holds after the write (0 = inactive row).
+    """
+
+    page_indices: Array
+    write_slots: Array
+    kv_lens: Array
+
+
+def combine_kv(k: Array, v: Array) -> Array:
+    """[..., K, H] keys and values -> [..., 2K, H], interleaved (k0, v0, k1, v1, ...)."""
+    *lead, K, H = k.shape
+    return jnp.stack([k, v], axis=-2).reshape(*lead, 2 * K, H)
+
+
+def write_kv(kv_pages: Array, k: Array, v: Array, slots: Array) -> Array:
+    """Write keys/values [..., K, H] at flat slots [...] (out of range: dropped). In place
+    when `kv_pages` is donated: a scatter of the new tokens only."""
+    P, ps, C, H = kv_pages.shape
+    flat = kv_pages.reshape(P * ps, C, H)
+    new = combine_kv(k, v).reshape(-1, C, H).astype(flat.dtype)
+    flat = flat.at[slots.reshape(-1)].set(new, mode="drop")
+    return flat.reshape(P, ps, C, H)
+
+
+def slots_for(page_indices: Array, positions: Array, write: Array, page_size: int, oob: int):
+    """Flat slots [B, T] of tokens at `positions` [B, T] under each row's page table;
+    `oob` (one past the pool) where `write` is False."""
+    pps = page_indices.shape[1]
+    page_no = jnp.clip(positions // page_size, 0, pps - 1)
+    pages = jnp.take_along_axis(page_indices, page_no, axis=1)
+    return jnp.where(write, pages * page_size + positions % page_size, oob)
+
+
+def decode(q: Array, kv_pages: Array, kv_lens: Array, page_indices: Array, *, sm_scale: float):
+    """Decode attention: JAX's Pallas kernel on TPU where it supports the shapes
+    (`models.paged_tpu`), else `decode_attention`."""
+    if jax.default_backend() == "tpu":
+        from jaxrl_llm.models import paged_tpu
+
+        if paged_tpu.tpu_kernel_supported(q, kv_pages, page_indices):
+            return paged_tpu.tpu_decode_attention(
+                q, kv_pages, kv_lens, page_indices, sm_scale=sm_scale
+            )
+    return decode_attention(q, kv_pages, kv_lens, page_indices, sm_scale=sm_scale)
+
+
+def decode_attention(
+    q: Array,
+    kv_pages: Array,
+    kv_lens: Array,
+    page_indices: Array,
+    *,
+    sm_scale: float,
+    block_tokens: int = 512,
+    walk: str = "auto",
+) -> Array:
+    """Causal attention of one query per sequence over its paged keys: q [B, N, H] ->
+    [B, N, H], softmax in float32, reading about `block_tokens` cached tokens per loop
+    iteration.
+
+    Two walks over the same pages, picked per call by the pages each would read
+    (`pages_read`): by page column (every row's j-th page at once, up to the longest row:
+    no bookkeeping, best when rows have similar lengths) or by a ragged list of (row, page)
+    items (exactly the pages in use: best when lengths differ widely, as in tool-using
+    RL). `walk`: "auto", "column" or "ragged" (tests pin one).
+    """
+    B, N, H = q.shape
+    ps, K = kv_pages.shape[1], kv_pages.shape[2] // 2
+    n_pages = (kv_lens + ps - 1) // ps
+    qg = q.reshape(B, K, N // K, H)
+    block = max(1, block_tokens // ps)
+    cols = max(1, -(-block // B))
+    args = (qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale)
+    if walk == "column":
+        _, denom, o = _by_column(*args, cols)
+    elif walk == "ragged":
+        _, denom, o = _by_item(*args, block)
+    else:
+        _, denom, o = jax.lax.cond(
+            pages_read(kv_lens, ps, jnp)[0],
+            lambda: _by_column(*args, cols),
+            lambda: _by_item(*args, block),
+        )
+    out = jnp.where(denom[..., None] > 0, o / jnp.maximum(denom, 1e-30)[..., None], 0.0)
+    return out.reshape(B, N, H).astype(q.dtype)
+
+
+COLUMN_SLACK = 1.25
+
+
+def pages_read(kv_lens, page_size: int, xp=np):
+    """(walk by column?, pages one layer's decode attention reads) for rows holding
+    `kv_lens` tokens: the column walk while it reads at most `COLUMN_SLACK` x the pages in
+    use (it has no per-item bookkeeping), else the ragged walk (exactly those pages).
+    `xp`: numpy (benchmarks' accounting) or jax.numpy (the kernel's choice)."""
+    n_pages = (kv_lens + page_size - 1) // page_size
+    column, ragged = kv_lens.shape[0] * xp.max(n_pages), xp.sum(n_pages)
+    use_column = column <= COLUMN_SLACK * ragged
+    return use_column, xp.where(use_column, column, ragged)
+
+
+def _init(qg: Array):
+    B, K, G, H = qg.shape
+    return (
+        jnp.full((B, K, G), _NEG, jnp.float32),
+        jnp.zeros((B, K, G), jnp.float32),
+        jnp.zeros((B, K, G, H), jnp.float32),
+    )
+
+
+def _block_stats(qg, blk, ok, sm_scale):
+    """Per-item softmax statistics of a block: qg [C, K, G, H], blk [C, t, 2K, H] keys and
+    values, ok [C, t] -> max [C, K, G], sum [C, K, G], unnormalised output [C, K, G, H]."""
+    kb, vb = blk[:, :, 0::2], blk[:, :, 1::2]
+    s = jnp.einsum("ckgh,cpkh->ckgp", qg, kb, preferred_element_type=jnp.float32)
+    mask = ok[:, None, None, :]
+    s = jnp.where(mask, s * sm_scale, _NEG)
+    m_i = jnp.max(s, axis=-1)
+    p = jnp.where(mask, jnp.exp(s - m_i[..., None]), 0.0)
+    o_i = jnp.einsum("ckgp,cpkh->ckgh", p.astype(vb.dtype), vb,
+                     preferred_element_type=jnp.float32)  # fmt: skip
+    return m_i, jnp.sum(p, axis=-1), o_i
+
+
+def _by_column(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale, cols):
+    """Online softmax over page columns [c * cols, (c + 1) * cols) of every row."""
+    B, pps = page_indices.shape
+    ps = kv_pages.shape[1]
+    C = min(cols, pps)
+
+    def body(c, carry):
+        m, total_p, o = carry
+        j = jnp.clip(c * C + jnp.arange(C), 0, pps - 1)  # [C]
+        blk = kv_pages[page_indices[:, j]]  # [B, C, ps, 2K, H]
+        blk = blk.reshape(B, C * ps, *blk.shape[3:])
+        pos = (c * C + jnp.arange(C))[:, None] * ps + jnp.arange(ps)[None, :]
+        ok = pos.reshape(1, -1) < kv_lens[:, None]  # [B, C * ps]
+        m_i, l_i, o_i = _block_stats(qg, blk, ok, sm_scale)
+        m_new = jnp.maximum(m, m_i)
+        a_old, a_i = jnp.exp(m - m_new), jnp.exp(m_i - m_new)
+        return m_new, total_p * a_old + l_i * a_i, o * a_old[..., None] + o_i * a_i[..., None]
+
+    steps = (jnp.max(n_pages) + C - 1) // C
+    return jax.lax.fori_loop(0, steps, body, _init(qg))
+
+
+def _by_item(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale, block):
+    """Online softmax over a ragged list of (row, page) items, `block` items at a time."""
+    B, pps = page_indices.shape
+    ps = kv_pages.shape[1]
+    ends = jnp.cumsum(n_pages)
+    starts = ends - n_pages
+    total = ends[-1]
+    seg = dict(num_segments=B, indices_are_sorted=True)
+
+    def body(c, carry):
+        m, total_p, o = carry
+        item = c * block + jnp.arange(block)
+        live = item < total
+        row = jnp.clip(jnp.searchsorted(ends, item, side="right"), 0, B - 1)
+        j = jnp.clip(item - starts[row], 0, pps - 1)
+        blk = kv_pages[page_indices[row, j]]  # [block, ps, 2K, H]
+        pos = j[:, None] * ps + jnp.arange(ps)[None, :]
+        ok = live[:, None] & (pos < kv_lens[row][:, None])
+        m_i, l_i, o_i = _block_stats(qg[row], blk, ok, sm_scale)
+        m_new = jnp.maximum(m, jax.ops.segment_max(m_i, row, **seg))
+        a_old = jnp.exp(m - m_new)
+        a_i = jnp.where(live[:, None, None], jnp.exp(m_i - m_new[row]), 0.0)
+        total_p = total_p * a_old + jax.ops.segment_sum(l_i * a_i, row, **seg)
+        o = o * a_old[..., None] + jax.ops.segment_sum(o_i * a_i[..., None], row, **seg)
+        return m_new, total_p, o
+
+    return jax.lax.fori_loop(0, (total + block - 1) // block, body, _init(qg))
+
+
+def gathered_attention(
+    q: Array,
+    kv_pages: Array,
+    kv_lens: Array,
+    page_indices: Array,
+    positions: Array,
+    *,
+    sm_scale: float,
+) -> Array:
+    """Causal attention of T queries per sequence (at `positions` [B, T]) over the row's
+    whole page table, gathered densely: q [B, T, N, H] -> [B, T, N, H]."""
+    B, T, N, H = q.shape
+    K = kv_pages.shape[2] // 2
+    blk = kv_pages[page_indices]  # [B, pps, ps, 2K, H]
+    kv = blk.reshape(B, -1, 2 * K, H)
+    k, v = kv[:, :, 0::2], kv[:, :, 1::2]
+    key_pos = jnp.arange(kv.shape[1])
+    mask = (key_pos[None, None, :] <= positions[:, :, None]) & (
+        key_pos[None, None, :] < kv_lens[:, None, None]
+    )
+    qg = q.reshape(B, T, K, N // K, H)
+    s = jnp.einsum("btkgh,bskh->bkgts", qg, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    s = jnp.where(mask[:, None, None], s * sm_scale, _NEG)
+    p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", p, v.astype(q.dtype))
+    return out.reshape(B, T, N, H)

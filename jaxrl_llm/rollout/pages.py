@@ -1,0 +1,164 @@
+"""Host-side page accounting for the engine's paged KV cache (`models.paged`).
+
+`PageAllocator`: a free list and reference counts over the pool's pages (thread-safe: the
+JetStream server inserts from its own threads, and a prefix may be released by the garbage
+collector in any thread).
+
+`SlotPages`: which pages each decode slot and each prompt prefix hold.
+- A prompt's full pages are written once and shared by every sample inserted from the same
+  prefix (reference counted: the prefix holds one reference until it is garbage collected,
+  each slot one until it is released). The partly filled last page is per sample (copy on
+  write, done at insert: each sample writes its own copy from the prefix).
+- A sample reserves, at admission, the pages its token budget can reach (prompt + max_new,
+  capped at the cache length), so decoding never allocates and never fails; admission
+  follows free pages, and a request that does not fit waits in the caller's queue.
+- Page-table entries past a slot's reservation hold `num_pages` (out of range), so a write
+  there is dropped rather than landing in another sequence's page.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+
+class PageAllocator:
+    """Reference-counted pages 0..num_pages-1."""
+
+    def __init__(self, num_pages: int):
+        self.num_pages = int(num_pages)
+        self._free = collections.deque(range(self.num_pages))
+        self._refs = np.zeros(self.num_pages, np.int64)
+        self._lock = threading.Lock()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list[int]:
+        """n fresh pages (reference count 1); ValueError when fewer are free."""
+        with self._lock:
+            if n > len(self._free):
+                raise ValueError(f"{n} pages requested, {len(self._free)} free")
+            pages = [self._free.popleft() for _ in range(n)]
+            self._refs[pages] = 1
+            return pages
+
+    def retain(self, pages: list[int]) -> None:
+        with self._lock:
+            if pages and (self._refs[pages] <= 0).any():
+                raise ValueError("retaining a free page")
+            np.add.at(self._refs, pages, 1)
+
+    def release(self, pages: list[int]) -> None:
+        with self._lock:
+            if pages and (self._refs[pages] <= 0).any():
+                raise ValueError("releasing a free page")
+            np.add.at(self._refs, pages, -1)
+            self._free.extend(p for p in dict.fromkeys(pages) if self._refs[p] == 0)
+
+    def refs(self) -> np.ndarray:
+        with self._lock:
+            return self._refs.copy()
+
+
+@dataclasses.dataclass
+class _Prompt:
+    length: int
+    shared: list[int] | None = None  # full prompt pages, once the first sample took them
+
+
+class SlotPages:
+    """Page tables of `batch` slots over a pool of `num_pages` pages of `page_size` tokens;
+    a sequence spans at most `pages_per_seq` pages."""
+
+    def __init__(self, batch: int, num_pages: int, page_size: int, pages_per_seq: int):
+        self.page_size = int(page_size)
+        self.pages_per_seq = int(pages_per_seq)
+        self.allocator = PageAllocator(num_pages)
+        self._slots: list[list[int]] = [[] for _ in range(batch)]
+        self._prompts: dict[int, _Prompt] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------- prompts
+    def register(self, prefix: Any, length: int) -> None:
+        """Remember a prefix's host-side length; its shared pages go when it is collected."""
+        key = id(prefix)
+        with self._lock:
+            self._prompts[key] = _Prompt(int(length))
+        weakref.finalize(prefix, self._forget, key)
+
+    def known_length(self, prefix: Any) -> int | None:
+        prompt = self._prompts.get(id(prefix))
+        return None if prompt is None else prompt.length
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            prompt = self._prompts.pop(key, None)
+        if prompt is not None and prompt.shared:
+            self.allocator.release(prompt.shared)
+
+    # -------------------------------------------------------------- slots
+    def needed(self, prefix: Any, length: int, max_new: int) -> int:
+        """Fresh pages one more sample of `prefix` (a prompt of `length`) would take."""
+        ps = self.page_size
+        end = min(length + max_new, self.pages_per_seq * ps)
+        total = -(-end // ps)
+        prompt = self._prompts.get(id(prefix))
+        shared = prompt is not None and prompt.shared is not None
+        return total - (length // ps if shared else 0)
+
+    def fits(self, prefix: Any, length: int, max_new: int) -> bool:
+        return self.needed(prefix, length, max_new) <= self.allocator.num_free
+
+    def admit(
+        self, slot: int, prefix: Any, length: int, max_new: int, width: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Reserve pages for a sample of `prefix` in `slot` (releasing what the slot held).
+
+        Returns the slot's page-table row [pages_per_seq] and, for the prefix's `width`
+        padded tokens, the flat slot each is written to ([width]; `num_pages * page_size`:
+        not written, because padding or already in a shared page).
+        """
+        self.release(slot)
+        ps, n_full = self.page_size, length // self.page_size
+        end = min(length + max_new, self.pages_per_seq * ps)
+        if id(prefix) not in self._prompts:
+            self.register(prefix, length)
+        prompt = self._prompts[id(prefix)]
+        fresh_shared = prompt.shared is None
+        if fresh_shared:
+            prompt.shared = self.allocator.alloc(n_full)  # the prefix's own reference
+        own = self.allocator.alloc(-(-end // ps) - n_full)
+        self.allocator.retain(prompt.shared)
+        pages = prompt.shared + own
+        self._slots[slot] = pages
+        oob_page = self.allocator.num_pages
+        row = np.full(self.pages_per_seq, oob_page, np.int32)
+        row[: len(pages)] = pages
+        t = np.arange(width)
+        dest = row[np.minimum(t // ps, self.pages_per_seq - 1)] * ps + t % ps
+        write = (t < length) & ((t >= n_full * ps) | fresh_shared)
+        return row, np.where(write, dest, oob_page * ps).astype(np.int32)
+
+    def unshare(self, prefix: Any) -> None:
+        """Drop the prefix's own hold on its full pages now (a prefix inserted once, as
+        JetStream's server does, need not keep them until it is collected)."""
+        prompt = self._prompts.get(id(prefix))
+        if prompt is not None and prompt.shared is not None:
+            shared, prompt.shared = prompt.shared, None
+            self.allocator.release(shared)
+
+    def release(self, slot: int) -> None:
+        """Return the slot's pages (shared prompt pages only when no one else holds them)."""
+        pages, self._slots[slot] = self._slots[slot], []
+        if pages:
+            self.allocator.release(pages)
+
+    def held(self, slot: int) -> int:
+        return len(self._slots[slot])
