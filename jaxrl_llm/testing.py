@@ -134,19 +134,22 @@ class ScriptedEngine:
         return length
 
     def prefill(self, *, params, padded_tokens, true_length):
-        return int(true_length)
+        return [int(true_length)]
+
+    def prefill_many(self, params, prompts):
+        return [len(p) for p in prompts]
 
     def init_decode_state(self):
         zeros = lambda: np.zeros(self.batch, np.int64)
         return {"turn": zeros(), "pos": zeros(), "left": zeros(), "active": zeros() > 0}
 
-    def insert_slot(self, prefix, state, slot, sampling, max_new):
-        self.prompt_lengths[slot] = prefix
+    def insert_slot(self, prefix, state, slot, sampling, max_new, row=0):
+        self.prompt_lengths[slot] = prefix[row]
         state["turn"][slot], state["pos"][slot] = 0, 0
         state["left"][slot], state["active"][slot] = max_new, True
         return state
 
-    def can_insert(self, prefix, max_new) -> bool:
+    def can_insert(self, prefix, max_new, row=0) -> bool:
         return True
 
     def release_slot(self, slot) -> None:
@@ -172,7 +175,7 @@ class ScriptedEngine:
         return self.filler
 
     def generate_steps(self, params, state, num_steps: int):
-        from jaxrl_llm.rollout.engine import StepRecords
+        from jaxrl_llm.rollout.records import StepRecords
 
         shape = (num_steps, self.batch)
         tokens = np.zeros(shape, np.int32)

@@ -37,4 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    return importlib.import_module(SUITES[args.suite]).main(args)
+    module = SUITES[args.suite]
+    if args.suite == "rollout" and args.mixed:
+        module = "jaxrl_llm.bench.rollout_mixed"
+    return importlib.import_module(module).main(args)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxrl_llm.bench.kv import kv_bytes_read, kv_fields
 from jaxrl_llm.bench.machine import bench_checkpoint, machine_ceilings
 
 
@@ -42,9 +43,9 @@ def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -
     for _ in range(repeats + 1):  # the first run compiles
         state = engine.init_decode_state()
         t0 = time.perf_counter()
+        prefix = engine.prefill_many(params, list(prompts))  # one batched prefill
         for b in range(B):
-            prefix = engine.prefill(params=params, padded_tokens=prompts[b], true_length=P)
-            state = engine.insert_slot(prefix, state, b, greedy, N)
+            state = engine.insert_slot(prefix, state, b, greedy, N, row=b)
         jax.block_until_ready(state)
         t1 = time.perf_counter()
         for _ in range(-(-N // steps)):
@@ -73,28 +74,6 @@ def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -
     }
 
 
-def kv_fields(engine, pages_held: int) -> dict:
-    """The engine's KV cache sizes: bytes per token (all layers), the pool, and the pages
-    held at the peak of a run."""
-    page_bytes = engine.page_size * engine.kv_bytes_per_token()
-    return {
-        "page_size": engine.page_size,
-        "kv_bytes_per_token": engine.kv_bytes_per_token(),
-        "kv_pool_bytes": engine.kv_pool_bytes(),
-        "peak_kv_bytes": pages_held * page_bytes,
-    }
-
-
-def kv_bytes_read(engine, kv_lens_per_step) -> int:
-    """KV bytes the decode attention reads over steps whose rows hold `kv_lens` tokens
-    (the pure-JAX walk's own accounting, `models.paged.pages_read`; every layer)."""
-    from jaxrl_llm.models.paged import pages_read
-
-    page_bytes = engine.page_size * engine.kv_bytes_per_token()
-    pages = sum(int(pages_read(np.asarray(lens), engine.page_size)[1]) for lens in kv_lens_per_step)
-    return pages * page_bytes
-
-
 def bench_hf(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
@@ -115,10 +94,6 @@ def bench_hf(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.mixed:
-        from jaxrl_llm.bench.rollout_mixed import main as mixed
-
-        return mixed(args)
     B, P, N = args.batch, args.prompt_len, args.new_tokens
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_checkpoint(args.checkpoint, Path(tmp))

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxrl_llm.bench.kv import kv_bytes_read, kv_fields
 from jaxrl_llm.bench.machine import bench_checkpoint, machine_ceilings
-from jaxrl_llm.bench.rollout import kv_bytes_read, kv_fields
 
 PROMPT, N_SAMPLES, LOW, HIGH = 512, 8, 64, 2048
 
@@ -45,11 +45,11 @@ def run(path: Path, prompts: int, steps: int, seed: int = 0) -> dict:
     for _ in range(2):  # the first run compiles
         state = engine.init_decode_state()
         t0 = time.perf_counter()
+        prefix = engine.prefill_many(params, list(tokens))
         for p in range(prompts):
-            prefix = engine.prefill(params=params, padded_tokens=tokens[p], true_length=PROMPT)
             for i in range(N_SAMPLES):
                 b = p * N_SAMPLES + i
-                state = engine.insert_slot(prefix, state, b, greedy, int(budgets[b]))
+                state = engine.insert_slot(prefix, state, b, greedy, int(budgets[b]), row=p)
         held = engine.num_pages - engine.pages.allocator.num_free
         jax.block_until_ready(state)
         t1 = time.perf_counter()

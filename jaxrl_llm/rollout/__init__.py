@@ -12,9 +12,9 @@ from typing import Any
 
 _EXPORTS = {
     "Engine": "jaxrl_llm.rollout.engine",
-    "ParamsRef": "jaxrl_llm.rollout.engine",
-    "Prefix": "jaxrl_llm.rollout.engine",
-    "DecodeState": "jaxrl_llm.rollout.engine",
+    "ParamsRef": "jaxrl_llm.rollout.records",
+    "Prefix": "jaxrl_llm.rollout.records",
+    "DecodeState": "jaxrl_llm.rollout.records",
     "RolloutDriver": "jaxrl_llm.rollout.driver",
     "Completion": "jaxrl_llm.rollout.driver",
     "generate": "jaxrl_llm.rollout.driver",

@@ -4,15 +4,20 @@
     completions = driver.generate(prompts, SamplingParams(n=8, stop=("```output",)),
                                   params=train_state.params, tool=python_tool)
 
-- One prefill per prompt; the prefix is inserted into n decode slots, each sample with its
-  own seed (`sample_seed(seed, prompt, sample)`), so results do not depend on slot order.
+- Prompts are prefilled several at a time (`prefill_batch`, as many as the free slots
+  take), each inserted into n decode slots, each sample with its own seed
+  (`sample_seed(seed, prompt, sample)`), so results do not depend on slot order.
   The n samples share the prompt's full KV pages (`Engine` pages the cache).
 - Continuous batching: whenever a slot finishes, its pages go back to the pool and the slot
   is refilled before the next call, when the pool has the pages the next sample reserves
   (its prompt + token budget); otherwise the sample waits until finished ones free pages.
 - Prompts are padded to power-of-two buckets (`Engine.prefill_bucket`), so the number of
   compiles is bounded by the number of buckets, whatever lengths arrive.
-- `steps_per_call` decode steps run inside one jitted scan between host checks.
+- `steps_per_call` decode steps run inside one jitted scan between host checks. The host
+  reads call i's records only after dispatching call i + 1, so the device does not wait
+  for the host's stop-string search, tool hand-off and refill decisions; a sample the host
+  stops ignores what its slot produced in the call already in flight (`_Sample.epoch`).
+  Stop strings are searched incrementally, in the text of the new tokens only.
 - Stops: EOS and the token budget on device; stop strings on the host, on decoded text
   (they may span tokens): the sample is cut right after the token that completes the
   first match, and the stop string stays in the output.
@@ -48,6 +53,7 @@ log = logging.getLogger(__name__)
 
 ToolCallback = Callable[[str], "str | None"]
 FINISH_REASONS = ("eos", "stop", "length", "prompt_too_long")
+_STOP_CONTEXT = 4  # tokens of look-back per stop-string character
 DEFAULT_SAMPLING = SamplingParams()
 
 
@@ -86,10 +92,29 @@ class _Sample:
     checked: int = 0  # tokens of this turn already searched for stop strings
     tool_calls: int = 0
     error: str | None = None
+    epoch: int = 0  # bumped when the host stops the sample: in-flight tokens are stale
 
     @property
     def cached(self) -> int:
         return len(self.prompt_ids) + len(self.tokens)
+
+
+@dataclasses.dataclass
+class _Call:
+    """Host state of one `generate` call."""
+
+    ids: list[np.ndarray]
+    sampling: list[SamplingParams]
+    seed_index: list[int]
+    tool: ToolCallback | None
+    slots: list[_Sample | None]
+    free: collections.deque
+    queue: collections.deque
+    pending: dict[int, cf.Future] = dataclasses.field(default_factory=dict)
+    results: dict[tuple[int, int], Completion] = dataclasses.field(default_factory=dict)
+    # Prefilled prompts with samples still to insert: (prompt, prefix, row, samples to go).
+    ready: collections.deque = dataclasses.field(default_factory=collections.deque)
+    pool: cf.ThreadPoolExecutor | None = None
 
 
 class RolloutDriver:
@@ -103,12 +128,14 @@ class RolloutDriver:
         steps_per_call: int = 8,
         max_tool_turns: int = 4,
         tool_workers: int = 4,
+        prefill_batch: int = 8,
     ):
         self.engine = engine
         self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
         self.steps_per_call = int(steps_per_call)
         self.max_tool_turns = int(max_tool_turns)
         self.tool_workers = int(tool_workers)
+        self.prefill_batch = int(prefill_batch)
         self.eos_ids = {int(i) for i in engine.eos_ids if i >= 0}
         self.stats: collections.Counter[str] = collections.Counter()
 
@@ -136,26 +163,31 @@ class RolloutDriver:
         return None
 
     def _find_stop(self, s: _Sample) -> tuple[int, str] | None:
-        """(tokens of this turn up to and including the match, stop string) or None."""
+        """(tokens of this turn up to and including the first stop-string match, the stop
+        string) or None. Incremental: only tokens sampled since the last check are new, so
+        only a window of text is decoded: those tokens plus enough before them to hold the
+        start of a stop string that they complete (`_STOP_CONTEXT` tokens per character,
+        byte-level tokens can be fractions of one)."""
         turn = s.tokens[s.turn_start :]
         stops = s.params.stop
+        lo = max(0, s.checked - _STOP_CONTEXT * max(len(x) for x in stops))
 
         def match(count: int) -> str | None:
-            text = self._decode(turn[:count], skip_special=False)
+            text = self._decode(turn[lo:count], skip_special=False)
             hits = [(text.find(x), x) for x in stops if x in text]
             return min(hits)[1] if hits else None
 
-        if not turn or match(len(turn)) is None:
+        if len(turn) <= s.checked or match(len(turn)) is None:
             s.checked = len(turn)
             return None
-        lo, hi = s.checked + 1, len(turn)  # smallest prefix that contains a stop string
-        while lo < hi:
-            mid = (lo + hi) // 2
+        first, last = s.checked + 1, len(turn)  # the shortest prefix holding a stop string
+        while first < last:
+            mid = (first + last) // 2
             if match(mid) is None:
-                lo = mid + 1
+                first = mid + 1
             else:
-                hi = mid
-        return lo, match(lo)
+                last = mid
+        return first, match(first)
 
     def _completion(self, s: _Sample, reason: str, stop: str | None = None) -> Completion:
         return Completion(
@@ -213,84 +245,111 @@ class RolloutDriver:
             raise ValueError(f"{len(problems)} prompt(s) cannot be generated: {shown}")
 
         eng = self.engine
-        params = eng.place_params(eng.load_params() if params is None else params)
-        results: dict[tuple[int, int], Completion] = {}
+        queue = collections.deque(i for i in range(len(ids)) if i not in problems)
+        free = collections.deque(range(eng.batch))
+        call = _Call(ids, list(sampling), seed_index, tool, [None] * eng.batch, free, queue)
         for i, msg in problems.items():
             for j in range(sampling[i].n):
                 s = _Sample(i, j, ids[i], sampling[i], 0, error=msg)
-                results[(i, j)] = self._completion(s, "prompt_too_long")
+                call.results[(i, j)] = self._completion(s, "prompt_too_long")
+        params = eng.place_params(eng.load_params() if params is None else params)
         total = sum(sp.n for sp in sampling)
-        queue = collections.deque(i for i in range(len(ids)) if i not in problems)
-        current: tuple[int, Any, collections.deque] | None = None
-        slots: list[_Sample | None] = [None] * eng.batch
-        free = collections.deque(range(eng.batch))
-        pending: dict[int, cf.Future] = {}
         state = eng.init_decode_state()
-        pool = cf.ThreadPoolExecutor(self.tool_workers) if tool is not None else None
+        inflight = None  # the last call's records, read after the next call is dispatched
+        call.pool = cf.ThreadPoolExecutor(self.tool_workers) if tool is not None else None
         try:
             while True:
-                state = self._resume_tools(params, state, slots, free, pending, results)
-                while free and (queue or (current and current[2])):
-                    if current is not None and current[2] and not self._fits(current, sampling):
-                        break  # the pool is full: wait for running samples to free pages
-                    if current is None or not current[2]:
-                        i = queue.popleft()
-                        width = eng.prefill_bucket(len(ids[i]))
-                        padded = np.zeros(width, np.int32)
-                        padded[: len(ids[i])] = ids[i]
-                        prefix = eng.prefill(
-                            params=params, padded_tokens=padded, true_length=len(ids[i])
-                        )
-                        self.stats["prefills"] += 1
-                        current = (i, prefix, collections.deque(range(sampling[i].n)))
-                        if not self._fits(current, sampling):
-                            break
-                    i, prefix, todo = current
-                    j, slot, sp = todo.popleft(), free.popleft(), sampling[i]
-                    seed = sample_seed(sp.seed, seed_index[i], j)
-                    slots[slot] = _Sample(i, j, ids[i], sp, seed)
-                    state = eng.insert_slot(
-                        prefix, state, slot, SlotSampling.one(sp, seed), sp.max_new_tokens
-                    )
-                    self.stats["inserts"] += 1
-                running = [b for b, s in enumerate(slots) if s is not None and b not in pending]
-                if not running:
-                    if pending:
-                        cf.wait(list(pending.values()), return_when=cf.FIRST_COMPLETED)
-                        continue
-                    if current is not None and current[2]:
-                        raise ValueError(
-                            f"prompt {current[0]}: one sample needs more KV pages than the "
-                            "whole pool holds; raise num_pages or lower max_new_tokens"
-                        )
+                state = self._resume_tools(params, state, call)
+                state = self._admit(params, state, call)
+                running = {b: (s, s.epoch) for b, s in enumerate(call.slots)
+                           if s is not None and b not in call.pending}  # fmt: skip
+                dispatched = None
+                if running:
+                    state, rec = eng.generate_steps(params, state, self.steps_per_call)
+                    self.stats["generate_calls"] += 1
+                    dispatched = (rec, running)
+                if inflight is not None:
+                    state = self._process(state, call, *inflight)
+                    if progress is not None:
+                        progress(len(call.results), total)
+                inflight = dispatched
+                if inflight is None and not self._wait_for_tools(call):
                     break
-                state, rec = eng.generate_steps(params, state, self.steps_per_call)
-                self.stats["generate_calls"] += 1
-                rec = jax.device_get(rec)
-                stopped = []
-                for b in running:
-                    done = self._absorb(slots[b], rec, b)
-                    finish = self._check_finish(slots[b], done)
-                    if finish is None:
-                        continue
-                    reason, stop = finish
-                    if not done:
-                        stopped.append(b)
-                    s = slots[b]
-                    if reason == "stop" and tool is not None and s.tool_calls < self.max_tool_turns:
-                        text = self._decode(s.tokens, skip_special=True)
-                        pending[b] = pool.submit(tool, text)
-                        continue
-                    results[(s.prompt_index, s.sample_index)] = self._completion(s, reason, stop)
-                    self._free_slot(b, slots, free)
-                if stopped:
-                    state = eng.deactivate(state, stopped)
-                if progress is not None:
-                    progress(len(results), total)
         finally:
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
-        return [results[(i, j)] for i in range(len(ids)) for j in range(sampling[i].n)]
+            if call.pool is not None:
+                call.pool.shutdown(wait=True, cancel_futures=True)
+        return [call.results[(i, j)] for i in range(len(ids)) for j in range(sampling[i].n)]
+
+    def _wait_for_tools(self, call: _Call) -> bool:
+        """Nothing is decoding: wait for a running tool (True) or end the call (False)."""
+        if call.pending:
+            cf.wait(list(call.pending.values()), return_when=cf.FIRST_COMPLETED)
+            return True
+        if call.ready:
+            raise ValueError(
+                f"prompt {call.ready[0][0]}: one sample needs more KV pages than the "
+                "whole pool holds; raise num_pages or lower max_new_tokens"
+            )
+        return False
+
+    def _admit(self, params, state, call: _Call):
+        """Fill free slots with the next samples while the KV pool has their pages."""
+        eng = self.engine
+        while call.free and (call.queue or call.ready):
+            if not call.ready:
+                self._prefill_next(params, call)
+            i, prefix, row, todo = call.ready[0]
+            sp = call.sampling[i]
+            if not eng.can_insert(prefix, sp.max_new_tokens, row):
+                break  # the pool is full: running samples will free pages
+            j, slot = todo.popleft(), call.free.popleft()
+            if not todo:
+                call.ready.popleft()
+            seed = sample_seed(sp.seed, call.seed_index[i], j)
+            call.slots[slot] = _Sample(i, j, call.ids[i], sp, seed)
+            state = eng.insert_slot(
+                prefix, state, slot, SlotSampling.one(sp, seed), sp.max_new_tokens, row
+            )
+            self.stats["inserts"] += 1
+        return state
+
+    def _prefill_next(self, params, call: _Call) -> None:
+        """Prefill the next prompts in one call: as many as the free slots take (n samples
+        each), at most `prefill_batch`."""
+        first = call.queue[0]
+        count = min(len(call.queue), self.prefill_batch,
+                    max(1, -(-len(call.free) // call.sampling[first].n)))  # fmt: skip
+        prompts = [call.queue.popleft() for _ in range(count)]
+        prefix = self.engine.prefill_many(params, [call.ids[i] for i in prompts])
+        self.stats["prefills"] += 1
+        for row, i in enumerate(prompts):
+            call.ready.append((i, prefix, row, collections.deque(range(call.sampling[i].n))))
+
+    def _process(self, state, call: _Call, rec, running: dict):
+        """Absorb one call's records into the samples that were running when it was
+        dispatched and are unchanged since (`epoch`: a sample stopped or resumed after
+        the dispatch ignores the call's tokens); finish or hand samples to the tool."""
+        rec = jax.device_get(rec)
+        stopped = []
+        for b, (s, epoch) in running.items():
+            if call.slots[b] is not s or s.epoch != epoch:
+                continue
+            done = self._absorb(s, rec, b)
+            finish = self._check_finish(s, done)
+            if finish is None:
+                continue
+            reason, stop = finish
+            s.epoch += 1  # later calls' tokens for this slot are not this sample's
+            stopped.append(b)
+            if reason == "stop" and call.tool is not None and s.tool_calls < self.max_tool_turns:
+                assert call.pool is not None
+                call.pending[b] = call.pool.submit(call.tool, self._decode(s.tokens, True))
+                continue
+            call.results[(s.prompt_index, s.sample_index)] = self._completion(s, reason, stop)
+            self._free_slot(b, call)
+        if stopped:
+            state = self.engine.deactivate(state, stopped)
+        return state
 
     def _absorb(self, s: _Sample, rec, b: int) -> bool:
         """Append slot b's sampled tokens from the step records; True if the device
@@ -315,11 +374,12 @@ class RolloutDriver:
             return None
         return ("eos" if s.tokens and s.tokens[-1] in self.eos_ids else "length"), None
 
-    def _resume_tools(self, params, state, slots, free, pending, results):
+    def _resume_tools(self, params, state, call: _Call):
         """Append finished tool outputs to their samples and resume them, or finish them."""
         eng = self.engine
-        for b in [b for b, f in pending.items() if f.done()]:
-            fut, s = pending.pop(b), slots[b]
+        for b in [b for b, f in call.pending.items() if f.done()]:
+            fut, s = call.pending.pop(b), call.slots[b]
+            assert s is not None
             try:
                 obs = fut.result()
             except Exception as e:  # a tool failure ends the sample, not the batch
@@ -352,19 +412,14 @@ class RolloutDriver:
                     self.stats["tool_resumes"] += 1
                     continue
                 reason = "length"
-            results[(s.prompt_index, s.sample_index)] = self._completion(s, reason)
-            self._free_slot(b, slots, free)
+            call.results[(s.prompt_index, s.sample_index)] = self._completion(s, reason)
+            self._free_slot(b, call)
         return state
 
-    def _fits(self, current, sampling) -> bool:
-        """Whether the engine's KV pool has room for the next sample of `current`."""
-        i, prefix, _ = current
-        return self.engine.can_insert(prefix, sampling[i].max_new_tokens)
-
-    def _free_slot(self, b: int, slots: list, free: collections.deque) -> None:
+    def _free_slot(self, b: int, call: _Call) -> None:
         self.engine.release_slot(b)
-        slots[b] = None
-        free.append(b)
+        call.slots[b] = None
+        call.free.append(b)
 
     def encode_observation(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -45,6 +45,7 @@ from jaxrl_llm.models.config import as_dtype
 from jaxrl_llm.models.paged import write_kv
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
 from jaxrl_llm.rollout.pages import SlotPages
+from jaxrl_llm.rollout.records import DecodeState, ParamsRef, Prefix, StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_tokens
 from jaxrl_llm.sharding import SAMPLE_RULES, ShardingContext, build_mesh, reshard
 from jaxrl_llm.sharding import axes as ax
@@ -52,48 +53,6 @@ from jaxrl_llm.sharding.reshard import target_shardings
 from jaxrl_llm.sharding.rules import Rules
 
 Array = jax.Array
-
-
-class ParamsRef:
-    """A mutable reference to params: `ref.value = new_params` after each train step."""
-
-    def __init__(self, value: Any):
-        self.value = value
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Prefix:
-    """A prefilled prompt: cache [L, 1, P, K, H], last hidden state [D], true length []."""
-
-    cache: KVCache
-    hidden: Array
-    length: Array
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class DecodeState:
-    kv_pages: tuple[Array, ...]  # per layer [NP, ps, 2K, H]
-    page_table: Array  # [B, pps] int32 (NP past a slot's reservation)
-    hidden: Array  # [B, D] hidden state of each row's last cached token
-    lengths: Array  # [B] int32 tokens in the cache row (= next position)
-    generated: Array  # [B] int32 tokens sampled since insert / resume
-    max_new: Array  # [B] int32 token budget of the current turn
-    active: Array  # [B] bool
-    sampling: SlotSampling
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class StepRecords:
-    """What k decode steps produced, each [k, B]; `valid` marks slots that sampled."""
-
-    tokens: Array
-    logprobs: Array
-    raw_logprobs: Array
-    valid: Array
-    done: Array
 
 
 class Engine(engine_api.Engine):
@@ -212,7 +171,7 @@ class Engine(engine_api.Engine):
         self._init_fn = jax.jit(self._init_impl, out_shardings=st)
         self._insert_fn = jax.jit(
             self._insert_impl,
-            in_shardings=(pre, st, R, R, R, slot_sampling, R),
+            in_shardings=(pre, st, R, R, R, R, slot_sampling, R),
             out_shardings=st,
             donate_argnums=(1,),
         )
@@ -240,14 +199,16 @@ class Engine(engine_api.Engine):
     def _count(self, name: str) -> None:
         self.trace_counts[name] += 1  # runs at trace time only
 
-    def _prefill_impl(self, params, tokens, true_length) -> Prefix:
-        self._count(f"prefill[{tokens.shape[-1]}]")
+    def _prefill_impl(self, params, tokens, lengths) -> Prefix:
+        """Prompts [M, P] (row m's first lengths[m] tokens real): their keys/values and
+        last hidden states; no logits (the first token is sampled at the first step)."""
+        M, P = tokens.shape
+        self._count(f"prefill[{M}x{P}]")
         model = self._model(params)
-        tokens = tokens.reshape(1, -1).astype(jnp.int32)
-        cache = KVCache.zeros(self.config, 1, tokens.shape[1])
-        length = true_length.astype(jnp.int32)
-        h, cache = model.extend(cache, tokens, jnp.zeros(1, jnp.int32), length[None])
-        return Prefix(cache, h[0, length - 1], length)
+        cache = KVCache.zeros(self.config, M, P)
+        lengths = lengths.astype(jnp.int32)
+        h, cache = model.extend(cache, tokens.astype(jnp.int32), jnp.zeros(M, jnp.int32), lengths)
+        return Prefix(cache, h[jnp.arange(M), lengths - 1], lengths)
 
     def _init_impl(self) -> DecodeState:
         self._count("init")
@@ -266,18 +227,20 @@ class Engine(engine_api.Engine):
             sampling=SlotSampling.fill(B),
         )
 
-    def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, row, dest, sampling, max_new):
-        """Write the prefix's tokens at flat slots `dest` [P] (shared pages only once) and
-        point the slot's page-table row at its pages."""
-        self._count(f"insert[{prefix.cache.k.shape[2]}]")
-        k, v = prefix.cache.k[:, 0], prefix.cache.v[:, 0]  # [L, P, K, H]
+    def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, m, row, dest, sampling,
+                     max_new):  # fmt: skip
+        """Write prompt m of the prefix at flat slots `dest` [P] (shared pages only once)
+        and point the slot's page-table row at its pages."""
+        self._count(f"insert[{prefix.cache.k.shape[1]}x{prefix.cache.k.shape[2]}]")
+        take = functools.partial(jax.lax.dynamic_index_in_dim, index=m, axis=1, keepdims=False)
+        k, v = take(prefix.cache.k), take(prefix.cache.v)  # [L, P, K, H]
         kv_pages = tuple(write_kv(pool, k[i], v[i], dest) for i, pool in enumerate(state.kv_pages))
         sampling = jax.tree.map(lambda a, x: a.at[slot].set(x), state.sampling, sampling)
         return DecodeState(
             kv_pages=kv_pages,
             page_table=state.page_table.at[slot].set(row),
-            hidden=state.hidden.at[slot].set(prefix.hidden.astype(state.hidden.dtype)),
-            lengths=state.lengths.at[slot].set(prefix.length),
+            hidden=state.hidden.at[slot].set(prefix.hidden[m].astype(state.hidden.dtype)),
+            lengths=state.lengths.at[slot].set(prefix.length[m]),
             generated=state.generated.at[slot].set(0),
             max_new=state.max_new.at[slot].set(max_new),
             active=state.active.at[slot].set(True),
@@ -375,8 +338,24 @@ class Engine(engine_api.Engine):
             raise ValueError(
                 f"prompt of {tokens.shape[0]} tokens exceeds max_prefill_length {self._max_prefill}"
             )
-        prefix = self._prefill_fn(self.place_params(params), tokens, np.int32(true_length))
-        self.pages.register(prefix, int(true_length))
+        lengths = np.asarray([true_length], np.int32)
+        prefix = self._prefill_fn(self.place_params(params), tokens[None], lengths)
+        self.pages.register(prefix, [int(true_length)])
+        return prefix
+
+    def prefill_many(self, params: Any, prompts: list[np.ndarray]) -> Prefix:
+        """Prefill several prompts in one call: padded to one bucketed width and to a
+        power-of-two count (so compiles stay few); insert prompt m with `row=m`."""
+        width = self.prefill_bucket(max(len(p) for p in prompts))
+        rows = 1 << (len(prompts) - 1).bit_length()
+        tokens = np.zeros((rows, width), np.int32)
+        lengths = np.ones(rows, np.int32)  # padding rows: one token, never inserted
+        for m, p in enumerate(prompts):
+            if not 0 < len(p) <= self._max_prefill:
+                raise ValueError(f"prompt of {len(p)} tokens: outside (0, {self._max_prefill}]")
+            tokens[m, : len(p)], lengths[m] = p, len(p)
+        prefix = self._prefill_fn(self.place_params(params), tokens, lengths)
+        self.pages.register(prefix, [len(p) for p in prompts])
         return prefix
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
@@ -384,7 +363,7 @@ class Engine(engine_api.Engine):
         p = self.default_sampling
         budget = self.cache_length  # the Driver enforces its own max_tokens (all pages fit)
         state = self.insert_slot(prefix, decode_state, slot, SlotSampling.one(p, p.seed), budget)
-        self.pages.unshare(prefix)  # one insert per prefix: its pages go with the slot
+        self.pages.unshare((prefix, 0))  # one insert per prefix: its pages go with the slot
         return state
 
     def generate(self, params: Any, decode_state: DecodeState):
@@ -431,32 +410,40 @@ class Engine(engine_api.Engine):
 
     # ---------------------------------------------------------- RL extensions
     def insert_slot(
-        self, prefix: Prefix, state: DecodeState, slot: int, sampling: SlotSampling, max_new: int
+        self,
+        prefix: Prefix,
+        state: DecodeState,
+        slot: int,
+        sampling: SlotSampling,
+        max_new: int,
+        row: int = 0,
     ) -> DecodeState:
         """Insert `prefix` at `slot` with its own sampling parameters and token budget
         (releasing the pages the slot held). Samples inserted from the same prefix share
-        its full pages. ValueError when the pool lacks room (see `can_insert`)."""
-        length = self._prefix_length(prefix)
+        its full pages. `row`: which of the prefix's prompts (`prefill_many`). ValueError
+        when the pool lacks room (see `can_insert`)."""
+        key = (prefix, int(row))
+        length = self._prefix_length(*key)
         self.pages.release(int(slot))  # what the slot held before is free again
-        if not self.pages.fits(prefix, length, max_new):
+        if not self.pages.fits(key, length, max_new):
             raise ValueError(
                 f"KV pool full: a {length}-token prompt with {max_new} new tokens needs "
-                f"{self.pages.needed(prefix, length, max_new)} pages, "
+                f"{self.pages.needed(key, length, max_new)} pages, "
                 f"{self.pages.allocator.num_free} free (release finished slots first)"
             )
         width = prefix.cache.k.shape[2]
-        row, dest = self.pages.admit(int(slot), prefix, length, int(max_new), width)
-        args = (np.int32(slot), row, dest, sampling, np.int32(max_new))
+        page_row, dest = self.pages.admit(int(slot), key, length, int(max_new), width)
+        args = (np.int32(slot), np.int32(row), page_row, dest, sampling, np.int32(max_new))
         return self._insert_fn(prefix, state, *args)
 
-    def _prefix_length(self, prefix: Prefix) -> int:
-        known = self.pages.known_length(prefix)
+    def _prefix_length(self, prefix: Prefix, row: int) -> int:
+        known = self.pages.known_length((prefix, row))
         # A prefix that crossed JetStream's transfer thread is a new object: read it (once).
-        return known if known is not None else int(prefix.length)
+        return known if known is not None else int(prefix.length[row])
 
-    def can_insert(self, prefix: Prefix, max_new: int) -> bool:
-        """Whether the pool has the pages one more sample of `prefix` needs now."""
-        return self.pages.fits(prefix, self._prefix_length(prefix), int(max_new))
+    def can_insert(self, prefix: Prefix, max_new: int, row: int = 0) -> bool:
+        """Whether the pool has the pages one more sample of `prefix` (prompt `row`) needs."""
+        return self.pages.fits((prefix, row), self._prefix_length(prefix, row), int(max_new))
 
     def release_slot(self, slot: int) -> None:
         """Free a finished slot's pages (host bookkeeping only; its row is inactive)."""

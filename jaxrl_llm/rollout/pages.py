@@ -82,44 +82,50 @@ class SlotPages:
         self.pages_per_seq = int(pages_per_seq)
         self.allocator = PageAllocator(num_pages)
         self._slots: list[list[int]] = [[] for _ in range(batch)]
-        self._prompts: dict[int, _Prompt] = {}
+        self._prompts: dict[tuple[int, int], _Prompt] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------- prompts
-    def register(self, prefix: Any, length: int) -> None:
-        """Remember a prefix's host-side length; its shared pages go when it is collected."""
-        key = id(prefix)
+    # A prompt is (prefix, row): a prefix object holds one or more prefilled prompts.
+    def register(self, prefix: Any, lengths: list[int], rows: list[int] | None = None) -> None:
+        """Remember the host-side lengths of a prefix's prompts (rows 0.. by default);
+        their shared pages go when the prefix object is collected."""
+        rows = list(range(len(lengths))) if rows is None else rows
+        keys = [(id(prefix), r) for r in rows]
         with self._lock:
-            self._prompts[key] = _Prompt(int(length))
-        weakref.finalize(prefix, self._forget, key)
+            for key, length in zip(keys, lengths, strict=True):
+                self._prompts[key] = _Prompt(int(length))
+        weakref.finalize(prefix, self._forget, keys)
 
-    def known_length(self, prefix: Any) -> int | None:
-        prompt = self._prompts.get(id(prefix))
-        return None if prompt is None else prompt.length
+    def known_length(self, prompt: tuple[Any, int]) -> int | None:
+        found = self._prompts.get(_key(prompt))
+        return None if found is None else found.length
 
-    def _forget(self, key: int) -> None:
+    def _forget(self, keys: list[tuple[int, int]]) -> None:
         with self._lock:
-            prompt = self._prompts.pop(key, None)
-        if prompt is not None and prompt.shared:
-            self.allocator.release(prompt.shared)
+            prompts = [self._prompts.pop(key, None) for key in keys]
+        for prompt in prompts:
+            if prompt is not None and prompt.shared:
+                self.allocator.release(prompt.shared)
 
     # -------------------------------------------------------------- slots
-    def needed(self, prefix: Any, length: int, max_new: int) -> int:
-        """Fresh pages one more sample of `prefix` (a prompt of `length`) would take."""
+    def needed(self, prompt: tuple[Any, int], length: int, max_new: int) -> int:
+        """Fresh pages one more sample of `prompt` (of `length` tokens) would take."""
         ps = self.page_size
         end = min(length + max_new, self.pages_per_seq * ps)
         total = -(-end // ps)
-        prompt = self._prompts.get(id(prefix))
-        shared = prompt is not None and prompt.shared is not None
+        found = self._prompts.get(_key(prompt))
+        shared = found is not None and found.shared is not None
         return total - (length // ps if shared else 0)
 
-    def fits(self, prefix: Any, length: int, max_new: int) -> bool:
-        return self.needed(prefix, length, max_new) <= self.allocator.num_free
+    def fits(self, prompt: tuple[Any, int], length: int, max_new: int) -> bool:
+        return self.needed(prompt, length, max_new) <= self.allocator.num_free
 
     def admit(
-        self, slot: int, prefix: Any, length: int, max_new: int, width: int
+        self, slot: int, prompt: tuple[Any, int], length: int, max_new: int, width: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Reserve pages for a sample of `prefix` in `slot` (releasing what the slot held).
+        """Reserve pages for a sample of `prompt` = (prefix, row) in `slot` (releasing what
+        the slot held).
 
         Returns the slot's page-table row [pages_per_seq] and, for the prefix's `width`
         padded tokens, the flat slot each is written to ([width]; `num_pages * page_size`:
@@ -128,15 +134,15 @@ class SlotPages:
         self.release(slot)
         ps, n_full = self.page_size, length // self.page_size
         end = min(length + max_new, self.pages_per_seq * ps)
-        if id(prefix) not in self._prompts:
-            self.register(prefix, length)
-        prompt = self._prompts[id(prefix)]
-        fresh_shared = prompt.shared is None
+        if _key(prompt) not in self._prompts:
+            self.register(prompt[0], [length], rows=[prompt[1]])
+        found = self._prompts[_key(prompt)]
+        fresh_shared = found.shared is None
         if fresh_shared:
-            prompt.shared = self.allocator.alloc(n_full)  # the prefix's own reference
+            found.shared = self.allocator.alloc(n_full)  # the prefix's own reference
         own = self.allocator.alloc(-(-end // ps) - n_full)
-        self.allocator.retain(prompt.shared)
-        pages = prompt.shared + own
+        self.allocator.retain(found.shared)
+        pages = found.shared + own
         self._slots[slot] = pages
         oob_page = self.allocator.num_pages
         row = np.full(self.pages_per_seq, oob_page, np.int32)
@@ -146,12 +152,12 @@ class SlotPages:
         write = (t < length) & ((t >= n_full * ps) | fresh_shared)
         return row, np.where(write, dest, oob_page * ps).astype(np.int32)
 
-    def unshare(self, prefix: Any) -> None:
-        """Drop the prefix's own hold on its full pages now (a prefix inserted once, as
-        JetStream's server does, need not keep them until it is collected)."""
-        prompt = self._prompts.get(id(prefix))
-        if prompt is not None and prompt.shared is not None:
-            shared, prompt.shared = prompt.shared, None
+    def unshare(self, prompt: tuple[Any, int]) -> None:
+        """Drop the prefix's own hold on a prompt's full pages now (a prompt inserted once,
+        as JetStream's server does, need not keep them until the prefix is collected)."""
+        found = self._prompts.get(_key(prompt))
+        if found is not None and found.shared is not None:
+            shared, found.shared = found.shared, None
             self.allocator.release(shared)
 
     def release(self, slot: int) -> None:
@@ -162,3 +168,7 @@ class SlotPages:
 
     def held(self, slot: int) -> int:
         return len(self._slots[slot])
+
+
+def _key(prompt: tuple[Any, int]) -> tuple[int, int]:
+    return id(prompt[0]), int(prompt[1])

@@ -32,8 +32,9 @@ from typing import Any
 
 import grpc
 
-from jaxrl_llm.rollout.engine import Engine, ParamsRef
+from jaxrl_llm.rollout.engine import Engine
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, patch_orchestrator
+from jaxrl_llm.rollout.records import ParamsRef
 
 log = logging.getLogger(__name__)
 

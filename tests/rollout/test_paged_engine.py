@@ -64,8 +64,8 @@ def test_group_samples_equal_independent_runs(tiny_model):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     pages = SlotPages(batch=3, num_pages=64, page_size=4, pages_per_seq=10)
     prefix = object.__new__(type("P", (), {}))
-    pages.register(prefix, 9)  # two full pages + a partial one
-    rows = [pages.admit(s, prefix, 9, 8, 12)[0] for s in range(3)]
+    pages.register(prefix, [9])  # two full pages + a partial one
+    rows = [pages.admit(s, (prefix, 0), 9, 8, 12)[0] for s in range(3)]
     assert all((r[:2] == rows[0][:2]).all() for r in rows)  # full pages shared
     assert len({int(r[2]) for r in rows}) == 3  # the partial page copied per sample
     assert pages.allocator.num_free == 64 - 2 - 3 * 3  # 2 shared + 3 own pages per sample
@@ -104,8 +104,8 @@ def test_page_accounting_never_leaks(ops):
         else:
             prefix, plen = prefixes.setdefault(slot, (_Prefix(), length))
             pages.release(slot)
-            if pages.fits(prefix, plen, max_new):
-                pages.admit(slot, prefix, plen, max_new, plen)
+            if pages.fits((prefix, 0), plen, max_new):
+                pages.admit(slot, (prefix, 0), plen, max_new, plen)
             prefix = None
         _check(pages)
     for slot in range(4):
