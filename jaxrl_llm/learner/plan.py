@@ -14,9 +14,11 @@ the rules shard them):
   the update (`updates` and the finite-or-skip `where`);
 - reference model (when a KL term is used): parameters again; critic (estimator 'gae'):
   a `ValueModel`'s parameters, moments and gradients;
-- KV cache: [L, max_slots, max_prompt_length + max_new_tokens + 1, K, H] twice (k and v) in
-  the compute dtype, under SAMPLE_RULES; plus a copy of the weights in the sampling layout
-  when it differs from the training layout (fsdp > 1);
+- KV cache: the engine's paged pool, max_slots x ceil(cache length / page size) pages of
+  keys and values in the compute dtype (cache length = max_prompt_length + max_new_tokens
+  + 1), split over kv heads (tensor) but not over the batch axes (pages are shared across
+  slots); plus a copy of the weights in the sampling layout when it differs from the
+  training layout (fsdp > 1);
 - batch: the 8 float32/int32 [M, mb, T] arrays of a `TrainBatch`;
 - activations of one micro-batch, with `S = b*N*t*t*4` (float32 attention scores), `bt = b*t`
   and the fitted buffer counts of `ACTIVATION_COUNTS`:
@@ -303,10 +305,14 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
     params, count = param_bytes(cfg, mesh, TRAIN_RULES)
     critic = param_bytes(cfg, mesh, TRAIN_RULES, ValueModel)[0] if w.critic else 0
     a = np.dtype(cfg.dtype).itemsize
-    kv_shape = (cfg.num_layers, w.slots, w.cache_len, cfg.num_kv_heads, cfg.head_dim)
-    from jaxrl_llm.models import KVCache
+    from jaxrl_llm.models.paged import DEFAULT_PAGE_SIZE
 
-    kv = 2 * shard_numel(kv_shape, KVCache.logical_axes(), SAMPLE_RULES, mesh) * a
+    # The engine's paged pool: every slot can hold a full-length sequence; pages are shared
+    # by slots, so the pool splits over kv heads (tensor) only, not over the batch axes.
+    pages = w.slots * -(-w.cache_len // DEFAULT_PAGE_SIZE)
+    kv_shape = (cfg.num_layers, pages * DEFAULT_PAGE_SIZE, cfg.num_kv_heads, cfg.head_dim)
+    kv_axes = (ax.LAYERS, None, ax.ACT_KV_HEADS, None)
+    kv = 2 * shard_numel(kv_shape, kv_axes, SAMPLE_RULES, mesh) * a
     rows = shard_numel((w.micro_batches * w.micro_batch,), (ax.BATCH,), TRAIN_RULES, mesh)
     act = {r: activation_bytes(cfg, mesh, w, r)["peak"] for r in (False, True)}
     terms = {

@@ -29,6 +29,7 @@ import numpy as np
 
 Array = jax.Array
 _NEG = float(jnp.finfo(jnp.float32).min)
+DEFAULT_PAGE_SIZE = 32  # tokens per page (the engine's default; the planner's assumption)
 
 
 @jax.tree_util.register_dataclass
