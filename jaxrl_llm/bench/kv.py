@@ -24,5 +24,6 @@ def kv_bytes_read(engine, kv_lens_per_step) -> int:
     from jaxrl_llm.models.paged import pages_read
 
     page_bytes = engine.page_size * engine.kv_bytes_per_token()
-    pages = sum(int(pages_read(np.asarray(lens), engine.page_size)[1]) for lens in kv_lens_per_step)
+    ps, pps = engine.page_size, engine.pages_per_seq
+    pages = sum(int(pages_read(np.asarray(lens), ps, pps)[1]) for lens in kv_lens_per_step)
     return pages * page_bytes

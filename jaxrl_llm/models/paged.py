@@ -91,50 +91,69 @@ def decode_attention(
     page_indices: Array,
     *,
     sm_scale: float,
-    block_tokens: int = 512,
     walk: str = "auto",
 ) -> Array:
     """Causal attention of one query per sequence over its paged keys: q [B, N, H] ->
-    [B, N, H], softmax in float32, reading about `block_tokens` cached tokens per loop
-    iteration.
+    [B, N, H], softmax in float32.
 
     Two walks over the same pages, picked per call by the pages each would read
-    (`pages_read`): by page column (every row's j-th page at once, up to the longest row:
-    no bookkeeping, best when rows have similar lengths) or by a ragged list of (row, page)
-    items (exactly the pages in use: best when lengths differ widely, as in tool-using
-    RL). `walk`: "auto", "column" or "ragged" (tests pin one).
+    (`pages_read`): by page column (every row's first w pages at once, w the longest row's
+    page count rounded up to a compiled width, in one pass while that is small, else in a
+    loop of blocks: no bookkeeping, best when rows have similar lengths) or by a ragged
+    list of (row, page) items (exactly the pages in use, in blocks: best when lengths differ
+    widely, as in tool-using RL). `walk`: "auto", "column" or "ragged" (tests pin one).
     """
     B, N, H = q.shape
     ps, K = kv_pages.shape[1], kv_pages.shape[2] // 2
     n_pages = (kv_lens + ps - 1) // ps
     qg = q.reshape(B, K, N // K, H)
-    block = max(1, block_tokens // ps)
-    cols = max(1, -(-block // B))
     args = (qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale)
     if walk == "column":
-        _, denom, o = _by_column(*args, cols)
+        _, denom, o = _by_column(*args)
     elif walk == "ragged":
-        _, denom, o = _by_item(*args, block)
+        _, denom, o = _by_item(*args)
     else:
-        _, denom, o = jax.lax.cond(
-            pages_read(kv_lens, ps, jnp)[0],
-            lambda: _by_column(*args, cols),
-            lambda: _by_item(*args, block),
-        )
+        use_column, _ = pages_read(kv_lens, ps, page_indices.shape[1], jnp)
+        _, denom, o = jax.lax.cond(use_column, lambda: _by_column(*args), lambda: _by_item(*args))
     out = jnp.where(denom[..., None] > 0, o / jnp.maximum(denom, 1e-30)[..., None], 0.0)
     return out.reshape(B, N, H).astype(q.dtype)
 
 
-COLUMN_SLACK = 1.25
+COLUMN_SLACK = 1.25  # the column walk may read this much more than the pages in use
+DENSE_TOKENS = 16384  # one-pass column walk up to this many gathered tokens (B x w x ps)
+BLOCK_TOKENS = 512  # tokens per loop iteration otherwise
 
 
-def pages_read(kv_lens, page_size: int, xp=np):
+def column_widths(batch: int, page_size: int, pages_per_seq: int) -> tuple[int, ...]:
+    """Page counts the one-pass column walk is compiled for: each count up to 8, then
+    steps of about 1.25x, up to what `DENSE_TOKENS` allows (longer rows loop)."""
+    cap = min(pages_per_seq, max(1, DENSE_TOKENS // (batch * page_size)))
+    widths, w = [], 1
+    while w < cap:
+        widths.append(w)
+        w = w + 1 if w < 8 else -(-w * 5 // 4)
+    return (*widths, cap)
+
+
+def _loop_columns(batch: int, page_size: int) -> int:
+    return max(1, -(-max(1, BLOCK_TOKENS // page_size) // batch))
+
+
+def pages_read(kv_lens, page_size: int, pages_per_seq: int, xp=np):
     """(walk by column?, pages one layer's decode attention reads) for rows holding
     `kv_lens` tokens: the column walk while it reads at most `COLUMN_SLACK` x the pages in
-    use (it has no per-item bookkeeping), else the ragged walk (exactly those pages).
-    `xp`: numpy (benchmarks' accounting) or jax.numpy (the kernel's choice)."""
+    use (it has no per-item bookkeeping), else the ragged walk (exactly those pages, plus
+    at most one partly used block). `xp`: numpy (benchmarks' accounting) or jax.numpy
+    (the walk's own choice)."""
+    B = kv_lens.shape[0]
     n_pages = (kv_lens + page_size - 1) // page_size
-    column, ragged = kv_lens.shape[0] * xp.max(n_pages), xp.sum(n_pages)
+    longest = xp.max(n_pages)
+    widths = xp.asarray(column_widths(B, page_size, pages_per_seq))
+    C = _loop_columns(B, page_size)
+    looped = -(-longest // C) * C
+    at = xp.minimum(xp.searchsorted(widths, longest), len(widths) - 1)
+    width = xp.where(longest <= widths[-1], widths[at], looped)
+    column, ragged = B * width, xp.sum(n_pages)
     use_column = column <= COLUMN_SLACK * ragged
     return use_column, xp.where(use_column, column, ragged)
 
@@ -162,11 +181,33 @@ def _block_stats(qg, blk, ok, sm_scale):
     return m_i, jnp.sum(p, axis=-1), o_i
 
 
-def _by_column(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale, cols):
-    """Online softmax over page columns [c * cols, (c + 1) * cols) of every row."""
+def _by_column(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
+    """Softmax statistics over every row's first w pages: one pass at the smallest
+    compiled width that holds the longest row, or a loop of column blocks past them."""
     B, pps = page_indices.shape
     ps = kv_pages.shape[1]
-    C = min(cols, pps)
+    widths = column_widths(B, ps, pps)
+
+    def one_pass(w: int):
+        def run():
+            blk = kv_pages[page_indices[:, :w]]  # [B, w, ps, 2K, H]
+            blk = blk.reshape(B, w * ps, *blk.shape[3:])
+            ok = jnp.arange(w * ps)[None, :] < kv_lens[:, None]
+            return _block_stats(qg, blk, ok, sm_scale)
+
+        return run
+
+    branches = [one_pass(w) for w in widths]
+    branches.append(lambda: _column_loop(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale))
+    which = jnp.searchsorted(jnp.asarray(widths), jnp.max(n_pages))  # len(widths): loop
+    return jax.lax.switch(which, branches)
+
+
+def _column_loop(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
+    """Online softmax over blocks of page columns of every row."""
+    B, pps = page_indices.shape
+    ps = kv_pages.shape[1]
+    C = min(_loop_columns(B, ps), pps)
 
     def body(c, carry):
         m, total_p, o = carry
@@ -184,10 +225,11 @@ def _by_column(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale, cols):
     return jax.lax.fori_loop(0, steps, body, _init(qg))
 
 
-def _by_item(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale, block):
-    """Online softmax over a ragged list of (row, page) items, `block` items at a time."""
+def _by_item(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
+    """Online softmax over a ragged list of (row, page) items, a block at a time."""
     B, pps = page_indices.shape
     ps = kv_pages.shape[1]
+    block = max(1, BLOCK_TOKENS // ps)
     ends = jnp.cumsum(n_pages)
     starts = ends - n_pages
     total = ends[-1]

@@ -35,14 +35,18 @@ def _dense_reference(q, kv, lens, table, scale):
 @pytest.mark.parametrize("walk", ["auto", "column", "ragged"])
 @pytest.mark.parametrize("block_tokens", [4, 24, 512])
 @pytest.mark.parametrize("ps", [4, 16])
-def test_decode_attention_matches_dense(walk, block_tokens, ps):
+def test_decode_attention_matches_dense(walk, block_tokens, ps, monkeypatch):
+    """Both walks, in one pass and in loops of small and large blocks."""
+    from jaxrl_llm.models import paged
+
+    monkeypatch.setattr(paged, "BLOCK_TOKENS", block_tokens)
+    monkeypatch.setattr(paged, "DENSE_TOKENS", 16 * block_tokens)
     rng = np.random.RandomState(ps + block_tokens)
     B, N, K, H, pps = 6, 4, 2, 8, 5
     kv, table = _pool(rng, B, pps, ps, K, H)
     lens = jnp.asarray([1, ps, ps + 1, 0, pps * ps, 3], jnp.int32)  # boundaries, idle row
     q = jnp.asarray(rng.randn(B, N, H).astype(np.float32))
-    out = decode_attention(q, kv, lens, table, sm_scale=0.35, block_tokens=block_tokens,
-                           walk=walk)  # fmt: skip
+    out = decode_attention(q, kv, lens, table, sm_scale=0.35, walk=walk)
     ref = _dense_reference(q, kv, lens, table, 0.35)
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
 
