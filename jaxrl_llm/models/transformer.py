@@ -15,10 +15,12 @@ Shapes: B batch, T tokens, S cache length, D embed, V vocab, L layers, K kv head
 from __future__ import annotations
 
 import dataclasses
+from typing import Generic
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from typing_extensions import TypeVar  # `default=` (PEP 696) before Python 3.13
 
 from jaxrl_llm.models.config import ModelConfig, as_dtype
 from jaxrl_llm.models.layers import (
@@ -34,15 +36,18 @@ from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext, constrain
 
 Array = jax.Array
+# The leaves of a `KVCache`: `jax.Array` (the default), `NamedSharding` in the rollout
+# engine's sharding pytrees.
+Leaf = TypeVar("Leaf", default=jax.Array)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class KVCache:
+class KVCache(Generic[Leaf]):
     """Keys and values for every layer: k, v [L, B, S, K, H]."""
 
-    k: Array
-    v: Array
+    k: Leaf
+    v: Leaf
 
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
@@ -55,7 +60,7 @@ class KVCache:
         return (ax.LAYERS, ax.BATCH, ax.CACHE_SEQ, ax.ACT_KV_HEADS, None)
 
     @property
-    def length(self) -> int:
+    def length(self: KVCache) -> int:
         return self.k.shape[2]
 
 

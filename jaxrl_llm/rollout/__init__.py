@@ -8,7 +8,14 @@ and the cost is paid on first use of `Engine`, `RolloutDriver` or `generate`.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what checkers see; at run time `__getattr__` imports on first use
+    from jaxrl_llm.rollout.completions import Completion, pad_completions
+    from jaxrl_llm.rollout.driver import RolloutDriver, generate
+    from jaxrl_llm.rollout.engine import Engine
+    from jaxrl_llm.rollout.records import DecodeState, ParamsRef, Prefix
+    from jaxrl_llm.rollout.sampling import SamplingParams, sample_tokens
 
 _EXPORTS = {
     "Engine": "jaxrl_llm.rollout.engine",
@@ -16,14 +23,25 @@ _EXPORTS = {
     "Prefix": "jaxrl_llm.rollout.records",
     "DecodeState": "jaxrl_llm.rollout.records",
     "RolloutDriver": "jaxrl_llm.rollout.driver",
-    "Completion": "jaxrl_llm.rollout.driver",
+    "Completion": "jaxrl_llm.rollout.completions",
     "generate": "jaxrl_llm.rollout.driver",
-    "pad_completions": "jaxrl_llm.rollout.driver",
+    "pad_completions": "jaxrl_llm.rollout.completions",
     "SamplingParams": "jaxrl_llm.rollout.sampling",
     "sample_tokens": "jaxrl_llm.rollout.sampling",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [  # sorted(_EXPORTS), written out for checkers
+    "Completion",
+    "DecodeState",
+    "Engine",
+    "ParamsRef",
+    "Prefix",
+    "RolloutDriver",
+    "SamplingParams",
+    "generate",
+    "pad_completions",
+    "sample_tokens",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,7 @@
 - `steps_per_call` decode steps run inside one jitted scan between host checks. The host
   reads call i's records only after dispatching call i + 1, so the device does not wait
   for the host's stop-string search, tool hand-off and refill decisions; a sample the host
-  stops ignores what its slot produced in the call already in flight (`_Sample.epoch`).
+  stops ignores what its slot produced in the call already in flight (`LiveSample.epoch`).
   Stop strings are searched incrementally, in the text of the new tokens only.
 - Stops: EOS and the token budget on device; stop strings on the host, on decoded text
   (they may span tokens): the sample is cut right after the token that completes the
@@ -39,6 +39,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,57 +47,19 @@ from typing import Any
 import jax
 import numpy as np
 
+# `FINISH_REASONS` and `pad_completions` stay importable from here (redundant aliases).
+from jaxrl_llm.rollout.completions import FINISH_REASONS as FINISH_REASONS
+from jaxrl_llm.rollout.completions import Completion, LiveSample
+from jaxrl_llm.rollout.completions import pad_completions as pad_completions
 from jaxrl_llm.rollout.engine import Engine
+from jaxrl_llm.rollout.records import DecodeState, Prefix, StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_seed
 
 log = logging.getLogger(__name__)
 
 ToolCallback = Callable[[str], "str | None"]
-FINISH_REASONS = ("eos", "stop", "length", "prompt_too_long")
-_STOP_CONTEXT = 4  # tokens of look-back per stop-string character
+_Running = dict[int, tuple[LiveSample, int]]  # slot -> (its sample, the sample's epoch)
 DEFAULT_SAMPLING = SamplingParams()
-
-
-@dataclasses.dataclass
-class Completion:
-    """One sample. Arrays are [T] over response tokens (model and inserted)."""
-
-    prompt_index: int
-    sample_index: int
-    prompt_ids: np.ndarray
-    token_ids: np.ndarray  # int32
-    logprobs: np.ndarray  # float32, under the sampled distribution; 0 on inserted tokens
-    raw_logprobs: np.ndarray  # float32, log_softmax of raw logits; 0 on inserted tokens
-    response_mask: np.ndarray  # int32, 1 = model token, 0 = inserted (tool output)
-    finish_reason: str  # one of FINISH_REASONS
-    text: str
-    stop_string: str | None = None
-    tool_calls: int = 0
-    error: str | None = None
-
-
-@dataclasses.dataclass
-class _Sample:
-    """Host-side state of a live sample."""
-
-    prompt_index: int
-    sample_index: int
-    prompt_ids: np.ndarray
-    params: SamplingParams
-    seed: int
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    raw: list[float] = dataclasses.field(default_factory=list)
-    mask: list[int] = dataclasses.field(default_factory=list)
-    turn_start: int = 0  # index in `tokens` where the current model turn began
-    checked: int = 0  # tokens of this turn already searched for stop strings
-    tool_calls: int = 0
-    error: str | None = None
-    epoch: int = 0  # bumped when the host stops the sample: in-flight tokens are stale
-
-    @property
-    def cached(self) -> int:
-        return len(self.prompt_ids) + len(self.tokens)
 
 
 @dataclasses.dataclass
@@ -107,13 +70,15 @@ class _Call:
     sampling: list[SamplingParams]
     seed_index: list[int]
     tool: ToolCallback | None
-    slots: list[_Sample | None]
-    free: collections.deque
-    queue: collections.deque
-    pending: dict[int, cf.Future] = dataclasses.field(default_factory=dict)
+    slots: list[LiveSample | None]
+    free: collections.deque[int]  # slots
+    queue: collections.deque[int]  # prompts not prefilled yet
+    pending: dict[int, cf.Future[str | None]] = dataclasses.field(default_factory=dict)
     results: dict[tuple[int, int], Completion] = dataclasses.field(default_factory=dict)
     # Prefilled prompts with samples still to insert: (prompt, prefix, row, samples to go).
-    ready: collections.deque = dataclasses.field(default_factory=collections.deque)
+    ready: collections.deque[tuple[int, Prefix, int, collections.deque[int]]] = dataclasses.field(
+        default_factory=collections.deque
+    )
     pool: cf.ThreadPoolExecutor | None = None
 
 
@@ -162,48 +127,8 @@ class RolloutDriver:
             )
         return None
 
-    def _find_stop(self, s: _Sample) -> tuple[int, str] | None:
-        """(tokens of this turn up to and including the first stop-string match, the stop
-        string) or None. Incremental: only tokens sampled since the last check are new, so
-        only a window of text is decoded: those tokens plus enough before them to hold the
-        start of a stop string that they complete (`_STOP_CONTEXT` tokens per character,
-        byte-level tokens can be fractions of one)."""
-        turn = s.tokens[s.turn_start :]
-        stops = s.params.stop
-        lo = max(0, s.checked - _STOP_CONTEXT * max(len(x) for x in stops))
-
-        def match(count: int) -> str | None:
-            text = self._decode(turn[lo:count], skip_special=False)
-            hits = [(text.find(x), x) for x in stops if x in text]
-            return min(hits)[1] if hits else None
-
-        if len(turn) <= s.checked or match(len(turn)) is None:
-            s.checked = len(turn)
-            return None
-        first, last = s.checked + 1, len(turn)  # the shortest prefix holding a stop string
-        while first < last:
-            mid = (first + last) // 2
-            if match(mid) is None:
-                first = mid + 1
-            else:
-                last = mid
-        return first, match(first)
-
-    def _completion(self, s: _Sample, reason: str, stop: str | None = None) -> Completion:
-        return Completion(
-            prompt_index=s.prompt_index,
-            sample_index=s.sample_index,
-            prompt_ids=s.prompt_ids,
-            token_ids=np.asarray(s.tokens, np.int32),
-            logprobs=np.asarray(s.logprobs, np.float32),
-            raw_logprobs=np.asarray(s.raw, np.float32),
-            response_mask=np.asarray(s.mask, np.int32),
-            finish_reason=reason,
-            text=self._decode(s.tokens, skip_special=True),
-            stop_string=stop,
-            tool_calls=s.tool_calls,
-            error=s.error,
-        )
+    def _completion(self, s: LiveSample, reason: str, stop: str | None = None) -> Completion:
+        return s.completion(reason, self._decode(s.tokens, skip_special=True), stop)
 
     # ----------------------------------------------------------------- main
     def generate(
@@ -214,7 +139,7 @@ class RolloutDriver:
         params: Any = None,
         tool: ToolCallback | None = None,
         on_long_prompt: str = "raise",
-        progress: Callable[[int, int], None] | None = None,
+        progress: Callable[[int, int], object] | None = None,
         prompt_indices: Sequence[int] | None = None,
     ) -> list[Completion]:
         """Complete every prompt `n` times; returns completions prompt-major.
@@ -224,36 +149,16 @@ class RolloutDriver:
         all prompts or one per prompt (their `n` may differ; results stay prompt-major).
         `on_long_prompt`: "raise" (ValueError before any compute) or "skip" (those
         prompts' samples end with finish reason "prompt_too_long").
-        `progress(done, total)` is called as samples finish (for progress bars).
+        `progress(done, total)` is called as samples finish (for progress bars; its result
+        is ignored).
         `prompt_indices`: each prompt's index for its samples' seeds (default 0, 1, ...);
         a host generating its share of a larger batch passes the global positions, so a
         sample is the same whichever host draws it.
         """
-        if on_long_prompt not in ("raise", "skip"):
-            raise ValueError(f"on_long_prompt must be 'raise' or 'skip', got {on_long_prompt!r}")
-        if isinstance(sampling, SamplingParams):
-            sampling = [sampling] * len(prompts)
-        if len(sampling) != len(prompts):
-            raise ValueError(f"{len(sampling)} sampling params for {len(prompts)} prompts")
-        ids = [self.encode(p) for p in prompts]
-        seed_index = list(range(len(ids))) if prompt_indices is None else list(prompt_indices)
-        if len(seed_index) != len(ids):
-            raise ValueError(f"{len(seed_index)} prompt_indices for {len(ids)} prompts")
-        problems = {i: msg for i, p in enumerate(ids) if (msg := self._too_long(p))}
-        if problems and on_long_prompt == "raise":
-            shown = "; ".join(f"prompt {i}: {m}" for i, m in list(problems.items())[:5])
-            raise ValueError(f"{len(problems)} prompt(s) cannot be generated: {shown}")
-
+        call = self._start_call(prompts, sampling, tool, on_long_prompt, prompt_indices)
         eng = self.engine
-        queue = collections.deque(i for i in range(len(ids)) if i not in problems)
-        free = collections.deque(range(eng.batch))
-        call = _Call(ids, list(sampling), seed_index, tool, [None] * eng.batch, free, queue)
-        for i, msg in problems.items():
-            for j in range(sampling[i].n):
-                s = _Sample(i, j, ids[i], sampling[i], 0, error=msg)
-                call.results[(i, j)] = self._completion(s, "prompt_too_long")
         params = eng.place_params(eng.load_params() if params is None else params)
-        total = sum(sp.n for sp in sampling)
+        total = sum(sp.n for sp in call.sampling)
         state = eng.init_decode_state()
         inflight = None  # the last call's records, read after the next call is dispatched
         call.pool = cf.ThreadPoolExecutor(self.tool_workers) if tool is not None else None
@@ -261,8 +166,8 @@ class RolloutDriver:
             while True:
                 state = self._resume_tools(params, state, call)
                 state = self._admit(params, state, call)
-                running = {b: (s, s.epoch) for b, s in enumerate(call.slots)
-                           if s is not None and b not in call.pending}  # fmt: skip
+                running: _Running = {b: (s, s.epoch) for b, s in enumerate(call.slots)
+                                     if s is not None and b not in call.pending}  # fmt: skip
                 dispatched = None
                 if running:
                     state, rec = eng.generate_steps(params, state, self.steps_per_call)
@@ -278,7 +183,41 @@ class RolloutDriver:
         finally:
             if call.pool is not None:
                 call.pool.shutdown(wait=True, cancel_futures=True)
-        return [call.results[(i, j)] for i in range(len(ids)) for j in range(sampling[i].n)]
+        return [call.results[(i, j)] for i, sp in enumerate(call.sampling) for j in range(sp.n)]
+
+    def _start_call(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+        tool: ToolCallback | None,
+        on_long_prompt: str,
+        prompt_indices: Sequence[int] | None,
+    ) -> _Call:
+        """Check and encode `generate`'s arguments; prompts that cannot be generated end
+        here ("prompt_too_long") or raise, before any compute."""
+        if on_long_prompt not in ("raise", "skip"):
+            raise ValueError(f"on_long_prompt must be 'raise' or 'skip', got {on_long_prompt!r}")
+        if isinstance(sampling, SamplingParams):
+            sampling = [sampling] * len(prompts)
+        if len(sampling) != len(prompts):
+            raise ValueError(f"{len(sampling)} sampling params for {len(prompts)} prompts")
+        ids = [self.encode(p) for p in prompts]
+        seed_index = list(range(len(ids))) if prompt_indices is None else list(prompt_indices)
+        if len(seed_index) != len(ids):
+            raise ValueError(f"{len(seed_index)} prompt_indices for {len(ids)} prompts")
+        problems = {i: msg for i, p in enumerate(ids) if (msg := self._too_long(p))}
+        if problems and on_long_prompt == "raise":
+            shown = "; ".join(f"prompt {i}: {m}" for i, m in list(problems.items())[:5])
+            raise ValueError(f"{len(problems)} prompt(s) cannot be generated: {shown}")
+        batch = self.engine.batch
+        queue = collections.deque(i for i in range(len(ids)) if i not in problems)
+        free = collections.deque(range(batch))
+        call = _Call(ids, list(sampling), seed_index, tool, [None] * batch, free, queue)
+        for i, msg in problems.items():
+            for j in range(sampling[i].n):
+                s = LiveSample(i, j, ids[i], sampling[i], 0, error=msg)
+                call.results[(i, j)] = self._completion(s, "prompt_too_long")
+        return call
 
     def _wait_for_tools(self, call: _Call) -> bool:
         """Nothing is decoding: wait for a running tool (True) or end the call (False)."""
@@ -292,7 +231,7 @@ class RolloutDriver:
             )
         return False
 
-    def _admit(self, params, state, call: _Call):
+    def _admit(self, params: Any, state: DecodeState, call: _Call) -> DecodeState:
         """Fill free slots with the next samples while the KV pool has their pages."""
         eng = self.engine
         while call.free and (call.queue or call.ready):
@@ -306,14 +245,14 @@ class RolloutDriver:
             if not todo:
                 call.ready.popleft()
             seed = sample_seed(sp.seed, call.seed_index[i], j)
-            call.slots[slot] = _Sample(i, j, call.ids[i], sp, seed)
+            call.slots[slot] = LiveSample(i, j, call.ids[i], sp, seed)
             state = eng.insert_slot(
                 prefix, state, slot, SlotSampling.one(sp, seed), sp.max_new_tokens, row
             )
             self.stats["inserts"] += 1
         return state
 
-    def _prefill_next(self, params, call: _Call) -> None:
+    def _prefill_next(self, params: Any, call: _Call) -> None:
         """Prefill the next prompts in one call: as many as the free slots take (n samples
         each), at most `prefill_batch`."""
         first = call.queue[0]
@@ -325,16 +264,18 @@ class RolloutDriver:
         for row, i in enumerate(prompts):
             call.ready.append((i, prefix, row, collections.deque(range(call.sampling[i].n))))
 
-    def _process(self, state, call: _Call, rec, running: dict):
+    def _process(
+        self, state: DecodeState, call: _Call, rec: StepRecords, running: _Running
+    ) -> DecodeState:
         """Absorb one call's records into the samples that were running when it was
         dispatched and are unchanged since (`epoch`: a sample stopped or resumed after
         the dispatch ignores the call's tokens); finish or hand samples to the tool."""
-        rec = jax.device_get(rec)
-        stopped = []
+        host: StepRecords[np.ndarray] = jax.device_get(rec)
+        stopped: list[int] = []
         for b, (s, epoch) in running.items():
             if call.slots[b] is not s or s.epoch != epoch:
                 continue
-            done = self._absorb(s, rec, b)
+            done = s.absorb(host, b)
             finish = self._check_finish(s, done)
             if finish is None:
                 continue
@@ -351,19 +292,9 @@ class RolloutDriver:
             state = self.engine.deactivate(state, stopped)
         return state
 
-    def _absorb(self, s: _Sample, rec, b: int) -> bool:
-        """Append slot b's sampled tokens from the step records; True if the device
-        finished the sample (EOS, budget or full cache)."""
-        valid = rec.valid[:, b]
-        s.tokens.extend(rec.tokens[valid, b].tolist())
-        s.logprobs.extend(rec.logprobs[valid, b].tolist())
-        s.raw.extend(rec.raw_logprobs[valid, b].tolist())
-        s.mask.extend([1] * int(valid.sum()))
-        return bool(rec.done[:, b].any())
-
-    def _check_finish(self, s: _Sample, device_done: bool) -> tuple[str, str | None] | None:
+    def _check_finish(self, s: LiveSample, device_done: bool) -> tuple[str, str | None] | None:
         if s.params.stop:
-            found = self._find_stop(s)
+            found = s.find_stop(functools.partial(self._decode, skip_special=False))
             if found is not None:
                 count, stop = found
                 keep = s.turn_start + count
@@ -374,7 +305,7 @@ class RolloutDriver:
             return None
         return ("eos" if s.tokens and s.tokens[-1] in self.eos_ids else "length"), None
 
-    def _resume_tools(self, params, state, call: _Call):
+    def _resume_tools(self, params: Any, state: DecodeState, call: _Call) -> DecodeState:
         """Append finished tool outputs to their samples and resume them, or finish them."""
         eng = self.engine
         for b in [b for b, f in call.pending.items() if f.done()]:
@@ -441,25 +372,3 @@ def generate(
     return driver.generate(
         prompts, sampling, params=params, tool=tool, on_long_prompt=on_long_prompt
     )
-
-
-def pad_completions(completions: Sequence[Completion], length: int | None = None, pad_id: int = 0):
-    """Right-padded arrays [N, T] for the trainer: response ids, both logprobs, the
-    response mask (0 on padding too) and lengths [N]."""
-    T = length or max((len(c.token_ids) for c in completions), default=0)
-    N = len(completions)
-    out = {
-        "response_ids": np.full((N, T), pad_id, np.int32),
-        "logprobs": np.zeros((N, T), np.float32),
-        "raw_logprobs": np.zeros((N, T), np.float32),
-        "response_mask": np.zeros((N, T), np.int32),
-        "response_lengths": np.zeros(N, np.int32),
-    }
-    for n, c in enumerate(completions):
-        k = min(len(c.token_ids), T)
-        out["response_ids"][n, :k] = c.token_ids[:k]
-        out["logprobs"][n, :k] = c.logprobs[:k]
-        out["raw_logprobs"][n, :k] = c.raw_logprobs[:k]
-        out["response_mask"][n, :k] = c.response_mask[:k]
-        out["response_lengths"][n] = k
-    return out

@@ -7,8 +7,9 @@ the sampling layout (zero bytes copied) and runs one jitted reshard when they do
 for params where a caller captures them once (JetStream's Driver threads): it is read at
 every call, so a server attached to a training run always uses the latest step.
 
-Every device function is jitted with explicit in/out shardings under the engine's rules
-(`SAMPLE_RULES` by default) and donates the decode state it transforms.
+Every device program (`rollout.programs.DecodePrograms`) is jitted here with explicit in/out
+shardings under the engine's rules (`SAMPLE_RULES` by default) and donates the decode state
+it transforms.
 
 Decode state: a paged KV cache (`models.paged`: per layer a pool of pages, updated in place
 on the donated state; per slot a page-table row), and per slot b of B the hidden state of
@@ -17,11 +18,9 @@ token budget, and an active flag. A decode step reads only the pages its rows us
 host side (`rollout.pages.SlotPages`) reserves a sample's pages at insert, shares a
 prompt's full pages among the samples inserted from one prefix, and frees them on
 `release_slot`; `can_insert` says whether the pool has room (callers queue otherwise).
-
-A step samples from the stored hidden state's logits, then appends the
-sampled token to the cache: so prefill (JetStream 0.2.2 returns only a prefix) computes no
-logits at all, and the first token of each of n samples inserted from one prefix is drawn
-in its own slot with its own seed.
+Prefill computes no logits (JetStream 0.2.2 returns only a prefix): a step samples from the
+stored hidden state's logits, so each of n samples of one prefix draws its first token in
+its own slot with its own seed.
 
 Shapes: B slots, S cache length (the longest sequence), P padded prompt, D embed, L layers,
 K kv heads, H head dim, NP pages in the pool, ps page size, pps = ceil(S / ps).
@@ -29,10 +28,8 @@ K kv heads, H head dim, NP pages in the pool, ps page size, pps = ceil(S / ps).
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import functools
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -42,17 +39,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.models import CausalLM, KVCache
 from jaxrl_llm.models.config import as_dtype
-from jaxrl_llm.models.paged import write_kv
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
 from jaxrl_llm.rollout.pages import SlotPages
+from jaxrl_llm.rollout.programs import DecodePrograms
 from jaxrl_llm.rollout.records import DecodeState, ParamsRef, Prefix, StepRecords
-from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_tokens
+from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling
 from jaxrl_llm.sharding import SAMPLE_RULES, ShardingContext, build_mesh, reshard
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.reshard import target_shardings
 from jaxrl_llm.sharding.rules import Rules
 
 Array = jax.Array
+# protoc's Python output builds its message classes at import, so no checker can see them.
+TokenizerParameters: TypeAlias = tokenizer_pb2.TokenizerParameters  # pyright: ignore[reportAttributeAccessIssue]
 
 
 class Engine(engine_api.Engine):
@@ -101,7 +100,6 @@ class Engine(engine_api.Engine):
         self.default_sampling = default_sampling or SamplingParams(temperature=0.0)
         eos = self.config.eos_token_ids if eos_ids is None else tuple(eos_ids)
         self.eos_ids = np.asarray(eos or (-1,), np.int32)
-        self.trace_counts: collections.Counter[str] = collections.Counter()
         self.page_size = int(page_size)
         self.pages_per_seq = -(-self.cache_length // self.page_size)
         self.num_pages = int(num_pages or self.batch * self.pages_per_seq)
@@ -111,19 +109,25 @@ class Engine(engine_api.Engine):
         graphdef, state = nnx.split(model)
         engine_model = nnx.merge(graphdef, state)  # a fresh module tree; same arrays
         engine_model.set_sharding(self.ctx)
-        self._graphdef, abstract = nnx.split(engine_model)
+        engine_graphdef, abstract = nnx.split(engine_model)
         self.param_shardings = target_shardings(abstract, self._mesh, rules)
         self._params = self.place_params(state) if keep_params else None
+        self.programs = DecodePrograms(
+            engine_graphdef, self.config, batch=self.batch, cache_length=self.cache_length,
+            page_size=self.page_size, pages_per_seq=self.pages_per_seq,
+            num_pages=self.num_pages, kv_dtype=self.kv_dtype, eos_ids=self.eos_ids,
+        )  # fmt: skip
+        self.trace_counts = self.programs.trace_counts
         self._build()
 
     # ----------------------------------------------------------------- shardings
-    def _sharding(self, logical, shape=None) -> NamedSharding:
+    def _sharding(self, logical: tuple[str | None, ...], shape: tuple[int, ...]) -> NamedSharding:
         return self.ctx.sharding(logical, shape)
 
     def _replicated(self) -> NamedSharding:
         return NamedSharding(self._mesh, PartitionSpec())
 
-    def _state_shardings(self) -> DecodeState:
+    def _state_shardings(self) -> DecodeState[NamedSharding]:
         cfg, B = self.config, self.batch
         # Pages are shared across slots, so the pool is not split over the batch axes; kv
         # heads split over `tensor` as the projections do (decided on K, applied to 2K).
@@ -141,13 +145,13 @@ class Engine(engine_api.Engine):
             sampling=SlotSampling(b, b, b, b),
         )
 
-    def _prefix_shardings(self) -> Prefix:
+    def _prefix_shardings(self) -> Prefix[NamedSharding]:
         cfg = self.config
         shape = (cfg.num_layers, 1, self._max_prefill, cfg.num_kv_heads, cfg.head_dim)
         c = self._sharding((ax.LAYERS, None, ax.CACHE_SEQ, ax.ACT_KV_HEADS, None), shape)
         return Prefix(KVCache(c, c), self._replicated(), self._replicated())
 
-    def _records_shardings(self) -> StepRecords:
+    def _records_shardings(self) -> StepRecords[NamedSharding]:
         r = self._sharding((None, ax.BATCH), (1, self.batch))
         return StepRecords(r, r, r, r, r)
 
@@ -158,156 +162,42 @@ class Engine(engine_api.Engine):
             params = params.value
         return reshard(params, self.param_shardings)
 
-    def _model(self, params) -> CausalLM:
-        return nnx.merge(self._graphdef, params)
-
     # -------------------------------------------------------------- jitted fns
     def _build(self) -> None:
-        P, R = self.param_shardings, self._replicated()
+        """Jit the device programs with the engine's shardings; the state they transform
+        is donated."""
+        prog, P, R = self.programs, self.param_shardings, self._replicated()
         st, pre = self._state_shardings(), self._prefix_shardings()
         rec = self._records_shardings()
         slot_sampling = SlotSampling(R, R, R, R)
-        self._prefill_fn = jax.jit(self._prefill_impl, in_shardings=(P, R, R), out_shardings=pre)
-        self._init_fn = jax.jit(self._init_impl, out_shardings=st)
+        self._prefill_fn = jax.jit(prog.prefill, in_shardings=(P, R, R), out_shardings=pre)
+        self._init_fn = jax.jit(prog.init, out_shardings=st)
         self._insert_fn = jax.jit(
-            self._insert_impl,
+            prog.insert,
             in_shardings=(pre, st, R, R, R, R, slot_sampling, R),
             out_shardings=st,
             donate_argnums=(1,),
         )
         self._append_fn = jax.jit(
-            self._append_impl,
+            prog.append,
             in_shardings=(P, st, R, R, R, R, slot_sampling, R),
             out_shardings=st,
             donate_argnums=(1,),
         )
         self._deactivate_fn = jax.jit(
-            self._deactivate_impl, in_shardings=(st, R), out_shardings=st, donate_argnums=(0,)
+            prog.deactivate, in_shardings=(st, R), out_shardings=st, donate_argnums=(0,)
         )
 
         @functools.cache
         def steps_fn(num_steps: int):
             return jax.jit(
-                functools.partial(self._steps_impl, num_steps),
+                functools.partial(prog.steps, num_steps),
                 in_shardings=(P, st),
                 out_shardings=(st, rec),
                 donate_argnums=(1,),
             )
 
         self._steps_fn = steps_fn
-
-    def _count(self, name: str) -> None:
-        self.trace_counts[name] += 1  # runs at trace time only
-
-    def _prefill_impl(self, params, tokens, lengths) -> Prefix:
-        """Prompts [M, P] (row m's first lengths[m] tokens real): their keys/values and
-        last hidden states; no logits (the first token is sampled at the first step)."""
-        M, P = tokens.shape
-        self._count(f"prefill[{M}x{P}]")
-        model = self._model(params)
-        cache = KVCache.zeros(self.config, M, P)
-        lengths = lengths.astype(jnp.int32)
-        h, cache = model.extend(cache, tokens.astype(jnp.int32), jnp.zeros(M, jnp.int32), lengths)
-        return Prefix(cache, h[jnp.arange(M), lengths - 1], lengths)
-
-    def _init_impl(self) -> DecodeState:
-        self._count("init")
-        cfg, B = self.config, self.batch
-        dtype = jnp.dtype(cfg.dtype)
-        zeros = jnp.zeros(B, jnp.int32)
-        pool = (self.num_pages, self.page_size, 2 * cfg.num_kv_heads, cfg.head_dim)
-        return DecodeState(
-            kv_pages=tuple(jnp.zeros(pool, self.kv_dtype) for _ in range(cfg.num_layers)),
-            page_table=jnp.full((B, self.pages_per_seq), self.num_pages, jnp.int32),
-            hidden=jnp.zeros((B, cfg.hidden_size), dtype),
-            lengths=zeros,
-            generated=zeros,
-            max_new=zeros,
-            active=jnp.zeros(B, jnp.bool_),
-            sampling=SlotSampling.fill(B),
-        )
-
-    def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, m, row, dest, sampling,
-                     max_new):  # fmt: skip
-        """Write prompt m of the prefix at flat slots `dest` [P] (shared pages only once)
-        and point the slot's page-table row at its pages."""
-        self._count(f"insert[{prefix.cache.k.shape[1]}x{prefix.cache.k.shape[2]}]")
-        take = functools.partial(jax.lax.dynamic_index_in_dim, index=m, axis=1, keepdims=False)
-        k, v = take(prefix.cache.k), take(prefix.cache.v)  # [L, P, K, H]
-        kv_pages = tuple(write_kv(pool, k[i], v[i], dest) for i, pool in enumerate(state.kv_pages))
-        sampling = jax.tree.map(lambda a, x: a.at[slot].set(x), state.sampling, sampling)
-        return DecodeState(
-            kv_pages=kv_pages,
-            page_table=state.page_table.at[slot].set(row),
-            hidden=state.hidden.at[slot].set(prefix.hidden[m].astype(state.hidden.dtype)),
-            lengths=state.lengths.at[slot].set(prefix.length[m]),
-            generated=state.generated.at[slot].set(0),
-            max_new=state.max_new.at[slot].set(max_new),
-            active=state.active.at[slot].set(True),
-            sampling=sampling,
-        )
-
-    def _append_impl(self, params, state, slot, tokens, num_tokens, start, sampling, max_new):
-        self._count(f"append[{tokens.shape[-1]}]")
-        model = self._model(params)
-        h, kv_pages = model.extend_paged(
-            state.kv_pages, state.page_table[slot][None], tokens[None].astype(jnp.int32),
-            start[None], num_tokens[None],
-        )  # fmt: skip
-        sampling = jax.tree.map(lambda a, x: a.at[slot].set(x), state.sampling, sampling)
-        return DecodeState(
-            kv_pages=kv_pages,
-            page_table=state.page_table,
-            hidden=state.hidden.at[slot].set(h[0, num_tokens - 1].astype(state.hidden.dtype)),
-            lengths=state.lengths.at[slot].set(start + num_tokens),
-            generated=state.generated.at[slot].set(0),
-            max_new=state.max_new.at[slot].set(max_new),
-            active=state.active.at[slot].set(True),
-            sampling=sampling,
-        )
-
-    def _deactivate_impl(self, state: DecodeState, slots_mask) -> DecodeState:
-        self._count("deactivate")
-        return dataclasses.replace(state, active=state.active & ~slots_mask)
-
-    def _one_step(self, model: CausalLM, state: DecodeState):
-        S = self.cache_length
-        logits = model.logits(state.hidden)  # [B, V], only where needed
-        tokens, logprobs, raw = sample_tokens(logits, state.sampling, state.lengths)
-        valid = state.active
-        write = valid & (state.lengths < S)
-        h, kv_pages = model.extend_paged(
-            state.kv_pages, state.page_table, tokens[:, None], state.lengths,
-            write.astype(jnp.int32),
-        )  # fmt: skip
-        lengths = state.lengths + write
-        generated = state.generated + valid
-        eos = jnp.isin(tokens, jnp.asarray(self.eos_ids))
-        done = valid & (eos | (generated >= state.max_new) | (lengths >= S))
-        new = dataclasses.replace(
-            state,
-            kv_pages=kv_pages,
-            hidden=jnp.where(write[:, None], h[:, 0], state.hidden),
-            lengths=lengths,
-            generated=generated,
-            active=valid & ~done,
-        )
-        return new, StepRecords(tokens, logprobs, raw, valid, done)
-
-    def _steps_impl(self, num_steps: int, params, state: DecodeState):
-        self._count(f"generate_steps[{num_steps}]")
-        model = self._model(params)
-
-        def idle(s):
-            z = jnp.zeros(self.batch, jnp.int32)
-            f = jnp.zeros(self.batch, jnp.float32)
-            off = jnp.zeros(self.batch, jnp.bool_)
-            return s, StepRecords(z, f, f, off, off)
-
-        def body(s, _):
-            return jax.lax.cond(jnp.any(s.active), lambda x: self._one_step(model, x), idle, s)
-
-        return jax.lax.scan(body, state, None, length=num_steps)
 
     # ------------------------------------------------------------ JetStream API
     def load_params(self, *args, **kwargs) -> Any:
@@ -366,7 +256,9 @@ class Engine(engine_api.Engine):
         self.pages.unshare((prefix, 0))  # one insert per prefix: its pages go with the slot
         return state
 
-    def generate(self, params: Any, decode_state: DecodeState):
+    def generate(
+        self, params: Any, decode_state: DecodeState
+    ) -> tuple[DecodeState, engine_api.ResultTokens]:
         """One decode step for every slot -> (state, ResultTokens [B, 3]: token, valid, length)."""
         state, rec = self.generate_steps(params, decode_state, 1)
         data = jnp.stack([rec.tokens[0], rec.valid[0].astype(jnp.int32), state.generated], -1)
@@ -374,13 +266,13 @@ class Engine(engine_api.Engine):
             data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3), samples_per_slot=1
         )
 
-    def get_prefix_destination_sharding(self) -> Prefix:
+    def get_prefix_destination_sharding(self) -> Prefix[NamedSharding]:
         return self._prefix_shardings()
 
-    def get_tokenizer(self) -> tokenizer_pb2.TokenizerParameters:
-        return tokenizer_pb2.TokenizerParameters(path=str(self.checkpoint_path or ""))
+    def get_tokenizer(self) -> TokenizerParameters:
+        return TokenizerParameters(path=str(self.checkpoint_path or ""))
 
-    def build_tokenizer(self, metadata: tokenizer_pb2.TokenizerParameters) -> HFTokenizer:
+    def build_tokenizer(self, metadata: TokenizerParameters) -> HFTokenizer:
         tok = self.tokenizer
         if tok is None:
             from jaxrl_llm.models import load_tokenizer
@@ -414,7 +306,7 @@ class Engine(engine_api.Engine):
         prefix: Prefix,
         state: DecodeState,
         slot: int,
-        sampling: SlotSampling,
+        sampling: SlotSampling[np.generic],
         max_new: int,
         row: int = 0,
     ) -> DecodeState:
@@ -469,7 +361,7 @@ class Engine(engine_api.Engine):
         slot: int,
         tokens: np.ndarray,
         start: int,
-        sampling: SlotSampling,
+        sampling: SlotSampling[np.generic],
         max_new: int,
     ) -> DecodeState:
         """Append `tokens` (e.g. a tool's output; padded to a bucket) to slot's row after its

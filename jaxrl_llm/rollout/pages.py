@@ -137,12 +137,12 @@ class SlotPages:
         if _key(prompt) not in self._prompts:
             self.register(prompt[0], [length], rows=[prompt[1]])
         found = self._prompts[_key(prompt)]
-        fresh_shared = found.shared is None
-        if fresh_shared:
-            found.shared = self.allocator.alloc(n_full)  # the prefix's own reference
+        shared, fresh_shared = found.shared, found.shared is None
+        if shared is None:
+            shared = found.shared = self.allocator.alloc(n_full)  # the prefix's own reference
         own = self.allocator.alloc(-(-end // ps) - n_full)
-        self.allocator.retain(found.shared)
-        pages = found.shared + own
+        self.allocator.retain(shared)
+        pages = shared + own
         self._slots[slot] = pages
         oob_page = self.allocator.num_pages
         row = np.full(self.pages_per_seq, oob_page, np.int32)

@@ -1,5 +1,8 @@
 """The engine's device records: a prefilled prompt batch, the decode state, step records.
 
+Each is generic in its leaf type (`Leaf`, as `SlotSampling`): `jax.Array` by default,
+`NamedSharding` in the engine's sharding pytrees, numpy arrays once read on the host.
+
 Shapes: B slots, M prompts, P padded prompt, D embed, L layers, K kv heads, H head dim, NP
 pages in the pool, ps page size, pps pages per sequence.
 """
@@ -7,14 +10,12 @@ pages in the pool, ps page size, pps pages per sequence.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Generic
 
 import jax
 
 from jaxrl_llm.models import KVCache
-from jaxrl_llm.rollout.sampling import SlotSampling
-
-Array = jax.Array
+from jaxrl_llm.rollout.sampling import Leaf, SlotSampling
 
 
 class ParamsRef:
@@ -26,35 +27,35 @@ class ParamsRef:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class Prefix:
+class Prefix(Generic[Leaf]):
     """M prefilled prompts (1 from JetStream's `prefill`, several from `prefill_many`):
     cache [L, M, P, K, H], last hidden states [M, D], true lengths [M]."""
 
-    cache: KVCache
-    hidden: Array
-    length: Array
+    cache: KVCache[Leaf]
+    hidden: Leaf
+    length: Leaf
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class DecodeState:
-    kv_pages: tuple[Array, ...]  # per layer [NP, ps, 2K, H]
-    page_table: Array  # [B, pps] int32 (NP past a slot's reservation)
-    hidden: Array  # [B, D] hidden state of each row's last cached token
-    lengths: Array  # [B] int32 tokens in the cache row (= next position)
-    generated: Array  # [B] int32 tokens sampled since insert / resume
-    max_new: Array  # [B] int32 token budget of the current turn
-    active: Array  # [B] bool
-    sampling: SlotSampling
+class DecodeState(Generic[Leaf]):
+    kv_pages: tuple[Leaf, ...]  # per layer [NP, ps, 2K, H]
+    page_table: Leaf  # [B, pps] int32 (NP past a slot's reservation)
+    hidden: Leaf  # [B, D] hidden state of each row's last cached token
+    lengths: Leaf  # [B] int32 tokens in the cache row (= next position)
+    generated: Leaf  # [B] int32 tokens sampled since insert / resume
+    max_new: Leaf  # [B] int32 token budget of the current turn
+    active: Leaf  # [B] bool
+    sampling: SlotSampling[Leaf]
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class StepRecords:
+class StepRecords(Generic[Leaf]):
     """What k decode steps produced, each [k, B]; `valid` marks slots that sampled."""
 
-    tokens: Array
-    logprobs: Array
-    raw_logprobs: Array
-    valid: Array
-    done: Array
+    tokens: Leaf  # int32
+    logprobs: Leaf  # float32
+    raw_logprobs: Leaf  # float32
+    valid: Leaf  # bool
+    done: Leaf  # bool

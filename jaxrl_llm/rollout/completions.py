@@ -1,0 +1,146 @@
+"""A sample on the host: `LiveSample` while the driver generates it, `Completion` once done.
+
+`LiveSample` gathers the tokens a slot sampled from the engine's step records (`absorb`)
+and searches its current turn for stop strings incrementally (`find_stop`): only the text
+of tokens new since the last search, with enough look-back to hold the start of a stop
+string they complete. `pad_completions` turns completions into the trainer's [N, T] arrays.
+
+Shapes: N completions, T response tokens (model and inserted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from jaxrl_llm.rollout.records import StepRecords
+from jaxrl_llm.rollout.sampling import SamplingParams
+
+FINISH_REASONS = ("eos", "stop", "length", "prompt_too_long")
+_STOP_CONTEXT = 4  # tokens of look-back per stop-string character
+
+
+@dataclasses.dataclass
+class Completion:
+    """One sample. Arrays are [T] over response tokens (model and inserted)."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: np.ndarray
+    token_ids: np.ndarray  # int32
+    logprobs: np.ndarray  # float32, under the sampled distribution; 0 on inserted tokens
+    raw_logprobs: np.ndarray  # float32, log_softmax of raw logits; 0 on inserted tokens
+    response_mask: np.ndarray  # int32, 1 = model token, 0 = inserted (tool output)
+    finish_reason: str  # one of FINISH_REASONS
+    text: str
+    stop_string: str | None = None
+    tool_calls: int = 0
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class LiveSample:
+    """Host-side state of a sample being generated."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: np.ndarray
+    params: SamplingParams
+    seed: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    raw: list[float] = dataclasses.field(default_factory=list)
+    mask: list[int] = dataclasses.field(default_factory=list)
+    turn_start: int = 0  # index in `tokens` where the current model turn began
+    checked: int = 0  # tokens of this turn already searched for stop strings
+    tool_calls: int = 0
+    error: str | None = None
+    epoch: int = 0  # bumped when the host stops the sample: in-flight tokens are stale
+
+    @property
+    def cached(self) -> int:
+        return len(self.prompt_ids) + len(self.tokens)
+
+    def absorb(self, rec: StepRecords[np.ndarray], b: int) -> bool:
+        """Append slot b's sampled tokens from host step records [k, B]; True if the device
+        finished the sample (EOS, budget or full cache)."""
+        valid = rec.valid[:, b]
+        self.tokens.extend(rec.tokens[valid, b].tolist())
+        self.logprobs.extend(rec.logprobs[valid, b].tolist())
+        self.raw.extend(rec.raw_logprobs[valid, b].tolist())
+        self.mask.extend([1] * int(valid.sum()))
+        return bool(rec.done[:, b].any())
+
+    def find_stop(self, decode: Callable[[Sequence[int]], str]) -> tuple[int, str] | None:
+        """(tokens of this turn up to and including the first stop-string match, the stop
+        string) or None; `decode` gives token ids' text, special tokens included.
+
+        Incremental: only tokens sampled since the last check are new, so only a window of
+        text is decoded: those tokens plus enough before them to hold the start of a stop
+        string that they complete (`_STOP_CONTEXT` tokens per character, byte-level tokens
+        can be fractions of one)."""
+        turn = self.tokens[self.turn_start :]
+        stops = self.params.stop
+        lo = max(0, self.checked - _STOP_CONTEXT * max(len(x) for x in stops))
+
+        def match(count: int) -> str | None:
+            text = decode(turn[lo:count])
+            hits = [(text.find(x), x) for x in stops if x in text]
+            return min(hits)[1] if hits else None
+
+        if len(turn) <= self.checked or match(len(turn)) is None:
+            self.checked = len(turn)
+            return None
+        first, last = self.checked + 1, len(turn)  # the shortest prefix holding a stop string
+        while first < last:
+            mid = (first + last) // 2
+            if match(mid) is None:
+                first = mid + 1
+            else:
+                last = mid
+        stop = match(first)
+        assert stop is not None  # the search ends on a prefix that holds one
+        return first, stop
+
+    def completion(self, reason: str, text: str, stop: str | None = None) -> Completion:
+        """The finished record: `reason` one of FINISH_REASONS, `text` the response's."""
+        return Completion(
+            prompt_index=self.prompt_index,
+            sample_index=self.sample_index,
+            prompt_ids=self.prompt_ids,
+            token_ids=np.asarray(self.tokens, np.int32),
+            logprobs=np.asarray(self.logprobs, np.float32),
+            raw_logprobs=np.asarray(self.raw, np.float32),
+            response_mask=np.asarray(self.mask, np.int32),
+            finish_reason=reason,
+            text=text,
+            stop_string=stop,
+            tool_calls=self.tool_calls,
+            error=self.error,
+        )
+
+
+def pad_completions(
+    completions: Sequence[Completion], length: int | None = None, pad_id: int = 0
+) -> dict[str, np.ndarray]:
+    """Right-padded arrays [N, T] for the trainer: response ids, both logprobs, the
+    response mask (0 on padding too) and lengths [N]."""
+    T = length or max((len(c.token_ids) for c in completions), default=0)
+    N = len(completions)
+    out = {
+        "response_ids": np.full((N, T), pad_id, np.int32),
+        "logprobs": np.zeros((N, T), np.float32),
+        "raw_logprobs": np.zeros((N, T), np.float32),
+        "response_mask": np.zeros((N, T), np.int32),
+        "response_lengths": np.zeros(N, np.int32),
+    }
+    for n, c in enumerate(completions):
+        k = min(len(c.token_ids), T)
+        out["response_ids"][n, :k] = c.token_ids[:k]
+        out["logprobs"][n, :k] = c.logprobs[:k]
+        out["raw_logprobs"][n, :k] = c.raw_logprobs[:k]
+        out["response_mask"][n, :k] = c.response_mask[:k]
+        out["response_lengths"][n] = k
+    return out
