@@ -15,7 +15,7 @@ from jaxrl_llm.algorithms.advantages import (
 )
 from jaxrl_llm.algorithms.aggregation import aggregate_loss, loss_normalizer
 from jaxrl_llm.algorithms.kl import adaptive_kl_coef, kl_penalty
-from jaxrl_llm.algorithms.logprobs import entropy, token_logprobs
+from jaxrl_llm.algorithms.logprobs import entropy, head_logprobs, token_logprobs
 from jaxrl_llm.algorithms.losses import gspo_policy_loss, policy_loss, value_loss
 from jaxrl_llm.algorithms.masked import masked_mean, masked_whiten
 from jaxrl_llm.algorithms.registry import available, lookup, register, resolve
@@ -29,6 +29,7 @@ __all__ = [
     "gae_advantages",
     "grpo_advantages",
     "gspo_policy_loss",
+    "head_logprobs",
     "kl_penalty",
     "kl_shaped_rewards",
     "lookup",

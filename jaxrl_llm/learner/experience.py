@@ -15,11 +15,19 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.algorithms import (
+    head_logprobs,
     kl_shaped_rewards,
     outcome_token_rewards,
     token_logprobs,
 )
+from jaxrl_llm.algorithms.logprobs import EntropyMode
 from jaxrl_llm.algorithms.registry import resolve_declared
+
+# float32 logits per chunk of `head_logprobs`: [rows, chunk, V] stays under 2**25 floats
+# (128 MiB), and a chunk is at most LOGIT_CHUNK_MAX positions per row, so the chunks past
+# the longest response in a micro-batch are skipped even when V is small.
+LOGITS_PER_CHUNK = 1 << 25
+LOGIT_CHUNK_MAX = 64
 
 
 def pack_sequences(completions: Sequence[Any], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -64,6 +72,27 @@ def sequence_logprobs(model, input_ids: jax.Array, temperature: float = 1.0) -> 
     """Action-aligned log p(input_ids[t] | input_ids[<t]) [B, T] under softmax(logits / temp)."""
     logits = model(input_ids[:, :-1])
     return shift_right(token_logprobs(logits, input_ids[:, 1:], temperature=temperature))
+
+
+def logit_chunk(rows: int, vocab: int) -> int:
+    """Positions per row in one chunk of `head_logprobs` (see `LOGITS_PER_CHUNK`)."""
+    return max(1, min(LOGIT_CHUNK_MAX, LOGITS_PER_CHUNK // (rows * vocab)))
+
+
+def policy_logprobs(
+    model, input_ids: jax.Array, mask: jax.Array, *, temperature: float,
+    entropy: EntropyMode = "off",
+) -> tuple[jax.Array, jax.Array | None]:  # fmt: skip
+    """Action-aligned log p(input_ids[t] | input_ids[<t]) [B, T] under softmax(logits / temp),
+    and the entropy there (None when "off"), where `mask[:, t] > 0`; 0 elsewhere. The trunk
+    runs on every token, the LM head only on the masked ones (`head_logprobs`)."""
+    hidden = model.hidden_states(input_ids[:, :-1])
+    chunk = logit_chunk(input_ids.shape[0], model.config.vocab_size)
+    lp, ent = head_logprobs(
+        hidden, input_ids[:, 1:], mask[:, 1:], model.logits,
+        temperature=temperature, chunk_size=chunk, entropy=entropy,
+    )  # fmt: skip
+    return shift_right(lp), None if ent is None else shift_right(ent)
 
 
 def sequence_values(critic, input_ids: jax.Array) -> jax.Array:

@@ -4,7 +4,9 @@ Each step takes a `TrainState` and a mini-batch stacked into micro-batches `[M, 
 accumulates gradients over the micro-batches with a global normaliser (so the result equals
 one full-mini-batch gradient), applies one optimiser update, and donates the old state.
 The loss functions take arrays and the few hyperparameters they need; the options are
-resolved from the registry once, when the step is built.
+resolved from the registry once, when the step is built. The policy's logprobs and entropy
+come from the LM head on the trained positions only (`experience.policy_logprobs`); the
+entropy has a gradient only when its coefficient is non-zero (else it is a metric).
 """
 
 from __future__ import annotations
@@ -16,16 +18,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxrl_llm.algorithms import (
-    aggregate_loss,
-    entropy,
-    kl_penalty,
-    loss_normalizer,
-    token_logprobs,
-    value_loss,
-)
+from jaxrl_llm.algorithms import aggregate_loss, kl_penalty, loss_normalizer, value_loss
 from jaxrl_llm.algorithms.registry import resolve_declared
-from jaxrl_llm.learner.experience import sequence_values, shift_right
+from jaxrl_llm.learner.experience import policy_logprobs, sequence_values
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
 from jaxrl_llm.types import Leaf, TrainBatch
 
@@ -44,9 +39,12 @@ def make_policy_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
 
     def loss_fn(params, mb: TrainBatch, normalizer):
         model = nnx.merge(graphdef, params)
-        logits = model(mb.input_ids[:, :-1])
-        logp = shift_right(token_logprobs(logits, mb.input_ids[:, 1:], temperature=temperature))
         mask = mb.loss_mask
+        logp, ent = policy_logprobs(
+            model, mb.input_ids, mask, temperature=temperature,
+            entropy="loss" if algo.entropy_coef else "metric",
+        )  # fmt: skip
+        assert ent is not None  # asked for
         advantages = mb.advantages
         if algo.tis_cap is not None:
             # Truncated importance sampling (Yao et al. 2025): weight by
@@ -61,7 +59,6 @@ def make_policy_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
             kl_loss = aggregate_loss(kl, mask, agg, normalizer=normalizer)
             total = total + algo.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss
-        ent = shift_right(entropy(logits, temperature=temperature))
         ent_loss = aggregate_loss(ent, mask, agg, normalizer=normalizer)
         metrics["actor/entropy"] = ent_loss
         if algo.entropy_coef:

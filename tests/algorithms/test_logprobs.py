@@ -120,3 +120,116 @@ def test_temperature_may_be_traced(batch):
     logits, tokens = map(jnp.asarray, batch)
     traced = jax.jit(alg.token_logprobs)(logits, tokens, temperature=jnp.float32(0.7))
     np.testing.assert_allclose(traced, token_logprobs(logits, tokens, temperature=0.7), rtol=1e-6)
+
+
+def _head_case(seed=0, b=3, t=11, d=8, v=17):
+    rng = np.random.default_rng(seed)
+    hidden = jnp.asarray(rng.normal(size=(b, t, d)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(d, v)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, v, (b, t)))
+    mask = np.zeros((b, t), np.float32)
+    mask[0, 2:7] = 1  # a response
+    mask[1, 5] = mask[1, 8:10] = 1  # with a hole (tool output)
+    return hidden, w, tokens, jnp.asarray(mask)  # row 2: nothing to train
+
+
+def _full_head(hidden, w, tokens, mask, temperature):
+    logits = hidden @ w
+    lp = alg.token_logprobs(logits, tokens, temperature=temperature)
+    return lp * mask, alg.entropy(logits, temperature=temperature) * mask
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 3, 4, 32])
+def test_head_logprobs_equal_the_full_logits_path(chunk_size):
+    """Values and gradients (hidden states and head weights) at the masked positions, zeros
+    elsewhere, for chunks that divide T, leave a remainder, or hold it all."""
+    hidden, w, tokens, mask = _head_case()
+
+    def head(h, w):
+        return alg.head_logprobs(
+            h, tokens, mask, lambda x: x @ w, temperature=0.7, chunk_size=chunk_size,
+            entropy="loss",
+        )  # fmt: skip
+
+    def objective(fn):
+        weights = jnp.linspace(-1.0, 2.0, tokens.size).reshape(tokens.shape)
+        return lambda h, w: sum(jnp.sum(weights * x) for x in fn(h, w))
+
+    got = jax.jit(head)(hidden, w)
+    want = _full_head(hidden, w, tokens, mask, 0.7)
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+        assert np.all(np.asarray(g)[np.asarray(mask) == 0] == 0)
+    full = lambda h, w: _full_head(h, w, tokens, mask, 0.7)
+    g_chunk = jax.jit(jax.grad(objective(head), argnums=(0, 1)))(hidden, w)
+    g_full = jax.grad(objective(full), argnums=(0, 1))(hidden, w)
+    for g, e in zip(g_chunk, g_full):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_head_logprobs_entropy_modes():
+    hidden, w, tokens, mask = _head_case(1)
+    run = lambda mode: alg.head_logprobs(hidden, tokens, mask, lambda x: x @ w, entropy=mode)
+    lp_off, ent_off = run("off")
+    lp_metric, ent_metric = run("metric")
+    assert ent_off is None and ent_metric is not None
+    np.testing.assert_array_equal(lp_off, lp_metric)
+    np.testing.assert_allclose(ent_metric, _full_head(hidden, w, tokens, mask, 1.0)[1], rtol=1e-5)
+    # "metric": the value without a gradient; "loss": with it.
+    grad = lambda mode: jax.grad(
+        lambda w: jnp.sum(alg.head_logprobs(hidden, tokens, mask, lambda x: x @ w, entropy=mode)[1])
+    )(w)
+    assert np.all(np.asarray(grad("metric")) == 0)
+    assert np.any(np.asarray(grad("loss")) != 0)
+
+
+def test_head_logprobs_run_the_head_only_on_chunks_with_masked_positions():
+    """The masked positions of each row move to the front: with at most 5 per row and
+    chunks of 2, 3 of the 6 chunks run the head; a mask of one token runs one chunk."""
+    hidden, w, tokens, mask = _head_case(b=3, t=12)
+    calls = []
+
+    def head(x):
+        jax.debug.callback(lambda: calls.append(1))
+        return x @ w
+
+    fn = jax.jit(lambda m: alg.head_logprobs(hidden, tokens, m, head, chunk_size=2)[0])
+    jax.block_until_ready(fn(mask))
+    jax.effects_barrier()
+    assert len(calls) == 3
+    calls.clear()
+    jax.block_until_ready(fn(jnp.zeros_like(mask).at[2, 11].set(1.0)))
+    jax.effects_barrier()
+    assert len(calls) == 1
+
+
+def test_head_logprobs_bound_the_logits_memory():
+    """Chunked, the compiled forward and backward hold a few [B, chunk, V] blocks (logits,
+    their softmax, their gradient), never the [B, T, V] logits of the whole batch."""
+    b, t, d, v = 2, 512, 16, 2048
+    hidden = jax.ShapeDtypeStruct((b, t, d), jnp.float32)
+    w = jax.ShapeDtypeStruct((d, v), jnp.float32)
+    tokens = jax.ShapeDtypeStruct((b, t), jnp.int32)
+    mask = jax.ShapeDtypeStruct((b, t), jnp.float32)
+
+    def temp_bytes(chunk):
+        def loss(h, w, tk, m):
+            lp, ent = alg.head_logprobs(h, tk, m, lambda x: x @ w, chunk_size=chunk, entropy="loss")
+            return jnp.sum(lp) + jnp.sum(ent)
+
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(hidden, w, tokens, mask).compile()
+        analysis = compiled.memory_analysis()
+        if analysis is None:
+            pytest.skip("backend reports no memory analysis")
+        return analysis.temp_size_in_bytes
+
+    full_logits, block = b * t * v * 4, b * 32 * v * 4
+    unchunked = temp_bytes(None)
+    assert unchunked >= full_logits  # the test can see the logits
+    assert temp_bytes(32) < min(8 * block, unchunked / 8)
+
+
+def test_head_logprobs_shape_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="hidden"):
+        alg.head_logprobs(jnp.zeros((2, 3, 4)), jnp.zeros((2, 4), jnp.int32),
+                          jnp.zeros((2, 4)), lambda x: x)  # fmt: skip

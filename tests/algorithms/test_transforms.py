@@ -13,6 +13,7 @@ _f = lambda *shape, scale=1.0: (_rng.normal(size=shape) * scale).astype(np.float
 MASK = np.array([[1, 1, 1, 0, 0], [1, 0, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], np.float32)
 LOGP = -np.abs(_f(B, T))
 OLD = LOGP + 0.2 * _f(B, T)
+HEAD = _f(3, V)  # an LM head [D, V]
 
 # name -> (function of arrays only, float inputs, integer inputs)
 CASES = {
@@ -63,6 +64,13 @@ CASES = {
         (_rng.integers(0, V, size=(B, T)),),
     ),
     "entropy": (lambda lg: alg.entropy(lg, chunk_size=2), (_f(B, T, V, scale=4.0),), ()),
+    "head_logprobs": (
+        lambda h, m, tk: alg.head_logprobs(
+            h, tk, m, lambda x: x @ HEAD, temperature=0.8, chunk_size=2, entropy="loss"
+        ),
+        (_f(B, T, 3, scale=2.0), MASK),
+        (_rng.integers(0, V, size=(B, T)),),
+    ),
 }
 
 

@@ -1,4 +1,7 @@
-"""Shared tiny RL settings for the trainer tests (built-in checkpoint, a dense test reward)."""
+"""Shared tiny RL settings for the trainer tests (built-in checkpoint, a dense test reward),
+and random packed rows for the step and experience tests."""
+
+import numpy as np
 
 TINY_RL_PARAMS = [
     "RLConfig.steps = 6",
@@ -18,3 +21,14 @@ TINY_RL_PARAMS = [
     "RewardConfig.workers = 1",
     "OptimConfig.lr = 1e-3",
 ]
+
+
+def random_rows(rng: np.random.Generator, batch: int, length: int, vocab: int):
+    """Token ids [B, T] and a response mask [B, T]: each row a prompt of 2-5 tokens, then a
+    response of at least 2, then padding."""
+    ids = rng.integers(0, vocab, (batch, length)).astype(np.int32)
+    mask = np.zeros((batch, length), np.float32)
+    for b in range(batch):
+        start = rng.integers(2, 6)
+        mask[b, start : start + rng.integers(2, length - start)] = 1
+    return ids, mask

@@ -1,4 +1,5 @@
-"""Policy/critic update steps: sharded == unsharded, NaN batches skipped, split-invariant."""
+"""Policy/critic update steps: sharded == unsharded, NaN batches skipped, split-invariant,
+equal to the full-logits loss."""
 
 import dataclasses
 
@@ -9,6 +10,9 @@ import optax
 import pytest
 from flax import nnx
 
+import jaxrl_llm.algorithms as alg
+from jaxrl_llm.learner import steps
+from jaxrl_llm.learner.experience import shift_right
 from jaxrl_llm.learner.rl_config import AlgoConfig
 from jaxrl_llm.learner.state import TrainState
 from jaxrl_llm.learner.steps import make_critic_step, make_policy_step, to_micro_batches
@@ -17,17 +21,15 @@ from jaxrl_llm.sharding import build_mesh
 from jaxrl_llm.testing import tiny_config
 from jaxrl_llm.types import TrainBatch
 
+from .rl_helpers import random_rows
+
 CFG = tiny_config()
 B, T = 8, 12
 
 
 def _batch(seed=0) -> TrainBatch:
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, CFG.vocab_size, (B, T)).astype(np.int32)
-    mask = np.zeros((B, T), np.float32)
-    for b in range(B):
-        start = rng.integers(2, 6)
-        mask[b, start : start + rng.integers(2, T - start)] = 1
+    ids, mask = random_rows(rng, B, T, CFG.vocab_size)
     f = lambda *s: rng.normal(size=s).astype(np.float32) * 0.1
     return TrainBatch(
         input_ids=jnp.asarray(ids),
@@ -50,11 +52,19 @@ def _policy_state(model, tx):
 ALGO = AlgoConfig(use_kl_loss=True, entropy_coef=0.01, tis_cap=2.0)
 
 
-def _run_policy(model, batch, micro):
+def _run_policy(model, batch, micro, algo=ALGO, **kw):
     tx = optax.sgd(0.1)
     graphdef, state = _policy_state(model, tx)
-    step = make_policy_step(graphdef, tx, ALGO, temperature=1.0)
+    step = make_policy_step(graphdef, tx, algo, temperature=0.8, **kw)
     return step(state, to_micro_batches(batch, jnp.arange(B), micro))
+
+
+def _assert_same_update(got, want, rtol=1e-5, atol=1e-6, keys=None):
+    (s1, m1), (s2, m2) = got, want
+    for k in keys or m2:
+        np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=rtol, atol=atol, err_msg=k)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol)
 
 
 @pytest.mark.slow  # measured: 8 s on 2 cores (docs/testing.md)
@@ -114,3 +124,24 @@ def test_critic_step_reduces_value_loss():
         state, m = step(state, mb)
         losses.append(float(m["critic/vf_loss"]))
     assert losses[-1] < 0.2 * losses[0], losses
+
+
+def _full_logits_logprobs(model, input_ids, mask, *, temperature, entropy="off"):
+    """The pre-#15 policy forward: float32 logits and entropy on every position."""
+    logits = model(input_ids[:, :-1])
+    lp = shift_right(alg.token_logprobs(logits, input_ids[:, 1:], temperature=temperature))
+    ent = shift_right(alg.entropy(logits, temperature=temperature))
+    return lp, None if entropy == "off" else ent
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01], ids=["entropy-metric", "entropy-loss"])
+def test_policy_step_equals_the_full_logits_loss(monkeypatch, entropy_coef):
+    """Logits only on trained positions, chunked, change nothing: the same parameters after
+    the step, losses and metrics as logits and entropy over every position."""
+    model = init_model(CFG, seed=5)
+    batch = _batch(4)
+    algo = dataclasses.replace(ALGO, entropy_coef=entropy_coef)
+    got = _run_policy(model, batch, 4, algo)
+    monkeypatch.setattr(steps, "policy_logprobs", _full_logits_logprobs)
+    want = _run_policy(model, batch, 4, algo)
+    _assert_same_update(got, want)
