@@ -149,7 +149,7 @@ class ScriptedEngine:
         state["left"][slot], state["active"][slot] = max_new, True
         return state
 
-    def can_insert(self, prefix, max_new, row=0) -> bool:
+    def can_insert(self, prefix, max_new, row=0, slot=0) -> bool:
         return True
 
     def release_slot(self, slot) -> None:

@@ -59,7 +59,7 @@ def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -
     prefill_s, decode_s = best
     kv_read = kv_bytes_read(engine, [np.full(B, P + t + 1) for t in range(N)])
     return {
-        **kv_fields(engine, engine.num_pages - engine.pages.allocator.num_free),
+        **kv_fields(engine, engine.num_pages - engine.pages.num_free),
         "ms_per_decode_step": 1e3 * decode_s / N,
         "decode_kv_bytes_read": kv_read,
         "decode_bytes_per_s": (param_bytes * N + kv_read) / decode_s,

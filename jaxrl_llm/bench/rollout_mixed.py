@@ -50,7 +50,7 @@ def run(path: Path, prompts: int, steps: int, seed: int = 0) -> dict:
             for i in range(N_SAMPLES):
                 b = p * N_SAMPLES + i
                 state = engine.insert_slot(prefix, state, b, greedy, int(budgets[b]), row=p)
-        held = engine.num_pages - engine.pages.allocator.num_free
+        held = engine.num_pages - engine.pages.num_free
         jax.block_until_ready(state)
         t1 = time.perf_counter()
         for _ in range(-(-HIGH // steps)):

@@ -16,9 +16,9 @@ the rules shard them):
   a `ValueModel`'s parameters, moments and gradients;
 - KV cache: the engine's paged pool, max_slots x ceil(cache length / page size) pages of
   keys and values in the compute dtype (cache length = max_prompt_length + max_new_tokens
-  + 1), split over kv heads (tensor) but not over the batch axes (pages are shared across
-  slots); plus a copy of the weights in the sampling layout when it differs from the
-  training layout (fsdp > 1);
+  + 1), split over the batch axes as the slots are and over kv heads (tensor); plus a
+  copy of the weights in the sampling layout when it differs from the training layout
+  (fsdp > 1);
 - batch: the 8 float32/int32 [M, mb, T] arrays of a `TrainBatch`;
 - activations of one micro-batch, with `S = b*N*t*t*4` (float32 attention scores), `bt = b*t`
   and the fitted buffer counts of `ACTIVATION_COUNTS`:
@@ -307,11 +307,11 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
     a = np.dtype(cfg.dtype).itemsize
     from jaxrl_llm.models.paged import DEFAULT_PAGE_SIZE
 
-    # The engine's paged pool: every slot can hold a full-length sequence; pages are shared
-    # by slots, so the pool splits over kv heads (tensor) only, not over the batch axes.
+    # The engine's paged pool: every slot can hold a full-length sequence; pages split over
+    # the slots' batch axes (each shard's slots use its pages) and kv heads over tensor.
     pages = w.slots * -(-w.cache_len // DEFAULT_PAGE_SIZE)
     kv_shape = (cfg.num_layers, pages * DEFAULT_PAGE_SIZE, cfg.num_kv_heads, cfg.head_dim)
-    kv_axes = (ax.LAYERS, None, ax.ACT_KV_HEADS, None)
+    kv_axes = (ax.LAYERS, ax.BATCH, ax.ACT_KV_HEADS, None)
     kv = 2 * shard_numel(kv_shape, kv_axes, SAMPLE_RULES, mesh) * a
     rows = shard_numel((w.micro_batches * w.micro_batch,), (ax.BATCH,), TRAIN_RULES, mesh)
     act = {r: activation_bytes(cfg, mesh, w, r)["peak"] for r in (False, True)}

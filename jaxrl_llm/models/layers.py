@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models.config import ModelConfig, RopeConfig, as_dtype
-from jaxrl_llm.models.paged import PagedBatch, decode, gathered_attention, write_kv
+from jaxrl_llm.models.paged import PagedBatch, gathered_attention, write_and_decode, write_kv
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext, constrain
 
@@ -153,11 +153,13 @@ class Attention(nnx.Module):
         """x [B,T,D] appended to paged sequences (`models.paged`): writes their keys/values
         into `kv_pages` [P, ps, 2K, H] and attends over the pages each row uses."""
         q, k, v = self.project(x, cos, sin, ctx)
-        kv_pages = write_kv(kv_pages, k, v, batch.write_slots)
         if x.shape[1] == 1:
-            out = decode(q[:, 0], kv_pages, batch.kv_lens, batch.page_indices, sm_scale=self.scale)
+            out, kv_pages = write_and_decode(
+                q[:, 0], k[:, 0], v[:, 0], kv_pages, batch, ctx, sm_scale=self.scale
+            )
             out = out[:, None]
         else:
+            kv_pages = write_kv(kv_pages, k, v, batch.write_slots)
             out = gathered_attention(
                 q, kv_pages, batch.kv_lens, batch.page_indices, positions, sm_scale=self.scale
             )

@@ -26,6 +26,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
+
+from jaxrl_llm.sharding import axes as ax
+from jaxrl_llm.sharding.rules import ShardingContext
 
 Array = jax.Array
 _NEG = float(jnp.finfo(jnp.float32).min)
@@ -69,6 +73,54 @@ def slots_for(page_indices: Array, positions: Array, write: Array, page_size: in
     page_no = jnp.clip(positions // page_size, 0, pps - 1)
     pages = jnp.take_along_axis(page_indices, page_no, axis=1)
     return jnp.where(write, pages * page_size + positions % page_size, oob)
+
+
+def batch_axes(ctx: ShardingContext | None, batch: int) -> tuple[str, ...]:
+    """Mesh axes a batch of `batch` rows splits over (empty: not split)."""
+    if ctx is None:
+        return ()
+    spec = ctx.spec((ax.BATCH,), (batch,))
+    entry = spec[0] if len(spec) else None
+    names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    return tuple(n for n in names if ctx.mesh.shape[n] > 1)
+
+
+def write_and_decode(
+    q: Array,
+    k: Array,
+    v: Array,
+    kv_pages: Array,
+    batch: PagedBatch,
+    ctx: ShardingContext | None,
+    *,
+    sm_scale: float,
+) -> tuple[Array, Array]:
+    """One decode step's write and attention: q [B, N, H], k/v [B, K, H] -> out [B, N, H]
+    and the pool.
+
+    When the rows split over mesh axes, so does the pool, by pages: shard s holds pages
+    [s * P/D, (s + 1) * P/D) and the rows on shard s use only those (the engine allocates
+    so), and the step runs per shard (`shard_map` over those axes; page ids turned local),
+    so no shard reads or writes another's pages. Other axes (tensor) stay automatic.
+    """
+    names = batch_axes(ctx, q.shape[0])
+    if not names:
+        kv_pages = write_kv(kv_pages, k, v, batch.write_slots)
+        return decode(q, kv_pages, batch.kv_lens, batch.page_indices, sm_scale=sm_scale), kv_pages
+    assert ctx is not None
+
+    def per_shard(q, k, v, kv_pages, page_indices, write_slots, kv_lens):
+        base = jax.lax.axis_index(names) * kv_pages.shape[0]  # first page of this shard
+        kv_pages = write_kv(kv_pages, k, v, write_slots - base * kv_pages.shape[1])
+        out = decode(q, kv_pages, kv_lens, page_indices - base, sm_scale=sm_scale)
+        return out, kv_pages
+
+    spec = PartitionSpec(names)
+    run = jax.shard_map(
+        per_shard, mesh=ctx.mesh, in_specs=(spec,) * 7, out_specs=(spec, spec),
+        axis_names=set(names), check_vma=False,
+    )  # fmt: skip
+    return run(q, k, v, kv_pages, batch.page_indices, batch.write_slots[:, 0], batch.kv_lens)
 
 
 def decode(q: Array, kv_pages: Array, kv_lens: Array, page_indices: Array, *, sm_scale: float):

@@ -239,9 +239,12 @@ class RolloutDriver:
                 self._prefill_next(params, call)
             i, prefix, row, todo = call.ready[0]
             sp = call.sampling[i]
-            if not eng.can_insert(prefix, sp.max_new_tokens, row):
+            fits = (b for b in call.free if eng.can_insert(prefix, sp.max_new_tokens, row, b))
+            slot = next(fits, None)  # a free slot whose shard of the pool has the pages
+            if slot is None:
                 break  # the pool is full: running samples will free pages
-            j, slot = todo.popleft(), call.free.popleft()
+            call.free.remove(slot)
+            j = todo.popleft()
             if not todo:
                 call.ready.popleft()
             seed = sample_seed(sp.seed, call.seed_index[i], j)

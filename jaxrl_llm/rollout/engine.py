@@ -18,6 +18,9 @@ token budget, and an active flag. A decode step reads only the pages its rows us
 host side (`rollout.pages.SlotPages`) reserves a sample's pages at insert, shares a
 prompt's full pages among the samples inserted from one prefix, and frees them on
 `release_slot`; `can_insert` says whether the pool has room (callers queue otherwise).
+When the slots split over the sampling mesh's batch axes (D devices), the pool splits with
+them into D page ranges: a slot takes pages only from its device's range and a decode step
+runs per device (`models.paged.write_and_decode`), so each device holds 1/D of the cache.
 Prefill computes no logits (JetStream 0.2.2 returns only a prefix): a step samples from the
 stored hidden state's logits, so each of n samples of one prefix draws its first token in
 its own slot with its own seed.
@@ -29,6 +32,7 @@ K kv heads, H head dim, NP pages in the pool, ps page size, pps = ceil(S / ps).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, TypeAlias
 
 import jax
@@ -39,6 +43,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.models import CausalLM, KVCache
 from jaxrl_llm.models.config import as_dtype
+from jaxrl_llm.models.paged import batch_axes
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
 from jaxrl_llm.rollout.pages import SlotPages
 from jaxrl_llm.rollout.programs import DecodePrograms
@@ -102,9 +107,15 @@ class Engine(engine_api.Engine):
         self.eos_ids = np.asarray(eos or (-1,), np.int32)
         self.page_size = int(page_size)
         self.pages_per_seq = -(-self.cache_length // self.page_size)
-        self.num_pages = int(num_pages or self.batch * self.pages_per_seq)
+        # Slots split over the batch axes, and so does the pool: D equal page ranges.
+        self.batch_axes = batch_axes(self.ctx, self.batch)
+        shards = math.prod(self._mesh.shape[n] for n in self.batch_axes)
+        pages = int(num_pages or self.batch * self.pages_per_seq)
+        self.num_pages = -(-pages // shards) * shards
         self.kv_dtype = as_dtype(kv_dtype or self.config.dtype)
-        self.pages = SlotPages(self.batch, self.num_pages, self.page_size, self.pages_per_seq)
+        self.pages = SlotPages(
+            self.batch, self.num_pages, self.page_size, self.pages_per_seq, shards=shards
+        )
 
         graphdef, state = nnx.split(model)
         engine_model = nnx.merge(graphdef, state)  # a fresh module tree; same arrays
@@ -129,10 +140,12 @@ class Engine(engine_api.Engine):
 
     def _state_shardings(self) -> DecodeState[NamedSharding]:
         cfg, B = self.config, self.batch
-        # Pages are shared across slots, so the pool is not split over the batch axes; kv
-        # heads split over `tensor` as the projections do (decided on K, applied to 2K).
+        # Pages split over the slots' batch axes (shard s's slots use shard s's pages); kv
+        # heads over `tensor` as the projections do (decided on K, applied to 2K).
         pool_shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
-        pool = self._sharding((None, None, ax.ACT_KV_HEADS, None), pool_shape)
+        heads = self.ctx.spec((None, None, ax.ACT_KV_HEADS, None), pool_shape)
+        heads = heads[2] if len(heads) > 2 else None
+        pool = NamedSharding(self._mesh, PartitionSpec(self.batch_axes or None, None, heads))
         b = self._sharding((ax.BATCH,), (B,))
         return DecodeState(
             kv_pages=(pool,) * cfg.num_layers,
@@ -317,11 +330,12 @@ class Engine(engine_api.Engine):
         key = (prefix, int(row))
         length = self._prefix_length(*key)
         self.pages.release(int(slot))  # what the slot held before is free again
-        if not self.pages.fits(key, length, max_new):
+        if not self.pages.fits(key, length, max_new, slot):
             raise ValueError(
                 f"KV pool full: a {length}-token prompt with {max_new} new tokens needs "
-                f"{self.pages.needed(key, length, max_new)} pages, "
-                f"{self.pages.allocator.num_free} free (release finished slots first)"
+                f"{self.pages.needed(key, length, max_new, slot)} pages, "
+                f"{self.pages.allocators[self.pages.shard_of(slot)].num_free} free on its "
+                "shard (release finished slots first)"
             )
         width = prefix.cache.k.shape[2]
         page_row, dest = self.pages.admit(int(slot), key, length, int(max_new), width)
@@ -333,9 +347,11 @@ class Engine(engine_api.Engine):
         # A prefix that crossed JetStream's transfer thread is a new object: read it (once).
         return known if known is not None else int(prefix.length[row])
 
-    def can_insert(self, prefix: Prefix, max_new: int, row: int = 0) -> bool:
-        """Whether the pool has the pages one more sample of `prefix` (prompt `row`) needs."""
-        return self.pages.fits((prefix, row), self._prefix_length(prefix, row), int(max_new))
+    def can_insert(self, prefix: Prefix, max_new: int, row: int = 0, slot: int = 0) -> bool:
+        """Whether the pool has the pages one more sample of `prefix` (prompt `row`) needs
+        in `slot` (pages come from the slot's shard of the pool)."""
+        length = self._prefix_length(prefix, row)
+        return self.pages.fits((prefix, row), length, int(max_new), int(slot))
 
     def release_slot(self, slot: int) -> None:
         """Free a finished slot's pages (host bookkeeping only; its row is inactive)."""

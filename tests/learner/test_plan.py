@@ -71,9 +71,8 @@ def test_remat_and_sharding_reduce_the_estimate():
     assert plan_memory(SMALL.replace(remat=True), (1, 1, 1), work).peak < base.peak
     sharded = plan_memory(SMALL, (1, 4, 1), work)
     assert sharded.terms["params"] == pytest.approx(base.terms["params"] / 4, rel=0.02)
-    # The paged KV pool is shared by the slots, so it splits over kv heads (tensor), not
-    # over the batch axes (per-shard pools are future work, docs/performance.md).
-    assert sharded.terms["kv_cache"] == base.terms["kv_cache"]
+    # The paged KV pool splits over the batch axes as the slots do, and over kv heads.
+    assert sharded.terms["kv_cache"] == base.terms["kv_cache"] // 4
     assert plan_memory(SMALL, (1, 1, 2), work).terms["kv_cache"] == base.terms["kv_cache"] // 2
     pages = 16 * -(-257 // 32)  # slots x pages per sequence
     assert base.terms["kv_cache"] == 2 * 2 * pages * 32 * 2 * 16 * 4  # k, v x L x tokens x K x H

@@ -129,7 +129,9 @@ def test_sharded_engine_matches_unsharded(tiny_model, tiny_engine):
     np.testing.assert_allclose(ours[2], ref[2], atol=1e-4)
     state = engine.init_decode_state()
     assert state.page_table.sharding.spec[0] == "fsdp"  # slots split over the batch axes
-    assert state.kv_pages[0].sharding.spec[2] == "tensor"  # the pool over kv heads
+    # The pool: pages over the slots' batch axes (each shard's slots use its pages), kv
+    # heads over tensor.
+    assert tuple(state.kv_pages[0].sharding.spec)[:3] == ("fsdp", None, "tensor")
 
 
 def test_prefill_rejects_bad_lengths(tiny_engine):

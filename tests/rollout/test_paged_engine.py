@@ -36,7 +36,7 @@ def test_paged_decoding_equals_full_recompute(tiny_model):
     with 3 slots cycling through 12 samples, so pages are freed and reused."""
     engine = _engine(tiny_model)
     out = _generate(engine)
-    assert len(out) == 12 and engine.pages.allocator.num_free == engine.num_pages - _held(engine)
+    assert len(out) == 12 and engine.pages.num_free == engine.num_pages - _held(engine)
     for c in out:
         seq = list(c.prompt_ids) + list(c.token_ids)
         P = len(c.prompt_ids)
@@ -51,7 +51,7 @@ def test_paged_decoding_equals_full_recompute(tiny_model):
 def _held(engine):
     """Pages still held: prompts whose prefix object is alive (the driver dropped them)."""
     gc.collect()
-    return int((engine.pages.allocator.refs() > 0).sum())
+    return int((engine.pages.refs() > 0).sum())
 
 
 def test_group_samples_equal_independent_runs(tiny_model):
@@ -68,7 +68,7 @@ def test_group_samples_equal_independent_runs(tiny_model):
     rows = [pages.admit(s, (prefix, 0), 9, 8, 12)[0] for s in range(3)]
     assert all((r[:2] == rows[0][:2]).all() for r in rows)  # full pages shared
     assert len({int(r[2]) for r in rows}) == 3  # the partial page copied per sample
-    assert pages.allocator.num_free == 64 - 2 - 3 * 3  # 2 shared + 3 own pages per sample
+    assert pages.num_free == 64 - 2 - 3 * 3  # 2 shared + 3 own pages per sample
 
 
 def test_pool_pressure_queues_instead_of_failing(tiny_model):
@@ -92,19 +92,20 @@ class _Prefix:
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4), st.integers(1, 30),
                           st.integers(1, 40)), min_size=1, max_size=1000))  # fmt: skip
 def test_page_accounting_never_leaks(ops):
-    """Random admit / release / prefix-drop sequences: reference counts equal the holders,
-    no page is owned twice, and everything returns to the pool at the end."""
-    pages = SlotPages(batch=4, num_pages=40, page_size=4, pages_per_seq=16)
+    """Random admit / release / prefix-drop sequences over a pool in two shards, prompts
+    shared between slots: reference counts equal the holders, no page is owned twice, a
+    slot's pages lie in its shard, and everything returns to the pool at the end."""
+    pages = SlotPages(batch=4, num_pages=40, page_size=4, pages_per_seq=16, shards=2)
     prefixes: dict[int, tuple[_Prefix, int]] = {}
     for slot, op, length, max_new in ops:
         if op == 0:
             pages.release(slot)
         elif op == 1:
-            prefixes.pop(slot, None)  # drop a prefix: its hold goes when it is freed
+            prefixes.pop(length % 3, None)  # drop a prefix: its hold goes when it is freed
         else:
-            prefix, plen = prefixes.setdefault(slot, (_Prefix(), length))
+            prefix, plen = prefixes.setdefault(length % 3, (_Prefix(), length))
             pages.release(slot)
-            if pages.fits((prefix, 0), plen, max_new):
+            if pages.fits((prefix, 0), plen, max_new, slot):
                 pages.admit(slot, (prefix, 0), plen, max_new, plen)
             prefix = None
         _check(pages)
@@ -112,17 +113,19 @@ def test_page_accounting_never_leaks(ops):
         pages.release(slot)
     prefixes.clear()
     gc.collect()
-    assert pages.allocator.num_free == 40 and not pages.allocator.refs().any()
+    assert pages.num_free == 40 and not pages.refs().any()
 
 
 def _check(pages: SlotPages):
-    refs = pages.allocator.refs()
+    refs = pages.refs()
     holders = np.zeros_like(refs)
     for held in pages._slots:
         np.add.at(holders, held, 1)
-    for prompt in pages._prompts.values():
-        np.add.at(holders, prompt.shared or [], 1)
+    for shared in pages._shared.values():
+        np.add.at(holders, shared, 1)
     np.testing.assert_array_equal(refs, holders)
-    assert pages.allocator.num_free == int((refs == 0).sum())
+    assert pages.num_free == int((refs == 0).sum())
     owned = [p for held in pages._slots for p in held if refs[p] == 1]
     assert len(owned) == len(set(owned))
+    for slot, held in enumerate(pages._slots):  # shard s owns pages [20 s, 20 s + 20)
+        assert all(p // 20 == pages.shard_of(slot) for p in held)
