@@ -8,7 +8,7 @@ import pytest
 
 from jaxrl_llm.models import KVCache, ModelConfig, init_model
 from jaxrl_llm.models.layers import attend
-from jaxrl_llm.models.paged import decode_attention, gathered_attention, write_kv
+from jaxrl_llm.models.paged import decode, decode_attention, gathered_attention, write_kv
 
 CFG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8)  # fmt: skip
@@ -49,6 +49,19 @@ def test_decode_attention_matches_dense(walk, block_tokens, ps, monkeypatch):
     out = decode_attention(q, kv, lens, table, sm_scale=0.35, walk=walk)
     ref = _dense_reference(q, kv, lens, table, 0.35)
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_decode_per_platform_matches_dense(platform):
+    """The GPU path (whole page table gathered) and the CPU walks agree with dense
+    attention, idle rows included."""
+    rng = np.random.RandomState(3)
+    B, N, K, H, ps, pps = 5, 4, 2, 8, 4, 4
+    kv, table = _pool(rng, B, pps, ps, K, H)
+    lens = jnp.asarray([0, 1, 7, 16, 4], jnp.int32)
+    q = jnp.asarray(rng.randn(B, N, H).astype(np.float32))
+    out = decode(q, kv, lens, table, sm_scale=0.3, platform=platform)
+    np.testing.assert_allclose(out, _dense_reference(q, kv, lens, table, 0.3), atol=1e-5)
 
 
 def test_gathered_attention_is_causal_over_the_row():
