@@ -46,7 +46,7 @@ train: $(BASE_STAMP) sysdeps
 test: $(TEST_STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/basedpyright
+	$(BIN)/basedpyright -p pyproject.toml
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests marked slow (end-to-end runs, benchmarks,
@@ -54,13 +54,13 @@ test: $(TEST_STAMP) sysdeps
 test-fast: $(TEST_STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/basedpyright
+	$(BIN)/basedpyright -p pyproject.toml
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/basedpyright
+	$(BIN)/basedpyright -p pyproject.toml
 
 format: $(TEST_STAMP)
 	$(BIN)/ruff format .
