@@ -106,12 +106,12 @@ class Rollout:
 @dataclasses.dataclass(frozen=True)
 class Experience:
     """What the experience stage adds to a `Rollout`: the packed rows and everything the
-    update reads (`batch`, numpy), plus per-sample summaries for metrics."""
+    update reads (`batch`, on the mesh for the whole step), plus per-sample summaries."""
 
     rollout: Rollout
-    batch: TrainBatch[np.ndarray]  # arrays [B, T]
+    batch: TrainBatch  # arrays [B, T] on the mesh
     model_mask: Float[np.ndarray, "B T"]  # 1 on model-written tokens (before any filter)
     response_length: Int[np.ndarray, " B"]  # all response tokens, tool output included
     truncated: Bool[np.ndarray, " B"]  # the sample hit its token budget
-    sequence_rewards: Float[np.ndarray, " B"]  # per-token rewards summed (score - KL shaping)
+    sequence_rewards: Float[jax.Array, " B"]  # per-token rewards summed (score - KL shaping)
     has_values: bool  # a critic produced `batch.old_values`

@@ -37,6 +37,17 @@ def masked_mean(values: Array, mask: Array, axis: int | None = None) -> Array:
     )
 
 
+def masked_max(values: Array, mask: Array) -> Array:
+    """The largest value where ``mask > 0``; 0 where the mask is empty."""
+    keep = jnp.asarray(mask) > 0
+    return jnp.where(jnp.any(keep), jnp.max(jnp.where(keep, values, -jnp.inf)), 0)
+
+
+def masked_min(values: Array, mask: Array) -> Array:
+    """The smallest value where ``mask > 0``; 0 where the mask is empty."""
+    return -masked_max(-values, mask)
+
+
 def masked_var(values: Array, mask: Array, *, unbiased: bool = True) -> Array:
     """Variance over all masked elements; Bessel-corrected ``n / (n - 1)`` by default.
 

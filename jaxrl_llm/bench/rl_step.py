@@ -12,9 +12,11 @@ included, so nothing is hidden):
                  multi-host, the gather of one copy per host)
     rollout      generation through the driver (host loop, stop strings, tool turns) and
                  reward scoring
-    experience   packing, old (and reference) logprob forwards, advantages, batch metrics
-    update       ppo_epochs x mini_batches policy updates
-    untimed      total - the four above (host work between the timers), per step
+    experience   packing, the experience pass (old and reference logprobs, skipped old ones
+                 when exactly on-policy, advantages, batch metrics: one jitted program)
+    update       ppo_epochs x mini_batches policy updates (mini-batches cut on the device)
+    untimed      total - the four above (host work between the timers, the step's one
+                 transfer of its metrics), per step
     total        the whole step (`timing/step`)
 
 `fractions` are those medians over the median total. Each is a median on its own, so they
@@ -41,8 +43,8 @@ then timed `--repeats` times; the median is used, as for the steps.
                                        that produce the step's tokens (a tokens-matched floor)
                        rollout_tail_s  at least the longest response's length: what this
                                        engine needs when every sample starts together
-    bare experience  the run's jitted logprob forward on [B, T] (twice with a reference
-                     model) and its advantage function
+    bare experience  the run's jitted experience pass on [B, T] (rows of the mean prompt
+                     and mean response lengths: logprobs are computed on response tokens)
     bare update      ppo_epochs x mini_batches calls of the real jitted policy step on one
                      [M, mb, T] mini-batch
 
@@ -280,30 +282,25 @@ def bare_rollout(cfg, policy, tokenizer, mesh, params, shape, repeats, clock) ->
 
 
 def bare_train(cfg, learner, shape, repeats, clock) -> dict:
-    """The run's own jitted experience forwards and policy updates (`learner`, as
-    `build_learner` makes them for `run_rl`) on the step's batch shapes."""
+    """The run's own jitted experience pass and policy updates (`learner`, as
+    `build_learner` makes them for `run_rl`) on the step's batch shapes: every row a
+    prompt of the mean prompt length, then a response of the mean response length."""
     import jax.numpy as jnp
-
-    from jaxrl_llm.learner.steps import to_micro_batches
-    from jaxrl_llm.types import TrainBatch
 
     a, lr = cfg.algo, learner
     params, vocab = lr.state.policy.params, lr.policy.config.vocab_size
     B, T = shape["samples"], shape["seq_len"]
+    P = shape["prompt_len_mean"]
+    R = max(1, min(T - P, round(shape["response_len_mean"])))
     ids = jnp.asarray(np.random.RandomState(1).randint(3, vocab, (B, T)).astype(np.int32))
-    loss_mask = jnp.zeros((B, T), jnp.float32).at[:, shape["prompt_len_mean"] :].set(1.0)
+    mask = jnp.zeros((B, T), jnp.float32).at[:, P : P + R].set(1.0)
     scores = jnp.asarray(np.random.RandomState(2).randint(0, 2, B).astype(np.float32))
-    forwards = 2 if cfg.needs_reference else 1
-
-    def experience():
-        old = lr.logprob_fn(params, ids)
-        ref = lr.logprob_fn(params, ids) if forwards == 2 else jnp.zeros_like(old)
-        return old, lr.adv_fn(scores, loss_mask, old, ref, None)
-
+    ref = params if cfg.needs_reference else None
+    zeros = jnp.zeros((B, T), jnp.float32)
+    experience = lambda: lr.experience_fn(params, ref, None, ids, mask, mask, scores, zeros)
     experience_s = _median_time(experience, repeats, clock)
-    old, (adv, returns, _) = experience()
-    batch = TrainBatch(ids, loss_mask, old, old, adv, returns, jnp.zeros_like(old), old)
-    mb = to_micro_batches(batch, jnp.arange(B // a.mini_batches), a.micro_batch_size)
+    batch, _, _ = experience()
+    mb = lr.micro_batches(batch, jnp.arange(B // a.mini_batches))
     updates = a.ppo_epochs * a.mini_batches
     # The step donates its state: the experience timings above are done with `params`.
     holder = {"state": lr.state.policy}
@@ -315,7 +312,7 @@ def bare_train(cfg, learner, shape, repeats, clock) -> dict:
 
     return {
         "experience_s": experience_s,
-        "experience_forwards": forwards,
+        "experience_forwards": int(not lr.on_policy) + int(ref is not None),
         "update_s": _median_time(update, repeats, clock),
         "updates": updates,
         "micro_batches": int(mb.input_ids.shape[0]),

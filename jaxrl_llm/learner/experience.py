@@ -1,7 +1,10 @@
-"""From rollout completions to a `TrainBatch`: packing, forwards, rewards, advantages.
+"""From rollout completions to a `TrainBatch`: packing, the experience pass, its metrics.
 
-Host-side packing is numpy; the forwards (old / reference logprobs, values) and the
-advantage computation are jitted and take the parameters as arguments.
+Host-side packing is numpy. The experience pass is one jitted program: per micro-batch the
+policy's old logprobs, the reference's logprobs and the critic's values (whichever the run
+needs), then the advantages and the batch metrics over the whole batch, all on the mesh.
+Logprobs come from the trunk's hidden states and the LM head on the masked positions only
+(`algorithms.head_logprobs`); the policy step reads them the same way (`policy_logprobs`).
 """
 
 from __future__ import annotations
@@ -14,14 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_llm.algorithms import (
-    head_logprobs,
-    kl_shaped_rewards,
-    outcome_token_rewards,
-    token_logprobs,
-)
+from jaxrl_llm.algorithms import head_logprobs, kl_shaped_rewards, outcome_token_rewards
 from jaxrl_llm.algorithms.logprobs import EntropyMode
+from jaxrl_llm.algorithms.masked import masked_max, masked_mean, masked_min
 from jaxrl_llm.algorithms.registry import resolve_declared
+from jaxrl_llm.types import TrainBatch
 
 # float32 logits per chunk of `head_logprobs`: [rows, chunk, V] stays under 2**25 floats
 # (128 MiB), and a chunk is at most LOGIT_CHUNK_MAX positions per row, so the chunks past
@@ -68,12 +68,6 @@ def shift_right(x: jax.Array) -> jax.Array:
     return jnp.pad(x, ((0, 0), (1, 0)))
 
 
-def sequence_logprobs(model, input_ids: jax.Array, temperature: float = 1.0) -> jax.Array:
-    """Action-aligned log p(input_ids[t] | input_ids[<t]) [B, T] under softmax(logits / temp)."""
-    logits = model(input_ids[:, :-1])
-    return shift_right(token_logprobs(logits, input_ids[:, 1:], temperature=temperature))
-
-
 def logit_chunk(rows: int, vocab: int) -> int:
     """Positions per row in one chunk of `head_logprobs` (see `LOGITS_PER_CHUNK`)."""
     return max(1, min(LOGIT_CHUNK_MAX, LOGITS_PER_CHUNK // (rows * vocab)))
@@ -100,35 +94,8 @@ def sequence_values(critic, input_ids: jax.Array) -> jax.Array:
     return shift_right(critic(input_ids[:, :-1]))
 
 
-def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float, micro_batch: int):
-    """Jitted `(params, input_ids [B,T]) -> logprobs [B,T]`, in micro-batches (lax.map)."""
-
-    @jax.jit
-    def fn(params, input_ids):
-        B, T = input_ids.shape
-        mb = min(micro_batch, B)
-        # Merge inside the loop body: a module merged outside cannot be used under nnx.remat.
-        one = lambda x: sequence_logprobs(nnx.merge(graphdef, params), x, temperature)
-        return jax.lax.map(one, input_ids.reshape(B // mb, mb, T)).reshape(B, T)
-
-    return fn
-
-
-def make_value_fn(graphdef: nnx.GraphDef, micro_batch: int):
-    """Jitted `(params, input_ids [B,T]) -> values [B,T]`, in micro-batches (lax.map)."""
-
-    @jax.jit
-    def fn(params, input_ids):
-        B, T = input_ids.shape
-        mb = min(micro_batch, B)
-        one = lambda x: sequence_values(nnx.merge(graphdef, params), x)
-        return jax.lax.map(one, input_ids.reshape(B // mb, mb, T)).reshape(B, T)
-
-    return fn
-
-
-def make_advantage_fn(algo, group_size: int):
-    """Jitted `(scores [B], loss_mask, old, ref logprobs, values) -> (adv, returns, rewards)`.
+def advantage_fn(algo, group_size: int):
+    """`(scores [B], loss_mask, old, ref logprobs, values) -> (adv, returns, token rewards)`.
 
     The outcome score sits on the last trained token; with `kl_in_reward_coef > 0` the
     per-token KL to the reference is subtracted (verl `apply_kl_penalty`).
@@ -138,7 +105,6 @@ def make_advantage_fn(algo, group_size: int):
         gamma=algo.gamma, lam=algo.lam,
     )  # fmt: skip
 
-    @jax.jit
     def fn(scores, loss_mask, old_logprobs, ref_logprobs, values):
         token_rewards = outcome_token_rewards(scores, loss_mask)
         if algo.kl_in_reward_coef > 0:
@@ -150,6 +116,86 @@ def make_advantage_fn(algo, group_size: int):
         return adv, returns, token_rewards
 
     return fn
+
+
+def make_experience_fn(
+    graphdef: nnx.GraphDef, critic_graphdef: nnx.GraphDef | None, algo, *,
+    temperature: float, group_size: int, micro_batch: int, old_logprobs: bool = True,
+):  # fmt: skip
+    """The jitted experience pass:
+
+        fn(params, ref_params | None, critic_params | None, input_ids, response_mask,
+           loss_mask, scores [B], rollout_logprobs) -> (TrainBatch, sequence rewards [B], metrics)
+
+    All arrays [B, T] unless noted, in and out on the mesh. Per micro-batch (`lax.map`) one
+    body runs the policy (old logprobs; skipped with `old_logprobs=False`, the on-policy
+    shortcut, leaving zeros), the reference and the critic, each only where the run has it;
+    logprobs are computed on `response_mask` positions. Missing parts of the batch are zeros.
+    """
+    if not old_logprobs and algo.kl_in_reward_coef > 0:
+        raise ValueError("a KL penalty in the reward needs the old logprobs (old_logprobs=True)")
+    advantages = advantage_fn(algo, group_size)
+
+    def forwards(params, ref_params, critic_params, ids, mask):
+        logprobs = lambda p: policy_logprobs(
+            nnx.merge(graphdef, p), ids, mask, temperature=temperature
+        )[0]
+        old = logprobs(params) if old_logprobs else None
+        ref = logprobs(ref_params) if ref_params is not None else None
+        values = None
+        if critic_params is not None:
+            assert critic_graphdef is not None  # a critic's params come with its graph
+            values = sequence_values(nnx.merge(critic_graphdef, critic_params), ids)
+        return old, ref, values
+
+    @jax.jit
+    def fn(params, ref_params, critic_params, input_ids, response_mask, loss_mask, scores,
+           rollout_logprobs):  # fmt: skip
+        B, T = input_ids.shape
+        mb = min(micro_batch, B)
+        split = lambda x: x.reshape(B // mb, mb, T)
+        one = lambda x: forwards(params, ref_params, critic_params, *x)
+        outs = jax.lax.map(one, (split(input_ids), split(response_mask)))
+        zeros = jnp.zeros((B, T), jnp.float32)
+        old, ref, values = (zeros if x is None else x.reshape(B, T) for x in outs)
+        adv, returns, token_rewards = advantages(
+            scores, loss_mask, old, ref, None if outs[2] is None else values
+        )
+        batch = TrainBatch(input_ids, loss_mask, old, ref, adv, returns, values, rollout_logprobs)
+        metrics = experience_metrics(batch, token_rewards, has_values=outs[2] is not None)
+        if old_logprobs:
+            metrics.update(logprob_diff_metrics(old, rollout_logprobs, response_mask))
+        return batch, token_rewards.sum(-1), metrics
+
+    return fn
+
+
+def experience_metrics(
+    batch: TrainBatch, token_rewards: jax.Array, *, has_values: bool
+) -> dict[str, jax.Array]:
+    """Rewards, advantages (and values, returns) over the trained tokens, on the device."""
+    mask = batch.loss_mask
+    m = {
+        "critic/rewards/mean": jnp.mean(token_rewards.sum(-1)),
+        "critic/advantages/mean": masked_mean(batch.advantages, mask),
+        "critic/advantages/max": masked_max(batch.advantages, mask),
+        "critic/advantages/min": masked_min(batch.advantages, mask),
+    }
+    if has_values:
+        m["critic/values/mean"] = masked_mean(batch.old_values, mask)
+        m["critic/returns/mean"] = masked_mean(batch.returns, mask)
+    return m
+
+
+def logprob_diff_metrics(
+    trainer_logprobs: jax.Array, rollout_logprobs: jax.Array, mask: jax.Array
+) -> dict[str, jax.Array]:
+    """|trainer - rollout| logprobs over `mask`: the engine / trainer mismatch."""
+    diff = jnp.abs(trainer_logprobs - rollout_logprobs)
+    return {
+        "rollout/logprob_diff/mean": masked_mean(diff, mask),
+        "rollout/logprob_diff/max": masked_max(diff, mask),
+    }
 
 
 def all_equal_groups(scores: np.ndarray, group_size: int) -> np.ndarray:

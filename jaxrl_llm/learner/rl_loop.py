@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm.config import write_resolved_config
 from jaxrl_llm.learner.experience import (
@@ -25,7 +26,6 @@ from jaxrl_llm.learner.experience import (
 )
 from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.run import Learner, Run, RunState, build_run, device_state
-from jaxrl_llm.learner.steps import to_micro_batches
 from jaxrl_llm.metrics import MetricsWriter
 from jaxrl_llm.metrics.health import HealthMonitor
 from jaxrl_llm.metrics.plots import write_dashboard
@@ -88,7 +88,8 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
 
 
 def train_step(run: Run, step: int) -> dict[str, float]:
-    """One RL step as data flow; returns its metrics (`timing/*` per phase)."""
+    """One RL step as data flow; returns its metrics (`timing/*` per phase). Device metrics
+    stay on the device until the step's one transfer at the end (`_fetch`)."""
     cfg, lr = run.cfg, run.learner
     t0 = time.perf_counter()
     samples, metrics = _collect(cfg, step, run.prompts, run.rollout, run.reward, lr.state)
@@ -97,12 +98,16 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     same = all_equal_groups(samples.scores, cfg.rollout.n)
     metrics["batch/all_equal_groups_frac"] = float(same.mean())
     t1 = time.perf_counter()
-    exp = _make_experience(cfg, lr, samples)
+    exp, device = _make_experience(cfg, lr, samples)
     metrics.update(_experience_metrics(exp))
+    jax.block_until_ready(exp.batch)  # waits (no transfer): each timer holds its own compute
     metrics["timing/experience"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    metrics.update(_update(cfg, lr, step, exp.batch))
+    updates = _update(cfg, lr, step, exp.batch)
+    jax.block_until_ready(lr.state.policy.params)
     metrics["timing/update"] = time.perf_counter() - t2
+    metrics.update(_fetch({**{k: [v] for k, v in device.items()}, **updates}))
+    _warn_skipped(step, metrics, cfg.algo.ppo_epochs * cfg.algo.mini_batches)
     metrics["timing/step"] = time.perf_counter() - t0
     metrics["perf/tokens_per_s"] = samples.num_tokens / metrics["timing/step"]
     record_step_samples(run.run_dir, step, samples)
@@ -164,9 +169,10 @@ def _collect(cfg, step, it, rollout, reward, state: RunState):
     return Rollout.concat(mixed, want), metrics
 
 
-def _make_experience(cfg, lr: Learner, samples: Rollout) -> Experience:
-    """Packing on the host, the forwards and advantages on the mesh (rows over ("data",
-    "fsdp"), `hosts.put_batch`); the `TrainBatch` comes back as numpy on every host."""
+def _make_experience(cfg, lr: Learner, samples: Rollout) -> tuple[Experience, dict[str, Any]]:
+    """Packing on the host; the rows go to the mesh once (over ("data", "fsdp"),
+    `hosts.put_batch`) for the experience pass, and the `TrainBatch` stays there. Returns
+    the experience and its device metrics."""
     pad = lr.tokenizer.pad_token_id
     packed = pack_sequences(samples.completions, cfg.seq_len, 0 if pad is None else pad)
     state, mesh = lr.state, lr.mesh
@@ -174,105 +180,89 @@ def _make_experience(cfg, lr: Learner, samples: Rollout) -> Experience:
     if cfg.algo.overlong_filter:
         loss_mask = loss_mask * (~packed["truncated"])[:, None]
     rows = lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape))
-    ids, mask = rows(packed["input_ids"]), rows(loss_mask)
-    old_lp = lr.logprob_fn(state.policy.params, ids)
-    ref = lr.ref_params
-    ref_lp = lr.logprob_fn(ref, ids) if ref is not None else jnp.zeros_like(old_lp)
-    values = None
-    if lr.value_fn is not None:
-        assert state.critic is not None  # built with value_fn (`build_learner`)
-        values = lr.value_fn(state.critic.params, ids)
-    adv, returns, token_rewards = lr.adv_fn(rows(samples.scores), mask, old_lp, ref_lp, values)
-    old_lp = hosts.to_host(old_lp)
-    batch = TrainBatch(
-        input_ids=packed["input_ids"],
-        loss_mask=np.asarray(loss_mask, np.float32),
-        old_logprobs=old_lp,
-        ref_logprobs=hosts.to_host(ref_lp),
-        advantages=hosts.to_host(adv),
-        returns=hosts.to_host(returns),
-        old_values=hosts.to_host(values) if values is not None else np.zeros_like(old_lp),
-        rollout_logprobs=packed["rollout_logprobs"],
-    )
-    return Experience(
+    critic = state.critic.params if state.critic is not None else None
+    batch, sequence_rewards, metrics = lr.experience_fn(
+        state.policy.params, lr.ref_params, critic,
+        rows(packed["input_ids"]), rows(packed["response_mask"]), rows(loss_mask),
+        rows(samples.scores), rows(packed["rollout_logprobs"]),
+    )  # fmt: skip
+    exp = Experience(
         rollout=samples,
         batch=batch,
         model_mask=packed["response_mask"],
         response_length=packed["response_length"],
         truncated=packed["truncated"],
-        sequence_rewards=hosts.to_host(token_rewards).sum(-1),
-        has_values=values is not None,
+        sequence_rewards=sequence_rewards,
+        has_values=critic is not None,
     )
+    return exp, metrics
 
 
 def _experience_metrics(exp: Experience) -> dict[str, float]:
-    batch, scores, lengths = exp.batch, exp.rollout.scores, exp.response_length
-    mask = np.asarray(batch.loss_mask)
-    adv = np.asarray(batch.advantages)[mask > 0]
-    diff = np.abs(np.asarray(batch.old_logprobs) - np.asarray(batch.rollout_logprobs))
-    diff = diff[exp.model_mask > 0]
+    """What the host already holds: scores and response lengths (the rest is on the device,
+    `experience.experience_metrics`)."""
+    scores, lengths = exp.rollout.scores, exp.response_length
     m = {
         "critic/score/mean": scores.mean(),
         "critic/score/max": scores.max(),
         "critic/score/min": scores.min(),
-        "critic/rewards/mean": exp.sequence_rewards.mean(),
-        "critic/advantages/mean": adv.mean() if adv.size else 0.0,
-        "critic/advantages/max": adv.max() if adv.size else 0.0,
-        "critic/advantages/min": adv.min() if adv.size else 0.0,
         "response_length/mean": lengths.mean(),
         "response_length/max": lengths.max(),
         "response_length/min": lengths.min(),
         "response_length/clip_ratio": exp.truncated.mean(),
-        "rollout/logprob_diff/mean": diff.mean() if diff.size else 0.0,
-        "rollout/logprob_diff/max": diff.max() if diff.size else 0.0,
     }
-    if exp.has_values:
-        vals = np.asarray(batch.old_values)[mask > 0]
-        rets = np.asarray(batch.returns)[mask > 0]
-        m["critic/values/mean"] = vals.mean() if vals.size else 0.0
-        m["critic/returns/mean"] = rets.mean() if rets.size else 0.0
     return {k: float(v) for k, v in m.items()}
 
 
-def _update(cfg, lr: Learner, step: int, batch: TrainBatch[np.ndarray]) -> dict[str, float]:
-    """ppo_epochs x mini_batches updates; each mini-batch is cut on the host and goes to the
-    mesh as [M, mb, T] (`hosts.put_batch`: the mb rows over ("data", "fsdp"))."""
+def _update(cfg, lr: Learner, step: int, batch: TrainBatch) -> dict[str, list[jax.Array]]:
+    """ppo_epochs x mini_batches updates; each mini-batch is cut from the batch on the mesh
+    as [M, mb, T] (`lr.micro_batches`). Returns each metric's values, one per update."""
     a, state, mesh = cfg.algo, lr.state, lr.mesh
     B = batch.input_ids.shape[0]
     mini = B // a.mini_batches
-    sums: dict[str, float] = {}
-    count = 0
+    out: dict[str, list[jax.Array]] = {}
     rng = np.random.default_rng([cfg.seed, step])
     progress = bar(f"update {step}", a.ppo_epochs * a.mini_batches, unit="mb")
+    replicated = NamedSharding(mesh, PartitionSpec())
     for _ in range(a.ppo_epochs):
-        order = rng.permutation(B)
+        order = rng.permutation(B).astype(np.int32)
         for k in range(a.mini_batches):
-            host = to_micro_batches(batch, order[k * mini : (k + 1) * mini], a.micro_batch_size)
-            mb = jax.tree.map(
-                lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape, axis=1)),
-                host,
-            )
-            cm: dict[str, Any] = {}
+            rows = hosts.put_batch(order[k * mini : (k + 1) * mini], replicated)
+            mb = lr.micro_batches(batch, rows)
             if lr.critic_step is not None:
                 state.critic, cm = lr.critic_step(state.critic, mb)
-                _add(sums, cm)
+                _append(out, cm)
             state.policy, pm = lr.policy_step(state.policy, mb)
-            _add(sums, pm)
-            count += 1
-            progress.set_postfix(pg_loss=f"{float(pm['actor/pg_loss']):.4f}")
+            _append(out, pm)
             progress.update()
-            for role, m in (("actor", pm), ("critic", cm)):
-                if float(m.get(f"{role}/skipped", 0.0)):
-                    log.warning(
-                        "step %d: non-finite %s loss or gradient in a mini-batch; "
-                        "that update was skipped, parameters unchanged", step, role,
-                    )  # fmt: skip
     progress.close()
-    out = {k: v / count for k, v in sums.items()}
-    out["actor/lr_step"] = float(state.policy.step)
+    out["actor/lr_step"] = [state.policy.step]
     return out
 
 
-def _add(sums: dict[str, float], metrics: dict[str, Any]) -> None:
+def _append(out: dict[str, list[jax.Array]], metrics: dict[str, jax.Array]) -> None:
     for k, v in metrics.items():
-        sums[k] = sums.get(k, 0.0) + float(v)
+        out.setdefault(k, []).append(v)
+
+
+@jax.jit
+def _means(values: list[list[jax.Array]]) -> jax.Array:
+    return jnp.stack([jnp.mean(jnp.stack(v).astype(jnp.float32)) for v in values])
+
+
+def _fetch(device: dict[str, list[jax.Array]]) -> dict[str, float]:
+    """Each metric's mean over its values (one per update, or one), all stacked on the
+    device first: a step's metrics come to the host in one transfer."""
+    keys = list(device)
+    values = hosts.to_host(_means([device[k] for k in keys]))
+    return {k: float(v) for k, v in zip(keys, values, strict=True)}
+
+
+def _warn_skipped(step: int, metrics: dict[str, float], updates: int) -> None:
+    for role in ("actor", "critic"):
+        skipped = round(metrics.get(f"{role}/skipped", 0.0) * updates)
+        if skipped:
+            log.warning(
+                "step %d: non-finite %s loss or gradient in %d of %d mini-batch updates; "
+                "those updates were skipped, parameters unchanged", step, role, skipped, updates,
+            )  # fmt: skip

@@ -22,11 +22,16 @@ from jax.sharding import Mesh
 from jaxrl_llm.assets import resolve_checkpoint
 from jaxrl_llm.data.prompts import PromptData, prompt_data
 from jaxrl_llm.learner.checkpoint import Checkpointer
-from jaxrl_llm.learner.experience import make_advantage_fn, make_logprob_fn, make_value_fn
+from jaxrl_llm.learner.experience import make_experience_fn
 from jaxrl_llm.learner.optim import make_optimizer
 from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.state import TrainState
-from jaxrl_llm.learner.steps import make_critic_step, make_policy_step
+from jaxrl_llm.learner.steps import (
+    exactly_on_policy,
+    make_critic_step,
+    make_micro_batch_fn,
+    make_policy_step,
+)
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer
 from jaxrl_llm.rewards.config import build_reward_pool
 from jaxrl_llm.rollout.stage import RolloutStage
@@ -56,9 +61,9 @@ class Learner:
     ref_params: Any | None  # frozen reference policy when a KL term is on
     policy_step: Callable
     critic_step: Callable | None
-    logprob_fn: Callable
-    value_fn: Callable | None
-    adv_fn: Callable
+    experience_fn: Callable  # `experience.make_experience_fn`
+    micro_batches: Callable  # `steps.make_micro_batch_fn`
+    on_policy: bool  # `steps.exactly_on_policy`: no old-logprob forward
 
 
 def build_learner(cfg: RLConfig) -> Learner:
@@ -79,7 +84,7 @@ def build_learner(cfg: RLConfig) -> Learner:
     updates = cfg.steps * a.ppo_epochs * a.mini_batches
     tx = make_optimizer(cfg.optim, updates)
     state = RunState(TrainState.create(params, tx, jax.random.PRNGKey(cfg.seed)), None)
-    critic_step = value_fn = None
+    critic_step = critic_graphdef = None
     if cfg.uses_critic:
         critic_src = resolve_checkpoint(cfg.policy.critic_checkpoint or cfg.policy.checkpoint)
         critic = load(critic_src, cls=ValueModel)
@@ -87,7 +92,12 @@ def build_learner(cfg: RLConfig) -> Learner:
         ctx_ = make_optimizer(cfg.critic_optim, updates)
         state.critic = TrainState.create(critic_params, ctx_, jax.random.PRNGKey(cfg.seed + 1))
         critic_step = make_critic_step(critic_graphdef, ctx_, a)
-        value_fn = make_value_fn(critic_graphdef, a.micro_batch_size)
+    on_policy = exactly_on_policy(a)
+    temperature = cfg.rollout.temperature
+    experience_fn = make_experience_fn(
+        graphdef, critic_graphdef, a, temperature=temperature, group_size=cfg.rollout.n,
+        micro_batch=a.micro_batch_size, old_logprobs=not on_policy,
+    )  # fmt: skip
     return Learner(
         mesh=mesh,
         tokenizer=load_tokenizer(src),
@@ -95,11 +105,11 @@ def build_learner(cfg: RLConfig) -> Learner:
         graphdef=graphdef,
         state=state,
         ref_params=ref_params,
-        policy_step=make_policy_step(graphdef, tx, a, cfg.rollout.temperature),
+        policy_step=make_policy_step(graphdef, tx, a, temperature, on_policy=on_policy),
         critic_step=critic_step,
-        logprob_fn=make_logprob_fn(graphdef, cfg.rollout.temperature, a.micro_batch_size),
-        value_fn=value_fn,
-        adv_fn=make_advantage_fn(a, cfg.rollout.n),
+        experience_fn=experience_fn,
+        micro_batches=make_micro_batch_fn(mesh, a.micro_batch_size),
+        on_policy=on_policy,
     )
 
 

@@ -150,6 +150,7 @@ def make_train_step(graphdef, tx):
         normalizer = jnp.maximum(jnp.sum(batch["mask"][..., 1:]), 1.0)
         loss_fn = lambda p, mb: nll_loss(graphdef, p, mb, normalizer)
         loss, grads, metrics = accumulate_gradients(loss_fn, state.params, batch)
+        metrics = jax.tree.map(lambda x: x.sum(0), metrics)  # per micro-batch -> total
         state, opt_metrics = apply_gradients(state, grads, tx)
         return state, {"loss": loss, **metrics, **opt_metrics}
 

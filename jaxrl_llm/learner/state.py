@@ -94,29 +94,27 @@ def apply_gradients(
 
 
 def accumulate_gradients(
-    loss_fn: Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]],
+    loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]],
     params: Any,
     micro_batches: Any,
-) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
-    """Sum loss, gradients and metrics over micro-batches (leading axis M) with `lax.scan`.
+) -> tuple[jax.Array, Any, Any]:
+    """Sum loss and gradients over micro-batches (leading axis M) with `lax.scan`; the aux
+    output of `loss_fn` comes back stacked, [M, ...] per leaf, for the caller to reduce.
 
-    `loss_fn(params, micro_batch)` must already be normalised by the whole batch (pass a
-    global normaliser), so the sums equal the full-batch loss and gradient exactly.
+    `loss_fn(params, micro_batch) -> (loss, aux)` must already be normalised by the whole
+    batch (pass a global normaliser), so the sums equal the full-batch loss and gradient.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def body(carry, mb):
-        loss_sum, grad_sum, metric_sum = carry
-        (loss, metrics), grads = grad_fn(params, mb)
-        grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
-        metric_sum = jax.tree.map(jnp.add, metric_sum, metrics)
-        return (loss_sum + loss, grad_sum, metric_sum), None
+        loss_sum, grad_sum = carry
+        (loss, aux), grads = grad_fn(params, mb)
+        return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), aux
 
     # Scan over every micro-batch from zero accumulators: one micro-batch's activations
     # live at a time (peeling the first one out let XLA run two at once).
     first = jax.tree.map(lambda x: x[0], micro_batches)
-    (loss_shape, metric_shapes), grad_shapes = jax.eval_shape(grad_fn, params, first)
+    (loss_shape, _), grad_shapes = jax.eval_shape(grad_fn, params, first)
     zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
-    init = (zeros(loss_shape), zeros(grad_shapes), zeros(metric_shapes))
-    (loss, grads, metrics), _ = jax.lax.scan(body, init, micro_batches)
-    return loss, grads, metrics
+    (loss, grads), aux = jax.lax.scan(body, (zeros(loss_shape), zeros(grad_shapes)), micro_batches)
+    return loss, grads, aux

@@ -17,12 +17,21 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import Mesh
 
 from jaxrl_llm.algorithms import aggregate_loss, kl_penalty, loss_normalizer, value_loss
 from jaxrl_llm.algorithms.registry import resolve_declared
-from jaxrl_llm.learner.experience import policy_logprobs, sequence_values
+from jaxrl_llm.learner.experience import logprob_diff_metrics, policy_logprobs, sequence_values
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
+from jaxrl_llm.sharding.hosts import batch_sharding
 from jaxrl_llm.types import Leaf, TrainBatch
+
+
+def exactly_on_policy(algo) -> bool:
+    """One epoch of one mini-batch and no KL in the reward: the policy step's own logprobs
+    (under stop_gradient) are the old logprobs, so the ratio is 1 and the experience pass
+    can skip the old-logprob forward. A KL in the reward needs them before the update."""
+    return algo.ppo_epochs == 1 and algo.mini_batches == 1 and algo.kl_in_reward_coef == 0
 
 
 def _policy_loss_fn(algo):
@@ -32,8 +41,15 @@ def _policy_loss_fn(algo):
     )  # fmt: skip
 
 
-def make_policy_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo, temperature):
-    """`step(state, batch: TrainBatch [M, mb, T]) -> (state, metrics)`."""
+def make_policy_step(
+    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo, temperature,
+    *, on_policy: bool = False,
+):  # fmt: skip
+    """`step(state, batch: TrainBatch [M, mb, T]) -> (state, metrics)`.
+
+    `on_policy` (see `exactly_on_policy`): the old logprobs are the step's own under
+    stop_gradient (`batch.old_logprobs` is not read), and the metrics add the rollout
+    mismatch `rollout/logprob_diff/*` over the trained tokens from those logprobs."""
     pg_fn = _policy_loss_fn(algo)
     agg = algo.loss_agg
 
@@ -45,13 +61,14 @@ def make_policy_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
             entropy="loss" if algo.entropy_coef else "metric",
         )  # fmt: skip
         assert ent is not None  # asked for
+        old = jax.lax.stop_gradient(logp) if on_policy else mb.old_logprobs
         advantages = mb.advantages
         if algo.tis_cap is not None:
             # Truncated importance sampling (Yao et al. 2025): weight by
             # min(pi_old_trainer / pi_rollout, C); positive, so it scales the advantage.
-            w = jnp.minimum(jnp.exp(mb.old_logprobs - mb.rollout_logprobs), algo.tis_cap)
+            w = jnp.minimum(jnp.exp(old - mb.rollout_logprobs), algo.tis_cap)
             advantages = advantages * jax.lax.stop_gradient(w)
-        pg_loss, m = pg_fn(logp, mb.old_logprobs, advantages, mask, agg=agg, normalizer=normalizer)
+        pg_loss, m = pg_fn(logp, old, advantages, mask, agg=agg, normalizer=normalizer)
         total = pg_loss
         metrics = {"actor/pg_loss": pg_loss, **{f"actor/{k}": v for k, v in m.items()}}
         if algo.use_kl_loss:
@@ -63,7 +80,7 @@ def make_policy_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
         metrics["actor/entropy"] = ent_loss
         if algo.entropy_coef:
             total = total - algo.entropy_coef * ent_loss
-        return total, metrics
+        return total, (metrics, jax.lax.stop_gradient(logp) if on_policy else None)
 
     summed = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
     return _make_update(loss_fn, tx, agg, "actor", summed)
@@ -79,7 +96,7 @@ def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
             values, mb.old_values, mb.returns, mb.loss_mask,
             clip=algo.value_clip, agg=agg, normalizer=normalizer,
         )  # fmt: skip
-        return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": m["vf_clipfrac"]}
+        return loss, ({"critic/vf_loss": loss, "critic/vf_clipfrac": m["vf_clipfrac"]}, None)
 
     return _make_update(loss_fn, tx, agg, "critic", ("critic/vf_loss",))
 
@@ -87,19 +104,22 @@ def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
 def _make_update(loss_fn, tx, agg: str, role: str, summed: tuple[str, ...]):
     """The jitted step both roles share: a global normaliser over the whole mini-batch,
     gradients accumulated over its micro-batches, one optimiser update (skipped if not
-    finite). Metrics in `summed` are loss terms already normalised globally, so their
-    micro-batch sums are exact; the others (ratios such as clip fractions) are averaged over
-    micro-batches, as verl does."""
+    finite). `loss_fn -> (loss, (metrics, logprobs | None))`. Metrics in `summed` are loss
+    terms already normalised globally, so their micro-batch sums are exact; the others
+    (ratios such as clip fractions) are averaged over micro-batches, as verl does. Logprobs,
+    when given (on-policy), are compared with the rollout's over the trained tokens."""
 
     @jax.jit(donate_argnums=0)
     def step(state: TrainState, batch: TrainBatch):
         flat_mask = batch.loss_mask.reshape(-1, batch.loss_mask.shape[-1])
         normalizer = loss_normalizer(flat_mask, agg)
-        M = batch.loss_mask.shape[0]
-        loss, grads, metrics = accumulate_gradients(
+        loss, grads, (metrics, logprobs) = accumulate_gradients(
             lambda p, mb: loss_fn(p, mb, normalizer), state.params, batch
         )
-        metrics = {k: v if k in summed else v / M for k, v in metrics.items()}
+        metrics = {k: v.sum(0) if k in summed else v.mean(0) for k, v in metrics.items()}
+        if logprobs is not None:
+            mask = batch.loss_mask
+            metrics.update(logprob_diff_metrics(logprobs, batch.rollout_logprobs, mask))
         state, opt = apply_gradients(state, grads, tx, loss)
         return state, {
             **metrics,
@@ -120,3 +140,16 @@ def to_micro_batches(batch: TrainBatch[Leaf], idx: Any, micro_batch_size: int) -
         return x.reshape(x.shape[0] // mb, mb, *x.shape[1:])
 
     return jax.tree.map(take, batch)
+
+
+def make_micro_batch_fn(mesh: Mesh, micro_batch_size: int):
+    """Jitted `(batch [B, T] on the mesh, rows [mini]) -> those rows as [M, mb, T]`, the mb
+    rows over ("data", "fsdp"): a mini-batch cut on the device, from a batch put there once."""
+
+    @jax.jit
+    def fn(batch: TrainBatch, rows: jax.Array) -> TrainBatch:
+        out = to_micro_batches(batch, rows, micro_batch_size)
+        place = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.shape, 1))
+        return jax.tree.map(place, out)
+
+    return fn

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -38,9 +39,25 @@ def _comparable(records):
     return [{k: v for k, v in r.items() if not k.startswith(("timing/", "perf/"))} for r in records]
 
 
-def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path):
+def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path, monkeypatch):
+    from jaxrl_llm.learner import rl_loop
+
     cfg = _config(tmp_path / "run", "RLConfig.steps = 6", "RLConfig.eval_every = 6")
+    update, fetch, fetched = rl_loop._update, rl_loop._fetch, []
+
+    def device_only_update(*args):
+        out = update(*args)  # metrics stay on the device through the mini-batches
+        assert all(isinstance(v, jax.Array) for vs in out.values() for v in vs)
+        return out
+
+    def counted_fetch(device):
+        fetched.append(len(device))
+        return fetch(device)
+
+    monkeypatch.setattr(rl_loop, "_update", device_only_update)
+    monkeypatch.setattr(rl_loop, "_fetch", counted_fetch)
     records = run_rl(cfg)
+    assert len(fetched) == 6 and min(fetched) > 10  # one transfer per step, for all metrics
     run = tmp_path / "run"
     for name in ("config.gin", "metrics.jsonl", "hf/model.safetensors", "samples/step_6.jsonl"):
         assert (run / name).exists(), name
@@ -89,6 +106,18 @@ def test_ppo_with_critic_and_kl_options(tmp_path):
     assert "critic/values/mean" in last
     assert "actor/kl_loss" in last and last["actor/kl_loss"] >= 0
     assert last["actor/lr_step"] == 2 * 2 * 2  # steps x epochs x mini-batches
+
+
+def test_on_policy_step_skips_the_old_forward_and_reports_the_mismatch(tmp_path):
+    """One epoch of one mini-batch: no old-logprob forward; the rollout mismatch comes from
+    the policy step's own logprobs, and its ratio is exactly 1."""
+    cfg = _config(tmp_path / "on", "RLConfig.steps = 2", "AlgoConfig.mini_batches = 1",
+                  "AlgoConfig.micro_batch_size = 4")  # fmt: skip
+    records = run_rl(cfg)
+    assert len(records) == 2
+    for r in records:
+        assert 0 <= r["rollout/logprob_diff/max"] < 1e-3  # same params, same float32 math
+        assert r["actor/ppo_kl"] == 0.0 and r["actor/pg_clipfrac"] == 0.0
 
 
 def test_dynamic_sampling_reports_tries(tmp_path):
@@ -243,7 +272,7 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch):
     assert records[-1]["env/tool_calls/mean"] == 1.0
     assert records[-1]["env/ratio_of_valid_action"] == 1.0
     tok = load_tokenizer(builtin_checkpoint())
-    (exp,) = seen
+    ((exp, _),) = seen  # (experience, its device metrics)
     assert exp.rollout.policy_version == 1 and exp.rollout.group_size == cfg.rollout.n
     assert [c.tool_calls for c in exp.rollout.completions] == [1] * len(exp.rollout.completions)
     batch = exp.batch

@@ -1,5 +1,5 @@
 """Policy/critic update steps: sharded == unsharded, NaN batches skipped, split-invariant,
-equal to the full-logits loss."""
+equal to the full-logits loss, the on-policy shortcut equal to the full path."""
 
 import dataclasses
 
@@ -12,12 +12,18 @@ from flax import nnx
 
 import jaxrl_llm.algorithms as alg
 from jaxrl_llm.learner import steps
-from jaxrl_llm.learner.experience import shift_right
+from jaxrl_llm.learner.experience import make_experience_fn, shift_right
 from jaxrl_llm.learner.rl_config import AlgoConfig
 from jaxrl_llm.learner.state import TrainState
-from jaxrl_llm.learner.steps import make_critic_step, make_policy_step, to_micro_batches
+from jaxrl_llm.learner.steps import (
+    make_critic_step,
+    make_micro_batch_fn,
+    make_policy_step,
+    to_micro_batches,
+)
 from jaxrl_llm.models import ValueModel, init_model
 from jaxrl_llm.sharding import build_mesh
+from jaxrl_llm.sharding.hosts import batch_sharding
 from jaxrl_llm.testing import tiny_config
 from jaxrl_llm.types import TrainBatch
 
@@ -145,3 +151,40 @@ def test_policy_step_equals_the_full_logits_loss(monkeypatch, entropy_coef):
     monkeypatch.setattr(steps, "policy_logprobs", _full_logits_logprobs)
     want = _run_policy(model, batch, 4, algo)
     _assert_same_update(got, want)
+
+
+@pytest.mark.parametrize("policy_loss", ["ppo", "gspo"])
+def test_on_policy_shortcut_equals_the_full_path(policy_loss):
+    """One epoch of one mini-batch: the step's own logprobs (stop_gradient) as the old ones
+    give the update of the full path, whose old logprobs come from the experience pass;
+    `batch.old_logprobs` is not read (NaN here). The rollout mismatch metrics come from the
+    step and equal those of the experience pass over the trained tokens."""
+    model = init_model(CFG, seed=6)
+    graphdef, params = nnx.split(model)
+    batch = _batch(5)
+    algo = dataclasses.replace(ALGO, policy_loss=policy_loss)
+    experience = make_experience_fn(graphdef, None, algo, temperature=0.8, group_size=2,
+                                    micro_batch=4)  # fmt: skip
+    full_batch, _, exp_metrics = experience(
+        params, None, None, batch.input_ids, batch.loss_mask, batch.loss_mask,
+        jnp.zeros(B), batch.rollout_logprobs,
+    )  # fmt: skip
+    full = dataclasses.replace(batch, old_logprobs=full_batch.old_logprobs)
+    want = _run_policy(model, full, 4, algo)
+    blind = dataclasses.replace(batch, old_logprobs=jnp.full((B, T), jnp.nan))
+    got = _run_policy(model, blind, 4, algo, on_policy=True)
+    _assert_same_update(got, want)
+    for k in ("rollout/logprob_diff/mean", "rollout/logprob_diff/max"):
+        assert k not in want[1]
+        np.testing.assert_allclose(float(got[1][k]), float(exp_metrics[k]), rtol=1e-5, err_msg=k)
+
+
+def test_micro_batches_are_cut_on_the_mesh():
+    mesh = build_mesh(data=1, fsdp=2, tensor=4)
+    batch = _batch(6)
+    rows = jnp.asarray([5, 0, 7, 2], jnp.int32)
+    got = make_micro_batch_fn(mesh, 2)(batch, rows)
+    want = to_micro_batches(batch, np.asarray(rows), 2)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert a.sharding.is_equivalent_to(batch_sharding(mesh, a.shape, axis=1), a.ndim)
