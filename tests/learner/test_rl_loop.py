@@ -143,8 +143,8 @@ def test_existing_run_dir_needs_resume(tmp_path):
         run_rl(_config(tmp_path / "r", "RLConfig.steps = 3"))
 
 
-def _train_cmd(run_dir, *, resume=False):
-    params = [*TINY_RL_PARAMS, f"RLConfig.run_dir = '{run_dir}'"]
+def _train_cmd(run_dir, *extra, resume=False):
+    params = [*TINY_RL_PARAMS, f"RLConfig.run_dir = '{run_dir}'", *extra]
     cmd = [sys.executable, "-c", "import sys, jaxrl_llm.testing as t; t.register_test_rewards(); "
            "from jaxrl_llm.cli import main; "
            "sys.exit(main(sys.argv[1:]))", "train"]  # fmt: skip
@@ -154,32 +154,38 @@ def _train_cmd(run_dir, *, resume=False):
 
 
 def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
+    # Long enough (24 steps, checkpoints every 3) that the kill lands mid-run however late
+    # this process sees step 3's checkpoint on a loaded machine: a 6-step run once ended
+    # in the ~0.3 s between its checkpoint 3 and its exit, before it could be killed.
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    steps = "RLConfig.steps = 24"
     straight = tmp_path / "straight"
-    subprocess.run(_train_cmd(straight), env=env, check=True, capture_output=True, timeout=600)
+    subprocess.run(_train_cmd(straight, steps), env=env, check=True, capture_output=True,
+                   timeout=600)  # fmt: skip
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_train_cmd(killed), env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(_train_cmd(killed, steps), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.time() + 600
     try:
-        # Kill as soon as step 3's checkpoint is complete: mid-run, before step 6's.
+        # Kill as soon as step 3's checkpoint is complete.
         while time.time() < deadline and not (killed / "checkpoints" / "3").is_dir():
             if proc.poll() is not None:
                 pytest.fail("training ended before it could be killed")
             time.sleep(0.05)
+        assert proc.poll() is None, "training ended before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
-    assert not (killed / "checkpoints" / "6").exists()
-    assert len(read_metrics(killed)) < 6
-    subprocess.run(_train_cmd(killed, resume=True), env=env, check=True, capture_output=True,
-                   timeout=600)  # fmt: skip
+    assert not (killed / "checkpoints" / "24").exists()
+    assert len(read_metrics(killed)) < 24
+    subprocess.run(_train_cmd(killed, steps, resume=True), env=env, check=True,
+                   capture_output=True, timeout=600)  # fmt: skip
     a, b = _comparable(read_metrics(straight)), _comparable(read_metrics(killed))
-    assert [r["step"] for r in b] == [r["step"] for r in a] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in b] == [r["step"] for r in a] == list(range(1, 25))
     for ra, rb in zip(a, b):
         assert ra.keys() == rb.keys()
         for k in ra:
