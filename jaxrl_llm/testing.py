@@ -54,16 +54,17 @@ def write_reference_checkpoint(
     dtype: str = "float32",
     **overrides: Any,
 ):
-    """Save a randomly initialised HF Qwen2/Llama model to `path`; returns the torch model.
+    """Save a randomly initialised HF Qwen2/Qwen3/Llama model to `path`; returns the torch model.
 
     Weights are perturbed away from HF's init (zero biases, unit norms) so that every
     parameter, biases and norm weights included, affects the logits.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
-    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
-    config_cls, model_cls = classes[model_type]
+    arch = {"qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama"}[model_type]
+    config_cls = getattr(transformers, f"{arch}Config")
+    model_cls = getattr(transformers, f"{arch}ForCausalLM")
     kwargs = {**TINY_SHAPES, **overrides}
     torch.manual_seed(seed)
     config = config_cls(**kwargs)

@@ -1,9 +1,18 @@
-"""Model configuration: one frozen dataclass for the Qwen2/Qwen2.5 and Llama-3 families.
+"""Model configuration: one frozen dataclass for the Qwen2/Qwen2.5, Qwen3 (dense) and
+Llama-3 families.
 
 `ModelConfig.from_hf(dict)` reads a Hugging Face `config.json` (both the transformers 4.x
 keys `rope_theta`/`rope_scaling` and the 5.x `rope_parameters` dict) and `to_hf()` writes one
 that `transformers.AutoConfig` reads back. Anything we do not implement raises
 `UnsupportedModelError` naming the field, rather than silently computing something else.
+
+Family differences carried as flags: Qwen2 has q/k/v biases; Qwen3 has none but normalises
+each head's queries and keys (RMSNorm over H, before RoPE: `qk_norm`) and may have
+`head_dim != hidden_size / num_heads`; Llama has optional attention and MLP biases.
+
+Stopping: `eos_token_id` is `config.json`'s value (written back unchanged); `stop_token_ids`
+holds the further ids that end a sample (`generation_config.json`'s `eos_token_id` and the
+chat template's end-of-turn token, read by `hf_io`), and `eos_token_ids` is their union.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import jax.numpy as jnp
 
 SUPPORTED_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
     "llama": "LlamaForCausalLM",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -73,11 +83,14 @@ class ModelConfig:
     qkv_bias: bool = True
     o_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
+    # Further ids that end a sample (generation_config.json, the chat template's end of turn).
+    stop_token_ids: tuple[int, ...] = ()
     # Numerics, not part of the checkpoint: parameter storage and activation dtypes.
     param_dtype: str = "float32"
     dtype: str = "float32"
@@ -106,11 +119,8 @@ class ModelConfig:
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        if self.eos_token_id is None:
-            return ()
-        if isinstance(self.eos_token_id, int):
-            return (self.eos_token_id,)
-        return tuple(self.eos_token_id)
+        """Every id that ends a sample: config.json's eos first, then `stop_token_ids`."""
+        return merge_token_ids(self.eos_token_id, self.stop_token_ids)
 
     # ---- Hugging Face config.json ----
     @classmethod
@@ -129,8 +139,12 @@ class ModelConfig:
         hidden = hf["hidden_size"]
         heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hidden // heads
+        qk_norm = model_type == "qwen3"
         if model_type == "qwen2":
             qkv_bias, o_bias, mlp_bias = True, False, False
+        elif model_type == "qwen3":
+            qkv_bias = o_bias = bool(hf.get("attention_bias", False))
+            mlp_bias = False
         else:
             qkv_bias = o_bias = bool(hf.get("attention_bias", False))
             mlp_bias = bool(hf.get("mlp_bias", False))
@@ -148,6 +162,7 @@ class ModelConfig:
             qkv_bias=qkv_bias,
             o_bias=o_bias,
             mlp_bias=mlp_bias,
+            qk_norm=qk_norm,
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             bos_token_id=hf.get("bos_token_id"),
@@ -199,7 +214,22 @@ class ModelConfig:
             out["mlp_bias"] = self.mlp_bias
         else:
             out["use_sliding_window"] = False
+        if self.model_type == "qwen3":
+            out["attention_bias"] = self.qkv_bias
         return out
+
+
+def merge_token_ids(*groups: int | list[int] | tuple[int, ...] | None) -> tuple[int, ...]:
+    """Ids from each group (an int, a list, or None) in order, each once."""
+    out: list[int] = []
+    for group in groups:
+        ids = [] if group is None else [group] if isinstance(group, int) else group
+        for i in ids:
+            if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+                raise ValueError(f"token ids must be non-negative ints, got {i!r} in {group!r}")
+            if i not in out:
+                out.append(i)
+    return tuple(out)
 
 
 def _rope_from_hf(hf: dict[str, Any]) -> RopeConfig:

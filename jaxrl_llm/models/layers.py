@@ -38,8 +38,9 @@ _ones = nnx.initializers.ones
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs):
-        self.weight = make_param(rngs, _ones, (dim,), (None,), param_dtype)
+    def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs, axis=None):
+        """`axis`: the weight's logical axis name (None: replicated; ax.HEAD_DIM for q/k)."""
+        self.weight = make_param(rngs, _ones, (dim,), (axis,), param_dtype)
         self.eps = eps
 
     def __call__(self, x: Array) -> Array:
@@ -107,6 +108,11 @@ class Attention(nnx.Module):
             self.v_bias = make_param(rngs, _zeros, (K, H), (ax.KV_HEADS, ax.HEAD_DIM), pd)
         if cfg.o_bias:
             self.o_bias = make_param(rngs, _zeros, (D,), (None,), pd)
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's H dims, before RoPE
+            eps = cfg.rms_norm_eps
+            self.q_norm = RMSNorm(H, eps, param_dtype=pd, rngs=rngs, axis=ax.HEAD_DIM)
+            self.k_norm = RMSNorm(H, eps, param_dtype=pd, rngs=rngs, axis=ax.HEAD_DIM)
+        self.qk_norm = cfg.qk_norm
         self.qkv_bias = cfg.qkv_bias
         self.use_o_bias = cfg.o_bias
         self.scale = cfg.head_dim**-0.5
@@ -166,7 +172,8 @@ class Attention(nnx.Module):
         return self.output(out), kv_pages
 
     def project(self, x: Array, cos: Array, sin: Array, ctx: ShardingContext | None):
-        """q [B,T,N,H], k, v [B,T,K,H] with rotary embeddings applied to q and k."""
+        """q [B,T,N,H], k, v [B,T,K,H] with rotary embeddings applied to q and k (after the
+        q/k norm when the family has one: full, cached and paged paths all come here)."""
         dtype = x.dtype
         q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dtype))
         k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dtype))
@@ -175,6 +182,8 @@ class Attention(nnx.Module):
             q = q + self.q_bias[...].astype(dtype)
             k = k + self.k_bias[...].astype(dtype)
             v = v + self.v_bias[...].astype(dtype)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = constrain(apply_rope(q, cos, sin), (ax.BATCH, ax.SEQ, ax.ACT_HEADS, None), ctx)
         k = constrain(apply_rope(k, cos, sin), (ax.BATCH, ax.SEQ, ax.ACT_KV_HEADS, None), ctx)
         v = constrain(v, (ax.BATCH, ax.SEQ, ax.ACT_KV_HEADS, None), ctx)
