@@ -30,7 +30,8 @@ from jax.sharding import Mesh
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from jaxrl_llm.models.config import ModelConfig, UnsupportedModelError, as_dtype
+from jaxrl_llm.models.config import ModelConfig, UnsupportedModelError, as_dtype, merge_token_ids
+from jaxrl_llm.models.stop_tokens import GENERATION_CONFIG, StopTokenError, read_stop_token_ids
 from jaxrl_llm.models.transformer import CausalLM, ValueModel
 from jaxrl_llm.sharding.hosts import to_host
 from jaxrl_llm.sharding.rules import (
@@ -163,19 +164,22 @@ def from_pretrained(
     cls: type[CausalLM] | type[ValueModel] = CausalLM,
     remat: bool = False,
 ) -> CausalLM | ValueModel:
-    """Load a Qwen2/Llama safetensors checkpoint into a `CausalLM` (or `ValueModel`).
+    """Load a Qwen2/Qwen3/Llama safetensors checkpoint into a `CausalLM` (or `ValueModel`).
 
     `dtype` is the compute dtype and, unless `param_dtype` is given, the storage dtype.
+    The config's `stop_token_ids` come from `generation_config.json` and the chat template.
     With `mesh`, parameters are placed in their `rules` sharding as they are read.
     A `ValueModel` loaded from a policy checkpoint gets a zero-initialised score head.
     """
     path = Path(path)
     param_dtype = param_dtype or dtype
+    hf = read_config(path)
     cfg = ModelConfig.from_hf(
-        read_config(path),
+        hf,
         dtype=str(as_dtype(dtype)),
         param_dtype=str(as_dtype(param_dtype)),
         remat=remat,
+        stop_token_ids=extra_stop_ids(path, hf.get("eos_token_id")),
     )
     files = _weight_files(path)
     ctx = ShardingContext(mesh, rules) if mesh is not None else None
@@ -211,6 +215,16 @@ def from_pretrained(
     if unused:
         log.warning("%s: %d tensors not used, e.g. %s", path, len(unused), unused[:5])
     return nnx.merge(graphdef, state)
+
+
+def extra_stop_ids(path: Path, eos_token_id) -> tuple[int, ...]:
+    """Stop ids beyond config.json's eos (`stop_tokens.read_stop_token_ids`)."""
+    try:
+        ids = read_stop_token_ids(path)
+    except StopTokenError as e:
+        raise CheckpointError(str(e)) from e
+    eos = merge_token_ids(eos_token_id)
+    return tuple(i for i in ids if i not in eos)
 
 
 def _place(value: np.ndarray, logical_axes, mesh: Mesh | None, rules: Rules) -> jax.Array:
@@ -261,6 +275,11 @@ def save_pretrained(
             architectures=[arch], num_labels=1, id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0}
         )
     (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    if cfg.stop_token_ids:  # where transformers' generate (and our loader) read them
+        generation = {"eos_token_id": list(cfg.eos_token_ids)}
+        if cfg.pad_token_id is not None:
+            generation["pad_token_id"] = cfg.pad_token_id
+        (path / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
     meta = {"format": "pt"}
     if len(shards) == 1:
         save_file(shards[0], str(path / SINGLE_FILE), metadata=meta)
