@@ -1,9 +1,15 @@
 """Dependencies point one way (docs/architecture.md): read every module's imports with `ast`
-(function-level imports included) and check the package layers and the absence of cycles."""
+(function-level imports included) and check the package layers and the absence of cycles.
+And the heavy ones stay out of training: no TensorFlow or seqio in a training run."""
 
 import ast
 import collections
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import jaxrl_llm
 
@@ -73,3 +79,78 @@ def test_the_checker_sees_function_level_imports():
     graph = _import_graph()
     assert "jaxrl_llm.rollout" in graph["jaxrl_llm.rollout.stage"]
     assert "jaxrl_llm.learner.rl_config" in graph["jaxrl_llm.config"]
+
+
+# Run the CLI in a fresh interpreter and report, at exit, which heavy libraries it loaded.
+_REPORT_HEAVY = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('HEAVY=' + ','.join(m for m in ('tensorflow', 'seqio')"
+    " if m in sys.modules)))\n"
+    "from jaxrl_llm.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+# Lines TensorFlow and absl print at start-up; none may reach a training run's output.
+_BANNERS = ("oneDNN custom operations", "cuda drivers", "absl::InitializeLog")
+
+
+def _run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user
+    return subprocess.run(
+        [sys.executable, "-c", _REPORT_HEAVY, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _heavy_modules(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("HEAVY=")]
+    return line.removeprefix("HEAVY=")
+
+
+def test_train_help_imports_neither_tensorflow_nor_seqio(tmp_path):
+    proc = _run_cli(["train", "--help"], tmp_path)
+    assert _heavy_modules(proc) == ""
+    assert "--gin_file" in proc.stdout
+
+
+@pytest.mark.slow  # measured: 18 s (a one-step run with its start-up)
+def test_one_step_training_run_imports_neither_tensorflow_nor_seqio(tmp_path):
+    """The rollout engine subclasses JetStream's Engine, whose module imports seqio (and so
+    TensorFlow) through `token_utils`; `rollout/jetstream_compat.py` makes that lazy."""
+    tiny = {
+        "RLConfig.steps": "1",
+        "DataConfig.val_size": "4",
+        "DataConfig.prompts_per_step": "2",
+        "RolloutConfig.n": "2",
+        "RolloutConfig.max_new_tokens": "8",
+        "AlgoConfig.mini_batches": "1",
+    }
+    params = [f"--gin_param={k}={v}" for k, v in tiny.items()]
+    proc = _run_cli(["train", "--run_dir", str(tmp_path / "run"), *params], tmp_path)
+    assert _heavy_modules(proc) == ""
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()
+    output = proc.stdout + proc.stderr
+    assert [b for b in _BANNERS if b in output] == []
+
+
+@pytest.mark.slow  # measured: 4.7 s (imports TensorFlow on purpose)
+def test_the_engine_loads_jetstreams_token_utils_only_when_it_is_read():
+    """In this process other tests may have loaded seqio already; check the mechanism on a
+    fresh interpreter: the Engine class imports, `token_utils` loads on first attribute."""
+    code = (
+        "import sys\n"
+        "from jaxrl_llm.rollout.engine import Engine\n"
+        "from jetstream.engine import engine_api\n"
+        "assert issubclass(Engine, engine_api.Engine)\n"
+        "print('seqio' in sys.modules)\n"
+        "from jaxrl_llm.rollout import jetstream_compat\n"
+        "jetstream_compat.token_utils.pad_tokens\n"
+        "print('seqio' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["False", "True"]

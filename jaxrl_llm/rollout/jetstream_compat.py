@@ -1,10 +1,15 @@
 """The one place that adapts google-jetstream 0.2.2 to current JAX and to our checkpoints.
 
-Importing this module imports `jetstream.engine.engine_api`, which pulls in seqio and
-TensorFlow (5-8 s, ~800 MB): only the rollout package's engine, server and commands
-import it, never `import jaxrl_llm`.
-
 What it fixes, and why:
+0. `jetstream.engine.engine_api` imports `token_utils` at module level, and `token_utils`
+   imports seqio, which imports TensorFlow (measured: 5.8 s and 840 MB RSS for the import,
+   plus TensorFlow's start-up banner on stderr). The Engine API reads `token_utils` only
+   inside `Engine.build_tokenizer`'s default, which ours overrides; the training path
+   never calls it. So `token_utils` is registered with `importlib.util.LazyLoader`
+   before `engine_api` is imported: it runs (and pulls in seqio) only when an attribute of
+   it is first read, which happens in `jaxrl-llm serve` (JetStream's orchestrator and
+   `HFTokenizer.pad`), never in training. If something imported it already, the loaded
+   module is used as is.
 1. `jetstream.core.orchestrator.delete_pytree` calls `jax.tree_map`, removed from JAX.
    `patch_orchestrator()` rebinds that module-level function to one using `jax.tree.map`
    (the generate thread looks the name up in the module at call time), rather than
@@ -18,11 +23,41 @@ What it fixes, and why:
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from typing import Any
 
 import jax
 import numpy as np
-from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_pb2
+
+
+def _register_lazy_module(name: str) -> None:
+    """Put `name` in `sys.modules` as a module whose code runs on first attribute access.
+
+    It is also set as its package's attribute: `from package import name` then reads that
+    attribute instead of going through the import system, which would touch (and so load)
+    the module to check whether it is still initialising.
+    """
+    if name in sys.modules:
+        return
+    package, _, child = name.rpartition(".")
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{name} not found: is google-jetstream installed?")
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    setattr(importlib.import_module(package), child, module)
+
+
+_register_lazy_module("jetstream.engine.token_utils")
+from jetstream.engine import (  # noqa: E402  (after token_utils is made lazy)
+    engine_api,
+    token_utils,
+    tokenizer_api,
+    tokenizer_pb2,
+)
 
 __all__ = ["HFTokenizer", "engine_api", "patch_orchestrator", "tokenizer_pb2"]
 
