@@ -1,8 +1,17 @@
-"""`RewardConfig`: which verifiable reward scores an RL run, and its worker pool (gin)."""
+"""`RewardConfig`: which rewards score an RL run, their weights, and the worker pool (gin).
+
+One reward:      RewardConfig.name = "math"                      (registered name)
+                 RewardConfig.name = "mypkg.rewards:brevity"     (import path)
+Several, summed: RewardConfig.weights = {"math": 1.0, "mypkg.rewards:brevity": 0.1}
+                 (a value may be (weight, {option: value}) for that reward's own options)
+Every reward is offered `correct`, `incorrect`, `code_failure_penalty` and `timeout_s` and
+takes those it declares as parameters. See docs/rewards.md.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import gin
 
@@ -10,24 +19,61 @@ import gin
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-    name: str = "math"
+    name: str = "math"  # used when `weights` is None
+    weights: dict[str, Any] | None = None  # {reward: weight | (weight, options)}
     correct: float = 1.0
     incorrect: float = 0.0
     code_failure_penalty: float = 0.0
     timeout_s: float = 5.0
     workers: int = 2
+    # A batch where more than this fraction of samples made the reward raise stops the run.
+    max_error_frac: float = 0.5
+
+    def __post_init__(self):
+        if not 0.0 <= self.max_error_frac <= 1.0:
+            raise ValueError(
+                f"RewardConfig.max_error_frac = {self.max_error_frac!r}: expected a fraction "
+                "in [0, 1]"
+            )
+        if self.weights is not None and not self.weights:
+            raise ValueError("RewardConfig.weights = {}: give at least one reward, or None")
+        if self.weights is not None and self.name != "math" and self.name not in self.weights:
+            raise ValueError(
+                f"RewardConfig.name = {self.name!r} is not among RewardConfig.weights "
+                f"{sorted(self.weights)}: with weights set, name is unused; add it to weights "
+                "or drop the name binding"
+            )
+
+    @property
+    def offered(self) -> dict[str, Any]:
+        """The settings every reward may declare and take."""
+        return {
+            "correct": self.correct,
+            "incorrect": self.incorrect,
+            "code_failure_penalty": self.code_failure_penalty,
+            "timeout_s": self.timeout_s,
+        }
+
+
+def configured_reward(cfg: RewardConfig):
+    """The configured reward as `fn(response, example) -> float` (picklable): `cfg.name`
+    alone, or the weighted sum of `cfg.weights`."""
+    from jaxrl_llm.rewards.registry import build_reward, combine_rewards, declared_options
+
+    if cfg.weights is None:
+        return build_reward(cfg.name, **declared_options(cfg.name, cfg.offered))
+    return combine_rewards(dict(cfg.weights), offered=cfg.offered)
 
 
 def build_reward_pool(cfg: RewardConfig):
-    """A `RewardPool` of `cfg.workers` processes scoring with reward `cfg.name`; each reward
-    takes the options it declares (e.g. `math`: the code penalty and time limit)."""
+    """A `RewardPool` of `cfg.workers` processes scoring with `configured_reward(cfg)`; every name
+    and option is checked here, before any worker starts."""
     from jaxrl_llm.rewards.pool import RewardPool
-    from jaxrl_llm.rewards.registry import get_reward_declared
 
-    fn = get_reward_declared(
-        cfg.name, correct=cfg.correct, incorrect=cfg.incorrect,
-        code_failure_penalty=cfg.code_failure_penalty, timeout_s=cfg.timeout_s,
-    )  # fmt: skip
     return RewardPool(
-        fn, num_workers=cfg.workers, timeout_s=cfg.timeout_s, timeout_value=cfg.incorrect
+        configured_reward(cfg),
+        num_workers=cfg.workers,
+        timeout_s=cfg.timeout_s,
+        timeout_value=cfg.incorrect,
+        max_error_frac=cfg.max_error_frac,
     )

@@ -1,12 +1,18 @@
-"""Finding the final answer in a model's response.
+"""Finding the final answer in a model's response (and in a dataset's gold answer).
 
 `extract_answer` tries, in order, the strategies named in `fallbacks`:
   "boxed"       the content of the last \\boxed{...} (or \\fbox{...}), nested braces included;
                 also the brace-less form "\\boxed 5";
-  "answer_is"   the last "the (final) answer is X" (to the end of its sentence or line);
+  "gsm8k"       what follows the last "#### " on its line (GSM8K's format), thousands
+                separators dropped ("#### 1,200" -> "1200");
+  "answer_is"   the last "the (final) answer is X" / "Answer: X" (to the end of its sentence
+                or line);
   "answer_tag"  the content of the last <answer>...</answer>;
   "last_number" the last integer, decimal or simple fraction in the text.
-The default is ("boxed",) alone: fallbacks reward answers the prompt did not ask for.
+The default, `DEFAULT_FALLBACKS`, is the three explicit final-answer markers (boxed, ####,
+"the answer is"); "last_number" is never on by default: it rewards answers the prompt did
+not ask for. `gold_answer` reads a dataset's answer field the same way, so a GSM8K solution
+("... #### 72") or a MATH solution ("... \\boxed{72}") compares as "72".
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-FALLBACKS = ("boxed", "answer_is", "answer_tag", "last_number")
+FALLBACKS = ("boxed", "gsm8k", "answer_is", "answer_tag", "last_number")
+DEFAULT_FALLBACKS = ("boxed", "gsm8k", "answer_is")
+_GSM8K = re.compile(r"####[ \t]*([^\n]*?)[ \t]*$", re.MULTILINE)
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*(\{)?")
 _ANSWER_IS = re.compile(
     r"(?:final answer|answer)\s*(?:is|:)\s*:?\s*(.+?)(?:\.\s|\.$|\n|$)", re.IGNORECASE
@@ -50,11 +59,19 @@ def last_tag(text: str, tag: str) -> str | None:
     return matches[-1].strip() if matches else None
 
 
-def extract_answer(text: str, fallbacks: Sequence[str] = ("boxed",)) -> str | None:
+def last_gsm8k(text: str) -> str | None:
+    """What follows the last "####" on its line, thousands separators dropped; None if none."""
+    matches = [m for m in _GSM8K.findall(text) if m.strip()]
+    return _THOUSANDS.sub("", matches[-1]).strip().rstrip(".") if matches else None
+
+
+def extract_answer(text: str, fallbacks: Sequence[str] = DEFAULT_FALLBACKS) -> str | None:
     """The final answer by the first strategy in `fallbacks` that finds one (or None)."""
     for name in fallbacks:
         if name == "boxed":
             answer = last_boxed(text)
+        elif name == "gsm8k":
+            answer = last_gsm8k(text)
         elif name == "answer_is":
             matches = _ANSWER_IS.findall(text)
             answer = matches[-1].strip().strip("$").strip() if matches else None
@@ -68,3 +85,13 @@ def extract_answer(text: str, fallbacks: Sequence[str] = ("boxed",)) -> str | No
         if answer:
             return answer
     return None
+
+
+def gold_answer(ground_truth: str) -> str:
+    """A dataset's answer field as a bare answer: the part after GSM8K's "####" or inside the
+    last \\boxed{} of a worked solution; any other text unchanged."""
+    if "####" in ground_truth:
+        return last_gsm8k(ground_truth) or ground_truth
+    if "\\boxed" in ground_truth or "\\fbox" in ground_truth:
+        return last_boxed(ground_truth) or ground_truth
+    return ground_truth

@@ -8,18 +8,46 @@ sample scores `timeout_value`. Other samples are unaffected; the batch never sta
 Each worker reports "ready" after its imports, and a sample's clock starts only then, so a
 slow start (a replacement worker: ~0.6 s here to spawn and import math_verify) never turns
 into a false timeout.
+
+A reward that raises scores `timeout_value` too, and is reported, never hidden: each failed
+sample is in `last_failures` (a `ScoreFailure`), the first traceback of each exception type is
+logged once per pool, and `check_errors` stops a run when more than `max_error_frac` of a
+batch raised (a reward bug must not silently train on constant scores).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import multiprocessing
 import queue
 import threading
-from collections.abc import Callable, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 STARTUP_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreFailure:
+    """Why a sample has no score. kind: "timeout", "error" (the reward raised; `error_type`
+    and `traceback` from the worker) or "worker_died" (e.g. killed for memory)."""
+
+    kind: str
+    message: str = ""
+    error_type: str = ""
+    traceback: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}" if self.message else self.kind
+
+
+class RewardErrors(RuntimeError):
+    """More than `max_error_frac` of a batch's samples made the reward raise."""
 
 
 def _serve(conn, reward_fn: Callable[[str, Any], float]) -> None:
@@ -31,11 +59,12 @@ def _serve(conn, reward_fn: Callable[[str, Any], float]) -> None:
             return
         if item is None:
             return
-        response, ground_truth = item
+        response, example = item
         try:
-            conn.send(("ok", float(reward_fn(response, ground_truth))))
-        except Exception as e:  # a reward bug must not kill the worker silently
-            conn.send(("error", f"{type(e).__name__}: {e}"))
+            conn.send(("ok", float(reward_fn(response, example))))
+        except Exception as e:  # a reward bug must not kill the worker: report it
+            kind = f"{type(e).__module__}.{type(e).__qualname__}"
+            conn.send(("error", (kind, f"{type(e).__name__}: {e}", traceback.format_exc())))
 
 
 class _Worker:
@@ -50,19 +79,19 @@ class _Worker:
         self.process.start()
         child.close()
 
-    def score(self, response: str, ground_truth: Any, timeout_s: float) -> tuple[str, Any]:
+    def score(self, response: str, example: Any, timeout_s: float) -> tuple[str, Any]:
         try:
             if not self.ready:  # a fresh worker's start-up is not charged to the sample
                 if not self.conn.poll(STARTUP_TIMEOUT_S):
                     raise OSError("worker did not start")
                 self.conn.recv()
                 self.ready = True
-            self.conn.send((response, ground_truth))
+            self.conn.send((response, example))
             if self.conn.poll(timeout_s):
                 return self.conn.recv()
             status: tuple[str, Any] = ("timeout", None)
         except (EOFError, OSError) as e:  # the worker died (e.g. out of memory)
-            status = ("error", f"worker died: {e}")
+            status = ("worker_died", str(e))
         self.restart()
         return status
 
@@ -83,11 +112,11 @@ class _Worker:
 
 
 class RewardPool:
-    """Scores (response, ground_truth) pairs in `num_workers` processes with a hard limit.
+    """Scores (response, example) pairs in `num_workers` processes with a hard time limit.
 
-    reward_fn must be picklable: a module-level function, a functools.partial of one, or
-    `registry.combine_rewards(...)`. Samples that time out or raise score `timeout_value`
-    (default -1.0, math_reward's incorrect value); `last_failures` says which and why.
+    `reward_fn(response, example) -> float` must be picklable: a module-level function, a
+    functools.partial of one, a `registry.Reward` or `registry.combine_rewards(...)`. Samples
+    that time out or raise score `timeout_value`; `last_failures` says which and why.
     """
 
     def __init__(
@@ -97,23 +126,30 @@ class RewardPool:
         num_workers: int = 2,
         timeout_s: float = 10.0,
         timeout_value: float = -1.0,
+        max_error_frac: float = 0.5,
     ):
+        if not 0.0 <= max_error_frac <= 1.0:
+            raise ValueError(f"max_error_frac must be in [0, 1], got {max_error_frac!r}")
         ctx = multiprocessing.get_context("spawn")
         self.timeout_s = timeout_s
         self.timeout_value = timeout_value
+        self.max_error_frac = max_error_frac
         self._workers = [_Worker(ctx, reward_fn) for _ in range(num_workers)]
         self._lock = threading.Lock()
-        self.last_failures: dict[int, str] = {}
+        self._logged: set[str] = set()
+        self.last_failures: dict[int, ScoreFailure] = {}
 
-    def score(self, responses: Sequence[str], ground_truths: Sequence[Any]) -> list[float]:
-        if len(responses) != len(ground_truths):
-            raise ValueError(f"{len(responses)} responses but {len(ground_truths)} ground truths")
+    def score(self, responses: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> list[float]:
+        """Each response's score against its example (the data row); failures are recorded
+        in `last_failures` and the first traceback of each exception type is logged."""
+        if len(responses) != len(examples):
+            raise ValueError(f"{len(responses)} responses but {len(examples)} examples")
         with self._lock:  # one batch at a time; its samples spread over the workers
             tasks: queue.SimpleQueue[int] = queue.SimpleQueue()
             for i in range(len(responses)):
                 tasks.put(i)
             scores: list[float] = [self.timeout_value] * len(responses)
-            failures: dict[int, str] = {}
+            failures: dict[int, ScoreFailure] = {}
 
             def drain(worker: _Worker) -> None:
                 while True:
@@ -121,19 +157,46 @@ class RewardPool:
                         i = tasks.get_nowait()
                     except queue.Empty:
                         return
-                    status, value = worker.score(responses[i], ground_truths[i], self.timeout_s)
+                    status, value = worker.score(responses[i], examples[i], self.timeout_s)
                     if status == "ok":
                         scores[i] = value
+                    elif status == "error":
+                        failures[i] = ScoreFailure("error", value[1], value[0], value[2])
                     else:
-                        failures[i] = status if value is None else f"{status}: {value}"
+                        failures[i] = ScoreFailure(status, value or "")
 
             threads = [threading.Thread(target=drain, args=(w,)) for w in self._workers]
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
-            self.last_failures = failures
+            self.last_failures = dict(sorted(failures.items()))
+            self._log_new_errors()
             return scores
+
+    def _log_new_errors(self) -> None:
+        for failure in self.last_failures.values():
+            if failure.kind == "error" and failure.error_type not in self._logged:
+                self._logged.add(failure.error_type)
+                log.error(
+                    "the reward raised %s (logged once per exception type; every failed "
+                    "sample scores %s and is counted in reward/errors):\n%s",
+                    failure.error_type, self.timeout_value, failure.traceback.rstrip(),
+                )  # fmt: skip
+
+    def check_errors(self, errors: int, total: int, first_error: str = "") -> None:
+        """Raises `RewardErrors` when more than `max_error_frac` of `total` samples raised.
+        The caller passes counts over the whole batch (all hosts), so every host decides
+        alike."""
+        if total and errors / total > self.max_error_frac:
+            raise RewardErrors(
+                f"the reward raised on {errors} of {total} samples of a batch, more than "
+                f"RewardConfig.max_error_frac = {self.max_error_frac}; first error: "
+                f"{first_error or 'see the traceback logged above'}. Fix the reward (the "
+                "first traceback of each exception type is in the log), or raise "
+                "RewardConfig.max_error_frac to keep training with those samples at "
+                f"{self.timeout_value}."
+            )
 
     def close(self) -> None:
         for worker in self._workers:

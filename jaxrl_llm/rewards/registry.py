@@ -1,11 +1,20 @@
-"""Rewards by name, and their weighted combination: the one place configs pick rewards.
+"""Rewards by name or import path, and their weighted combination: how configs pick rewards.
 
+A reward is `fn(response, example, **options) -> float`: `example` is the whole data row
+(`example["prompt"]`, `example["answer"]` and every other column of the file). A config
+names one by a registered name ("math") or by import path ("mypkg.rewards:brevity"), e.g.
+
+    reward = build_reward("mypkg.rewards:brevity")
+    reward(response, {"prompt": "...", "answer": "42", "source": "gsm8k"}) -> float
     reward = combine_rewards({"math": 1.0, "format": (0.1, {"style": "boxed"})})
-    reward(response, ground_truth) -> float          # sum of weight * component
-    reward.components(response, ground_truth)        # {"math": ..., "format": ...} for logs
+    reward.components(response, example)   # {"math": ..., "format": ...} for logs
 
-Names and options are checked when the reward is built (unknown name or option: an error
-listing what exists), so a typo fails at start-up, before anything compiles.
+The built-ins (`math`, `exact_match`, `format`, `code_failure`) keep their public form
+`fn(response, ground_truth, **options)` (e.g. `math_reward(response, "42")`); they are
+registered with `gets="answer"`, so the row's "answer" is what they receive. Names, paths and
+options are checked when a reward is built (an error says what exists), so a typo fails at
+start-up, before anything compiles. `Reward` and `CombinedReward` hold the functions
+themselves, pickled by module and name, so `RewardPool`'s spawned workers import them.
 """
 
 from __future__ import annotations
@@ -17,8 +26,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxrl_llm.rewards import verifiable
+from jaxrl_llm.tools.factory import resolve_import_path
 
 RewardFn = Callable[..., float]
+GETS = ("example", "answer")
 
 _REGISTRY: dict[str, RewardFn] = {
     "math": verifiable.math_reward,
@@ -26,15 +37,27 @@ _REGISTRY: dict[str, RewardFn] = {
     "format": verifiable.format_reward,
     "code_failure": verifiable.code_failure_reward,
 }
+# Registered rewards whose second argument is the row's "answer" rather than the row.
+_GETS_ANSWER: set[str] = set(_REGISTRY)
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator adding `fn(response, ground_truth, **options) -> float` under `name`."""
+def register_reward(name: str, *, gets: str = "example") -> Callable[[RewardFn], RewardFn]:
+    """Decorator adding `fn(response, example, **options) -> float` under `name`.
+
+    `gets="answer"`: the function's second argument is `example["answer"]` (the ground
+    truth) instead of the whole row. The function must be importable by its module and
+    name (defined at module level) for `RewardPool`'s worker processes to find it.
+    """
+    if gets not in GETS:
+        raise ValueError(f"register_reward(gets={gets!r}): choose from {GETS}")
 
     def add(fn: RewardFn) -> RewardFn:
+        if ":" in name:
+            raise ValueError(f"reward name {name!r} must not contain ':' (that marks a path)")
         if name in _REGISTRY and _REGISTRY[name] is not fn:
             raise ValueError(f"reward {name!r} is already registered")
         _REGISTRY[name] = fn
+        (_GETS_ANSWER.add if gets == "answer" else _GETS_ANSWER.discard)(name)
         return fn
 
     return add
@@ -44,57 +67,113 @@ def reward_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_reward(name: str, **options: Any) -> RewardFn:
-    """The reward registered as `name`, with `options` bound and checked now."""
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown reward {name!r}; registered: {reward_names()}")
-    fn = _REGISTRY[name]
+def resolve_reward(name: str) -> tuple[RewardFn, str]:
+    """The function named by a registered name or a "package.module:function" path, and
+    what its second argument is ("example" or "answer")."""
+    if ":" not in name:
+        if name not in _REGISTRY:
+            raise KeyError(
+                f"unknown reward {name!r}; registered: {reward_names()}, "
+                "or give an import path 'package.module:function'"
+            )
+        return _REGISTRY[name], "answer" if name in _GETS_ANSWER else "example"
+    return resolve_import_path(name, "reward"), "example"
+
+
+def _check_options(name: str, fn: RewardFn, options: Mapping[str, Any]) -> None:
     try:
-        inspect.signature(fn).bind("response", "ground_truth", **options)
+        inspect.signature(fn).bind("response", "example", **options)
     except TypeError as e:
-        raise TypeError(f"bad options for reward {name!r}: {e}") from None
+        raise TypeError(
+            f"reward {name!r} cannot be called as fn(response, example"
+            f"{''.join(f', {k}=...' for k in options)}): {e}"
+        ) from None
+
+
+def get_reward(name: str, **options: Any) -> RewardFn:
+    """The function `name` refers to, with `options` bound and checked now; its second
+    argument is what it was registered with (the ground truth for the built-ins)."""
+    fn, _ = resolve_reward(name)
+    _check_options(name, fn, options)
     return functools.partial(fn, **options) if options else fn
 
 
+def declared_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset of `options` that reward `name` declares as parameters (all of them when it
+    takes **kwargs): a trainer offers every setting it has and each reward takes its own."""
+    params = list(inspect.signature(resolve_reward(name)[0]).parameters.values())[2:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return dict(options)
+    return {k: v for k, v in options.items() if k in {p.name for p in params}}
+
+
 def get_reward_declared(name: str, **options: Any) -> RewardFn:
-    """`get_reward` with only the `options` the reward declares as keyword parameters: a
-    trainer hands over every setting it has and each reward takes its own."""
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown reward {name!r}; registered: {reward_names()}")
-    declared = set(list(inspect.signature(_REGISTRY[name]).parameters)[2:])
-    return get_reward(name, **{k: v for k, v in options.items() if k in declared})
+    """`get_reward` with only the `options` the reward declares (see `declared_options`)."""
+    return get_reward(name, **declared_options(name, options))
+
+
+def answer_of(example: Any, reward: str) -> Any:
+    """The ground truth in a data row, with an error naming the reward when it has none."""
+    if not isinstance(example, Mapping):
+        raise TypeError(
+            f"reward {reward!r} is called with the data row (a mapping with an 'answer' "
+            f"field), got a {type(example).__name__}"
+        )
+    if "answer" not in example:
+        raise KeyError(f"reward {reward!r} needs the row's 'answer'; it has {sorted(example)}")
+    return example["answer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Reward:
+    """One configured reward, called as `reward(response, example) -> float`. Picklable when
+    `fn` is a module-level function (pickle stores its module and name)."""
+
+    name: str
+    fn: RewardFn
+    gets: str = "example"
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self, response: str, example: Mapping[str, Any]) -> float:
+        arg = answer_of(example, self.name) if self.gets == "answer" else example
+        return float(self.fn(response, arg, **dict(self.options)))
+
+
+def build_reward(name: str, **options: Any) -> Reward:
+    """The reward `name` (registered name or import path) with `options` bound and checked."""
+    fn, gets = resolve_reward(name)
+    _check_options(name, fn, options)
+    return Reward(name, fn, gets, tuple(sorted(options.items())))
 
 
 @dataclasses.dataclass(frozen=True)
 class CombinedReward:
-    """sum_i weight_i * reward_i(response, ground_truth). Picklable (names, not functions),
-    so it can be sent to `RewardPool` workers."""
+    """sum_i weight_i * reward_i(response, example); picklable like its `Reward`s."""
 
-    spec: tuple[tuple[str, float, tuple[tuple[str, Any], ...]], ...]
+    parts: tuple[tuple[Reward, float], ...]
 
-    def __post_init__(self):
-        for name, _, options in self.spec:
-            get_reward(name, **dict(options))
+    def components(self, response: str, example: Mapping[str, Any]) -> dict[str, float]:
+        return {reward.name: reward(response, example) for reward, _ in self.parts}
 
-    def components(self, response: str, ground_truth: Any) -> dict[str, float]:
-        return {
-            name: get_reward(name, **dict(options))(response, ground_truth)
-            for name, _, options in self.spec
-        }
-
-    def __call__(self, response: str, ground_truth: Any) -> float:
-        parts = self.components(response, ground_truth)
-        return float(sum(weight * parts[name] for name, weight, _ in self.spec))
+    def __call__(self, response: str, example: Mapping[str, Any]) -> float:
+        return float(sum(weight * reward(response, example) for reward, weight in self.parts))
 
 
 def combine_rewards(
     weights: Mapping[str, float | tuple[float, Mapping[str, Any]]],
+    *,
+    offered: Mapping[str, Any] | None = None,
 ) -> CombinedReward:
-    """Builds a `CombinedReward` from {name: weight} or {name: (weight, options)}."""
+    """A `CombinedReward` from {name: weight} or {name: (weight, options)}. `offered`: options
+    (e.g. correct/incorrect) given to each reward that declares them; a reward's own options
+    take precedence."""
     if not weights:
         raise ValueError("combine_rewards needs at least one reward")
-    spec = []
+    parts = []
     for name, value in weights.items():
         weight, options = value if isinstance(value, tuple) else (value, {})
-        spec.append((name, float(weight), tuple(sorted(dict(options).items()))))
-    return CombinedReward(tuple(spec))
+        if not isinstance(weight, int | float) or isinstance(weight, bool):
+            raise TypeError(f"reward weight for {name!r} must be a number, got {weight!r}")
+        merged = {**declared_options(name, offered or {}), **dict(options)}
+        parts.append((build_reward(name, **merged), float(weight)))
+    return CombinedReward(tuple(parts))

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from math_verify import parse, verify
 
-from jaxrl_llm.rewards.extraction import extract_answer, last_tag
+from jaxrl_llm.rewards.extraction import DEFAULT_FALLBACKS, extract_answer, gold_answer, last_tag
 from jaxrl_llm.tools.python_tool import any_code_failed
 
 logger = logging.getLogger(__name__)
@@ -71,19 +71,22 @@ def math_reward(
     *,
     correct: float = 1.0,
     incorrect: float = -1.0,
-    fallbacks: Sequence[str] = ("boxed",),
+    fallbacks: Sequence[str] = DEFAULT_FALLBACKS,
     code_failure_penalty: float = 0.0,
     timeout_s: float = 5.0,
 ) -> float:
     """`correct` if the response's final answer equals `ground_truth`, else `incorrect`.
 
-    The answer is the last \\boxed{} (then the `fallbacks`, see `rewards/extraction.py`); no
-    answer scores `incorrect`. Defaults are ToRL's +1/-1. `code_failure_penalty` is added
-    when any ```output block in the response shows a failed run (ToRL: -0.5; off by
-    default); detection is `tools.python_tool.any_code_failed`.
+    The answer is found by `fallbacks` (default: the last \\boxed{}, then GSM8K's "####",
+    then "the answer is"; see `rewards/extraction.py`); no answer scores `incorrect`. The
+    ground truth may be a bare answer or a worked solution ending in "#### 72" or
+    \\boxed{72} (`extraction.gold_answer`). Defaults are ToRL's +1/-1.
+    `code_failure_penalty` is added when any ```output block in the response shows a failed
+    run (ToRL: -0.5; off by default); detection is `tools.python_tool.any_code_failed`.
     """
     answer = extract_answer(response, fallbacks)
-    ok = answer is not None and answers_equivalent(answer, str(ground_truth), timeout_s=timeout_s)
+    gold = gold_answer(str(ground_truth))
+    ok = answer is not None and answers_equivalent(answer, gold, timeout_s=timeout_s)
     reward = correct if ok else incorrect
     if code_failure_penalty and any_code_failed(response):
         reward += code_failure_penalty

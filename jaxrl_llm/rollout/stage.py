@@ -4,7 +4,9 @@
 (`hosts.WeightSync`: the same arrays when the layouts agree); `generate` samples `n`
 completions per prompt through `RolloutDriver` (tool turns included), scores them, and with
 several processes gathers every host's rows back into global-batch order; `validate` is the
-greedy pass over the validation set.
+greedy pass over the validation set. Rewards see each sample's whole data row (the prompt
+pipeline's example); the reward pool's failures are counted (`reward_metrics`) and a batch
+where too many samples made the reward raise stops the run (`RewardPool.check_errors`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class RolloutStage:
         from flax import nnx
 
         from jaxrl_llm.rollout import Engine, RolloutDriver
+        from jaxrl_llm.tools.factory import build_tool
 
         r = cfg
         self.cfg = cfg
@@ -64,8 +67,8 @@ class RolloutStage:
             steps_per_call=r.steps_per_call,
             max_tool_turns=r.max_tool_calls,
         )
-        self.tool = None
         self.stop = tuple(r.stop)
+        self._reward_counts = RewardCounts()
         # Rollout weights may be narrower (e.g. bfloat16: half the bytes read per decoded
         # token); the trainer's master weights are untouched, and the gap shows in
         # rollout/logprob_diff/*. One jitted cast (and, multi-host, gather) per step.
@@ -73,19 +76,9 @@ class RolloutStage:
         self._sync = hosts.WeightSync(
             nnx.state(policy), mesh, self.engine.param_shardings, cast=cast
         )
-        if r.tool == "python":
-            from jaxrl_llm.tools import PythonTool
-
-            self.tool = PythonTool()
-        elif r.tool == "search":
-            from jaxrl_llm.tools import make_search_tool
-
-            path = r.search_corpus or corpus
-            if path is None:  # RLConfig refuses this first
-                raise ValueError(
-                    "rollout.tool='search' needs rollout.search_corpus (a jsonl corpus)"
-                )
-            self.tool = make_search_tool(path, k=r.search_k)
+        # Built at start-up: a wrong plug-in path, or a Python tool with no safe sandbox
+        # here, fails before the first step.
+        self.tool = build_tool(r.tool, search_corpus=r.search_corpus or corpus, search_k=r.search_k)
         if self.tool is not None:
             self.stop = (*self.stop, *self.tool.stop_strings)
 
@@ -128,7 +121,8 @@ class RolloutStage:
         )
         progress.close()
         answers = [a for a in batch.answers for _ in range(r.n)]
-        scores = reward.score([c.text for c in completions], answers)
+        examples = [e for e in batch.examples for _ in range(r.n)]
+        scores = reward.score([c.text for c in completions], examples)
         mine = Rollout(
             completions=tuple(completions),
             answers=tuple(answers),
@@ -137,7 +131,16 @@ class RolloutStage:
             group_size=r.n,
             policy_version=step,
         )
-        return _gather_rows(mine)
+        rollout, counts = _gather_rows(mine, RewardCounts.of(reward, len(scores)))
+        self._reward_counts = self._reward_counts + counts
+        counts.check(reward)
+        return rollout
+
+    def reward_metrics(self) -> dict[str, float]:
+        """`reward/errors` and `reward/timeouts`: samples whose reward raised or ran out of
+        time in the `generate` calls since the last call (one step, all hosts)."""
+        counts, self._reward_counts = self._reward_counts, RewardCounts()
+        return {"reward/errors": counts.errors, "reward/timeouts": counts.timeouts}
 
     def env_metrics(self, rollout: Rollout) -> dict[str, float]:
         comps = rollout.completions
@@ -149,7 +152,7 @@ class RolloutStage:
         m["env/tool_calls/mean"] = float(calls.mean())
         m["env/number_of_actions/mean"] = float(calls.mean())
         m["env/ratio_of_valid_action"] = float(np.mean(calls > 0))
-        if self.cfg.tool == "python":
+        if getattr(self.tool, "name", None) == "python":
             from jaxrl_llm.tools.python_tool import is_error_output, output_blocks
 
             blocks = [b for c in comps for b in output_blocks(c.text)]
@@ -163,7 +166,7 @@ class RolloutStage:
         if val is None:
             return {}
         r = self.cfg
-        texts, answers = [], []
+        texts, examples = [], []
         params = self.sync_weights(params)
         me, hosts_ = jax.process_index(), jax.process_count()
         for batch in val.iterator():
@@ -178,11 +181,18 @@ class RolloutStage:
                 prompt_indices=list(rows),
             )
             texts += [c.text for c in comps]
-            answers += [batch.answers[i] for i in rows]
-        mine = np.asarray(reward.score(texts, answers), np.float32)
-        scores = np.concatenate(hosts.allgather_objects(mine))
+            examples += [batch.examples[i] for i in rows]
+        mine = np.asarray(reward.score(texts, examples), np.float32)
+        parts = hosts.allgather_objects((mine, RewardCounts.of(reward, len(mine))))
+        scores = np.concatenate([p[0] for p in parts])
+        counts = sum((p[1] for p in parts), RewardCounts())
+        counts.check(reward)
         solved = scores >= correct
-        return {"val/test_score": float(solved.mean()), "val/reward/mean": float(scores.mean())}
+        return {
+            "val/test_score": float(solved.mean()),
+            "val/reward/mean": float(scores.mean()),
+            "val/reward/errors": counts.errors,
+        }
 
 
 def _global_rows(local_rows: int) -> list[int]:
@@ -192,11 +202,46 @@ def _global_rows(local_rows: int) -> list[int]:
     return [p + n * r for r in range(local_rows)]
 
 
-def _gather_rows(mine: Rollout) -> Rollout:
-    """Every host's share of a step's rollout, interleaved back into global-batch order."""
-    parts = hosts.allgather_objects(mine)
+@dataclasses.dataclass(frozen=True)
+class RewardCounts:
+    """Samples a reward pool failed on, summed over hosts and calls; `first_error` is one
+    failure's message for the stop message."""
+
+    errors: int = 0
+    timeouts: int = 0
+    total: int = 0
+    first_error: str = ""
+
+    @classmethod
+    def of(cls, reward, total: int) -> RewardCounts:
+        """The last batch of `reward` (a `RewardPool`; other scorers report nothing)."""
+        failures = list(getattr(reward, "last_failures", {}).values())
+        errors = [f for f in failures if f.kind != "timeout"]
+        first = str(errors[0]) if errors else ""
+        return cls(len(errors), len(failures) - len(errors), total, first)
+
+    def __add__(self, other: RewardCounts) -> RewardCounts:
+        return RewardCounts(
+            self.errors + other.errors,
+            self.timeouts + other.timeouts,
+            self.total + other.total,
+            self.first_error or other.first_error,
+        )
+
+    def check(self, reward) -> None:
+        """The pool's stop rule (`RewardPool.check_errors`) on these whole-batch counts."""
+        if hasattr(reward, "check_errors"):
+            reward.check_errors(self.errors, self.total, self.first_error)
+
+
+def _gather_rows(mine: Rollout, counts: RewardCounts) -> tuple[Rollout, RewardCounts]:
+    """Every host's share of a step's rollout, interleaved back into global-batch order, and
+    the reward failures of all hosts summed."""
+    everyone = hosts.allgather_objects((mine, counts))
+    parts = [p[0] for p in everyone]
+    total = sum((p[1] for p in everyone), RewardCounts())
     if len(parts) == 1:
-        return mine
+        return mine, total
     P, rows, G = len(parts), len(mine.prompt_ids), mine.group_size
     order = [(r, p) for r in range(rows) for p in range(P)]  # global row r * P + p
     group = lambda xs, r: xs[r * G : (r + 1) * G]
@@ -206,7 +251,7 @@ def _gather_rows(mine: Rollout) -> Rollout:
         completions=tuple(c for r, p in order for c in group(parts[p].completions, r)),
         answers=tuple(a for r, p in order for a in group(parts[p].answers, r)),
         scores=np.concatenate([group(parts[p].scores, r) for r, p in order]),
-    )
+    ), total
 
 
 def _make_cast(dtype: str):

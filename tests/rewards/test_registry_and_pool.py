@@ -8,6 +8,7 @@ import pytest
 
 from jaxrl_llm.rewards import (
     RewardPool,
+    build_reward,
     combine_rewards,
     get_reward,
     register_reward,
@@ -20,35 +21,57 @@ PATHOLOGICAL = r"\boxed{9^{9^{9^{9}}}}"  # math_verify ran > 30 s on this outsid
 
 def test_registry_picks_by_name_and_fails_clearly():
     assert {"math", "exact_match", "format", "code_failure"} <= set(reward_names())
-    assert get_reward("math")(r"\boxed{2}", "2") == 1.0
+    assert get_reward("math")(r"\boxed{2}", "2") == 1.0  # the built-in's own (response, truth)
     assert get_reward("math", incorrect=0.0)(r"\boxed{3}", "2") == 0.0
+    assert build_reward("math")(r"\boxed{2}", {"prompt": "1+1?", "answer": "2"}) == 1.0
     with pytest.raises(KeyError, match=r"unknown reward 'maths'.*registered"):
         get_reward("maths")
-    with pytest.raises(TypeError, match="bad options for reward 'math'"):
+    with pytest.raises(TypeError, match=r"reward 'math' cannot be called.*incorect"):
         get_reward("math", incorect=0.0)
+    with pytest.raises(TypeError, match=r"called with the data row.*got a str"):
+        build_reward("math")(r"\boxed{2}", "2")
 
 
 def test_register_reward(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
 
     @register_reward("length_test_only")
-    def length(response, ground_truth):
-        return float(len(response))
+    def length(response, example):
+        return float(len(response) + len(example["prompt"]))
 
-    assert get_reward("length_test_only")("abc", None) == 3.0
+    @register_reward("answer_length_test_only", gets="answer")
+    def answer_length(response, ground_truth):
+        return float(len(ground_truth))
+
+    row = {"prompt": "12", "answer": "12345"}
+    assert build_reward("length_test_only")("abc", row) == 5.0
+    assert build_reward("answer_length_test_only")("abc", row) == 5.0
     with pytest.raises(ValueError, match="already registered"):
         register_reward("length_test_only")(lambda r, g: 0.0)
+    with pytest.raises(ValueError, match="gets='row'"):
+        register_reward("x", gets="row")
 
 
 def test_combined_reward_weights_and_components():
     reward = combine_rewards({"math": 1.0, "format": (0.5, {"style": "boxed"})})
-    assert reward(r"\boxed{1/2}", "0.5") == 1.5
-    assert reward("0.5", "0.5") == -1.0
-    assert reward.components(r"\boxed{1}", "2") == {"math": -1.0, "format": 1.0}
+    half, two = {"answer": "0.5"}, {"answer": "2"}
+    assert reward(r"\boxed{1/2}", half) == 1.5
+    assert reward("0.5", half) == -1.0
+    assert reward.components(r"\boxed{1}", two) == {"math": -1.0, "format": 1.0}
+    # Offered options reach only the rewards that declare them; a reward's own win.
+    offered = combine_rewards(
+        {"math": 1.0, "code_failure": (2.0, {"penalty": -1.0})},
+        offered={"incorrect": 0.0, "penalty": -9.0, "correct": 3.0},
+    )
+    failed = "```output\nValueError: x\n```\n\\boxed{2}"
+    assert offered.components(failed, two) == {"math": 3.0, "code_failure": -1.0}
+    assert offered(failed, two) == 1.0
     with pytest.raises(KeyError):
         combine_rewards({"nope": 1.0})
     with pytest.raises(ValueError):
         combine_rewards({})
+    with pytest.raises(TypeError, match="weight for 'math' must be a number"):
+        combine_rewards({"math": "1"})
 
 
 def test_pool_bounds_every_sample_and_carries_on():
@@ -59,16 +82,17 @@ def test_pool_bounds_every_sample_and_carries_on():
         scores = pool.score([2, 10, 2, 2], [3, 10**9, 3, 3])
         elapsed = time.monotonic() - start
         assert scores == [8.0, -1.0, 8.0, 8.0]
-        assert pool.last_failures == {1: "timeout"}
+        assert {i: f.kind for i, f in pool.last_failures.items()} == {1: "timeout"}
         assert elapsed < 2.5, elapsed
         assert pool.score([3], [2]) == [9.0]
 
 
 def test_pool_scores_math_with_a_time_limit():
     reward = combine_rewards({"math": 1.0})
+    rows = [{"answer": a} for a in ("1/2", "1", "3")]
     with RewardPool(reward, num_workers=2, timeout_s=3.0) as pool:
         start = time.monotonic()
-        scores = pool.score([r"\boxed{0.5}", PATHOLOGICAL, r"\boxed{2}"], ["1/2", "1", "3"])
+        scores = pool.score([r"\boxed{0.5}", PATHOLOGICAL, r"\boxed{2}"], rows)
         assert scores == [1.0, -1.0, -1.0]
         assert time.monotonic() - start < 6.0
 
@@ -78,7 +102,10 @@ def test_pool_reports_reward_errors():
         functools.partial(get_reward("math"), fallbacks=("bogus",)), num_workers=1
     ) as pool:
         assert pool.score(["x"], ["1"]) == [-1.0]
-        assert "unknown answer fallback" in pool.last_failures[0]
+        failure = pool.last_failures[0]
+        assert failure.kind == "error" and failure.error_type == "builtins.ValueError"
+        assert "unknown answer fallback" in failure.message
+        assert "Traceback" in failure.traceback and "extract_answer" in failure.traceback
 
 
 def test_math_reward_is_usable_from_threads():

@@ -6,6 +6,7 @@ from jaxrl_llm.rewards import (
     exact_match_reward,
     extract_answer,
     format_reward,
+    gold_answer,
     last_boxed,
     math_reward,
     normalize_answer,
@@ -54,14 +55,31 @@ def test_last_boxed_with_nested_braces():
 
 def test_fallbacks_are_configurable():
     text = "Therefore, the final answer is 12. Done"
-    assert extract_answer(text) is None
+    assert extract_answer(text, ("boxed",)) is None
     assert extract_answer(text, ("boxed", "answer_is")) == "12"
+    assert extract_answer("we get 3 apples and then 1,024") is None  # no marker: no answer
     assert extract_answer("we get 3 apples and then 1,024", ("last_number",)) == "1024"
     assert extract_answer("<answer>Paris</answer>", ("answer_tag",)) == "Paris"
     with pytest.raises(ValueError, match="unknown answer fallback"):
         extract_answer("x", ("guess",))
-    assert math_reward(text, "12") == -1.0
+    assert math_reward(text, "12", fallbacks=("boxed",)) == -1.0
     assert math_reward(text, "12", fallbacks=("boxed", "answer_is")) == 1.0
+
+
+def test_default_extraction_reads_boxed_gsm8k_and_the_answer_is():
+    assert extract_answer(r"so \boxed{7}. The answer is 8") == "7"  # boxed first
+    assert extract_answer("She pays 3 * 4 = 12.\n#### 1,200") == "1200"
+    assert extract_answer("#### 5\nthen more\n#### 6.") == "6"
+    assert extract_answer("The answer is 42.") == "42"
+    assert extract_answer("Final answer: $\\frac{1}{2}$\n") == "\\frac{1}{2}"
+    # A GSM8K row's answer field is a worked solution ending in "#### 72".
+    solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
+    assert gold_answer(solution) == "72"
+    assert gold_answer(r"so the total is $\boxed{\frac{3}{4}}$.") == r"\frac{3}{4}"
+    assert gold_answer("0.5") == "0.5"
+    assert math_reward("... so she sold 72 in all.\n#### 72", solution) == 1.0
+    assert math_reward("The answer is 72.", solution, correct=1.0, incorrect=0.0) == 1.0
+    assert math_reward("The answer is 71.", solution, correct=1.0, incorrect=0.0) == 0.0
 
 
 def test_reward_values_and_missing_answer():
