@@ -10,9 +10,11 @@ import argparse
 import time
 from pathlib import Path
 
+from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", default="builtin", help="HF checkpoint dir or 'builtin'")
+    add_model_arguments(parser)  # --checkpoint, --mesh, --dtype
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     src.add_argument("--prompts-file", type=Path, help="one prompt per line")
@@ -26,18 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     parser.add_argument("--slots", type=int, default=8, help="concurrent decode slots")
     parser.add_argument("--steps-per-call", type=int, default=8, help="decode steps per call")
-    parser.add_argument("--dtype", default="float32", help="compute dtype (float32|bfloat16)")
 
 
 def main(args: argparse.Namespace) -> int:
-    from jaxrl_llm.assets import resolve_checkpoint
-    from jaxrl_llm.models import CausalLM, from_pretrained, load_tokenizer
     from jaxrl_llm.rollout.driver import RolloutDriver
     from jaxrl_llm.rollout.engine import Engine
     from jaxrl_llm.rollout.sampling import SamplingParams
 
-    path = resolve_checkpoint(args.checkpoint)
-    tokenizer = load_tokenizer(path)
+    loaded = load_sampling_model(args)
+    tokenizer = loaded.tokenizer
     prompts = args.prompt or ["What is 12 + 30?"]
     if args.prompts_file:
         prompts = [ln for ln in args.prompts_file.read_text().splitlines() if ln.strip()]
@@ -61,15 +60,14 @@ def main(args: argparse.Namespace) -> int:
     prefill = 16
     while prefill < longest:
         prefill *= 2
-    model = from_pretrained(path, dtype=args.dtype)
-    assert isinstance(model, CausalLM)  # from_pretrained's default cls
     engine = Engine(
-        model,
+        loaded.model,
         max_concurrent_decodes=args.slots,
         max_cache_length=prefill + args.max_new_tokens + 1,
         max_prefill_length=prefill,
+        mesh=loaded.mesh,
         tokenizer=tokenizer,
-        checkpoint_path=str(path),
+        checkpoint_path=str(loaded.path),
     )
     driver = RolloutDriver(engine, tokenizer, steps_per_call=args.steps_per_call)
     t0 = time.perf_counter()

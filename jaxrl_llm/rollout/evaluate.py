@@ -1,12 +1,15 @@
 """`jaxrl-llm eval`: pass@1, pass@k (unbiased) and maj@k of a checkpoint on a prompt set.
 
-Samples with the rollout engine and driver (the tool too, with `--tool python`), scores with a
-registered reward, and summarises with `metrics.pass_at_k`.
+Samples with the rollout engine and driver (the tool too, with `--tool python`), scores with
+`--reward` (a registered name or `package.module:function`), and summarises with
+`metrics.pass_at_k`. The model is loaded sharded on `--mesh` in `--dtype` (`rollout.loading`).
+`--preset math500|aime24|amc23` reads those sets' files as published (field names, split).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -14,16 +17,59 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm.data.examples import FieldMap
 from jaxrl_llm.metrics.pass_at_k import majority_answer, pass_at_k
+from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
 
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalPreset:
+    """How a published evaluation set's files name their fields, and its split."""
+
+    fields: FieldMap
+    split: str
+
+
+# Field names as published: MATH-500 (HuggingFaceH4/MATH-500: problem, solution, answer,
+# unique_id); AIME 2024 (HuggingFaceH4/aime_2024: problem, answer, id; Maxwell-Jia/AIME_2024:
+# Problem, Answer, ID; split "train"); AMC 2023 (math-ai/amc23: question, answer, id;
+# AI-MO/aimo-validation-amc: problem, answer). The short final `answer` comes before the full
+# worked `solution`, which is used only where a file has no answer column.
+EVAL_PRESETS = {
+    "math500": EvalPreset(
+        FieldMap(prompt=("problem",), answer=("answer", "solution"), id=("unique_id", "id")),
+        split="test",
+    ),
+    "aime24": EvalPreset(
+        FieldMap(
+            prompt=("problem", "Problem", "question"),
+            answer=("answer", "Answer", "solution", "Solution"),
+            id=("id", "ID"),
+        ),
+        split="train",
+    ),
+    "amc23": EvalPreset(
+        FieldMap(prompt=("question", "problem"), answer=("answer", "solution"), id=("id",)),
+        split="test",
+    ),
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", default="builtin", help="HF folder or 'builtin'")
+    add_model_arguments(parser)  # --checkpoint, --mesh, --dtype
     parser.add_argument("--data", default=None, help="jsonl/json/parquet, tfds:NAME, or builtin")
     parser.add_argument("--data-dir", default=None, help="TFDS data_dir")
-    parser.add_argument("--split", default="test")
+    parser.add_argument(
+        "--preset", choices=sorted(EVAL_PRESETS), default=None,
+        help="read --data with that set's published field names and split",
+    )  # fmt: skip
+    parser.add_argument("--split", default=None, help="default: the preset's, else test")
+    parser.add_argument(
+        "--reward", default="math",
+        help="reward that scores a sample: a registered name or package.module:function",
+    )  # fmt: skip
     parser.add_argument("--limit", type=int, default=None, help="first N problems")
     parser.add_argument("--template", default="chat")
     parser.add_argument("--system-prompt", default=None)
@@ -41,33 +87,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Sample `--n` completions per problem with the RL rollout stage (the same engine, driver,
     tool and reward pool as training), then pass@k and maj@k."""
-    import jax
     from flax import nnx
 
-    from jaxrl_llm.assets import resolve_checkpoint
-    from jaxrl_llm.models import from_pretrained, load_tokenizer
-    from jaxrl_llm.rewards import get_reward
     from jaxrl_llm.rewards.config import RewardConfig, build_reward_pool
     from jaxrl_llm.rollout.config import RolloutConfig
     from jaxrl_llm.rollout.stage import RolloutStage
-    from jaxrl_llm.sharding import build_mesh
 
     _check(args)
-    src = resolve_checkpoint(args.checkpoint)
-    tokenizer = load_tokenizer(src)
-    model = from_pretrained(src)
+    pool = build_reward_pool(RewardConfig(name=args.reward, workers=1))  # bad name: fail now
+    loaded = load_sampling_model(args)
     rollout = RolloutConfig(
         n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         top_p=args.top_p, tool=args.tool, max_slots=64,
     )  # fmt: skip
-    mesh = build_mesh(1, 1, 1, devices=jax.devices()[:1])
-    stage = RolloutStage(rollout, model, tokenizer, mesh,
+    stage = RolloutStage(rollout, loaded.model, loaded.tokenizer, loaded.mesh,
                          max_prompt_length=args.max_prompt_length, seed=args.seed)  # fmt: skip
-    params = stage.sync_weights(nnx.state(model))
+    params = stage.sync_weights(nnx.state(loaded.model))
     rows: list[dict[str, Any]] = []
-    pool = build_reward_pool(RewardConfig(name="math", workers=1))
     try:
-        for i, batch in enumerate(_prompts(args, tokenizer).iterator()):
+        for i, batch in enumerate(_prompts(args, loaded.tokenizer).iterator()):
             got = stage.generate(params, batch, step=0, attempt=i + 1, reward=pool)
             rows += _rows(got)
             if args.limit and len(rows) >= args.limit:
@@ -75,8 +113,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         pool.close()
     rows = rows[: args.limit]
-    result = _summary(rows, args.n, sorted(set(args.k or [args.n])), get_reward("math"))
-    result = {"checkpoint": str(src), **result}
+    result = _summary(rows, args.n, sorted(set(args.k or [args.n])))
+    result = {"checkpoint": str(loaded.path), "dtype": loaded.dtype, "reward": args.reward,
+              **result}  # fmt: skip
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"summary": result, "samples": rows}, indent=1))
@@ -90,14 +129,16 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"every --k must be in [1, --n={args.n}], got {args.k}")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.preset and args.data in (None, "builtin"):
+        raise ValueError(f"--preset {args.preset} reads a file: pass it with --data PATH")
 
 
 def _prompts(args: argparse.Namespace, tokenizer):
-    from jaxrl_llm.data.examples import FieldMap
     from jaxrl_llm.data.pipeline import PipelineConfig, build_prompt_pipeline
 
+    fields = EVAL_PRESETS[args.preset].fields if args.preset else FieldMap()
     config = PipelineConfig(
-        source=_source(args), fields=FieldMap(), template=args.template,
+        source=_source(args), fields=fields, template=args.template,
         system_prompt=args.system_prompt, max_prompt_length=args.max_prompt_length,
         global_batch_size=64, num_epochs=1, shuffle=False, drop_remainder=False,
     )  # fmt: skip
@@ -121,17 +162,21 @@ def _rows(got) -> list[dict[str, Any]]:
     return out
 
 
-def _summary(rows: list[dict[str, Any]], n: int, ks: list[int], reward) -> dict[str, Any]:
-    """pass@1, pass@k and maj@k over `rows` (maj@k: the majority answer, boxed, scored)."""
+def _summary(rows: list[dict[str, Any]], n: int, ks: list[int]) -> dict[str, Any]:
+    """pass@1, pass@k and maj@k over `rows`. maj@k: the majority of the first k samples'
+    extracted answers, scored as the samples that gave it were (so any reward works)."""
     result: dict[str, Any] = {"problems": len(rows), "n": n}
     result["pass@1"] = float(np.mean([np.mean(r["correct"]) for r in rows]))
     for k in ks:
         result[f"pass@{k}"] = float(np.mean([pass_at_k(n, sum(r["correct"]), k) for r in rows]))
-        maj = [majority_answer(r["answers"][:k]) for r in rows]
-        hits = [m is not None and reward(f"\\boxed{{{m}}}", r["answer"]) > 0
-                for m, r in zip(maj, rows)]  # fmt: skip
-        result[f"maj@{k}"] = float(np.mean(hits))
+        result[f"maj@{k}"] = float(np.mean([_majority_correct(r, k) for r in rows]))
     return result
+
+
+def _majority_correct(row: dict[str, Any], k: int) -> bool:
+    answers, correct = row["answers"][:k], row["correct"][:k]
+    maj = majority_answer(answers)
+    return maj is not None and any(c for a, c in zip(answers, correct) if a == maj)
 
 
 def _source(args):
@@ -148,9 +193,10 @@ def _source(args):
         )
         out = Path(tempfile.gettempdir()) / "jaxrl_eval_builtin_val.jsonl"
         return SourceConfig(str(arithmetic.write_jsonl(problems, out)))
+    split = args.split or (EVAL_PRESETS[args.preset].split if args.preset else "test")
     if args.data.startswith("tfds:"):
-        return SourceConfig(args.data[5:], format="tfds", split=args.split, data_dir=args.data_dir)
-    return SourceConfig(args.data, split=args.split)
+        return SourceConfig(args.data[5:], format="tfds", split=split, data_dir=args.data_dir)
+    return SourceConfig(args.data, split=split)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ import grpc
 
 from jaxrl_llm.rollout.engine import Engine
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, patch_orchestrator
+from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
 from jaxrl_llm.rollout.records import ParamsRef
 
 log = logging.getLogger(__name__)
@@ -143,29 +144,24 @@ def start_server(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", default="builtin", help="HF checkpoint dir or 'builtin'")
+    add_model_arguments(parser)  # --checkpoint, --mesh, --dtype
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000, help="0 = any free port")
     parser.add_argument("--slots", type=int, default=8, help="concurrent decode slots")
     parser.add_argument("--max-cache-length", type=int, default=512)
     parser.add_argument("--max-prefill-length", type=int, default=256)
-    parser.add_argument("--dtype", default="float32")
 
 
 def main(args: argparse.Namespace) -> int:
-    from jaxrl_llm.assets import resolve_checkpoint
-    from jaxrl_llm.models import CausalLM, from_pretrained, load_tokenizer
-
-    path = resolve_checkpoint(args.checkpoint)
-    model = from_pretrained(path, dtype=args.dtype)
-    assert isinstance(model, CausalLM)  # from_pretrained's default cls
+    loaded = load_sampling_model(args)
     engine = Engine(
-        model,
+        loaded.model,
         max_concurrent_decodes=args.slots,
         max_cache_length=args.max_cache_length,
         max_prefill_length=args.max_prefill_length,
-        tokenizer=load_tokenizer(path),
-        checkpoint_path=str(path),
+        mesh=loaded.mesh,
+        tokenizer=loaded.tokenizer,
+        checkpoint_path=str(loaded.path),
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

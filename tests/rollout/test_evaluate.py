@@ -29,3 +29,91 @@ def test_eval_command_end_to_end_on_the_tiny_model(tmp_path, capsys):
     assert summary["pass@2"] == pytest.approx(np.mean([any(r["correct"]) for r in rows]))
     printed = capsys.readouterr().out
     assert "pass@2" in printed and "maj@2" in printed
+
+
+def _math500_file(path):
+    """Rows shaped as MATH-500 publishes them: problem, a worked solution, the final answer."""
+    rows = [
+        {"problem": f"What is {a} + {b}?", "solution": f"Add: {a} + {b} = \\boxed{{{a + b}}}.",
+         "answer": str(a + b), "subject": "Prealgebra", "level": 1, "unique_id": f"t/{i}.json"}
+        for i, (a, b) in enumerate([(1, 2), (3, 4), (10, 5)])
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_eval_preset_reads_math500_fields_with_a_chosen_reward(tmp_path):
+    """--preset math500 takes `problem` as the prompt, the short `answer` (not the worked
+    solution) as ground truth and `unique_id` as id; --reward, --mesh and --dtype apply."""
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--data", str(_math500_file(tmp_path / "math500.jsonl")), "--preset",
+            "math500", "--reward", "exact_match", "--mesh", "1,1,2", "--dtype", "float32",
+            "--max-new-tokens", "4", "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["summary"]["reward"] == "exact_match"
+    assert result["summary"]["dtype"] == "float32"
+    rows = result["samples"]
+    assert [r["id"] for r in rows] == ["t/0.json", "t/1.json", "t/2.json"]
+    assert [r["answer"] for r in rows] == ["3", "7", "15"]
+
+
+def test_eval_presets_know_aime_and_amc_field_names():
+    from jaxrl_llm.data.examples import normalize_row
+    from jaxrl_llm.rollout.evaluate import EVAL_PRESETS
+
+    aime = {"ID": "2024-I-1", "Problem": "Find x.", "Solution": "long...", "Answer": 204}
+    amc = {"id": 3, "question": "How many?", "answer": 27.0, "url": "https://..."}
+    got_aime = normalize_row(aime, EVAL_PRESETS["aime24"].fields, default_id="x")
+    got_amc = normalize_row(amc, EVAL_PRESETS["amc23"].fields, default_id="x")
+    assert (got_aime["prompt"], str(got_aime["answer"])) == ("Find x.", "204")
+    assert (got_amc["prompt"], str(got_amc["answer"])) == ("How many?", "27.0")
+
+
+def test_majority_vote_is_scored_by_the_samples_that_gave_it():
+    from jaxrl_llm.rollout.evaluate import _summary
+
+    rows = [
+        {"answers": ["4", "5", "4"], "correct": [True, False, True]},  # majority right
+        {"answers": ["1", "1", "2"], "correct": [False, False, True]},  # majority wrong
+        {"answers": [None, None, "3"], "correct": [False, False, False]},
+    ]
+    got = _summary(rows, n=3, ks=[1, 3])
+    assert got["maj@3"] == pytest.approx(1 / 3)
+    assert got["maj@1"] == pytest.approx(1 / 3)  # the first sample's own answer
+    assert got["pass@1"] == pytest.approx(np.mean([2 / 3, 1 / 3, 0]))
+
+
+def test_eval_flag_errors_name_the_flag():
+    from jaxrl_llm.rollout.loading import parse_mesh, resolve_dtype
+
+    with pytest.raises(ValueError, match="--mesh must be DATA,FSDP,TENSOR"):
+        parse_mesh("8")
+    assert parse_mesh("1,2,-1") == (1, 2, -1)
+    assert resolve_dtype("auto", backend="cpu") == "float32"
+    assert resolve_dtype("auto", backend="tpu") == "bfloat16"
+    assert resolve_dtype("auto", backend="gpu") == "bfloat16"
+    with pytest.raises(SystemExit):  # argparse names the flag and the choices
+        cli.main(["eval", "--preset", "gsm8k"])
+    with pytest.raises(ValueError, match="--preset math500 reads a file"):
+        cli.main(["eval", "--preset", "math500"])
+
+
+def test_sampling_model_is_loaded_into_its_shards():
+    """--mesh 1,1,4: each attention and MLP weight arrives split over the 4 tensor devices
+    (no device holds it whole); --dtype auto is float32 on CPU."""
+    import argparse
+
+    from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
+
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    loaded = load_sampling_model(parser.parse_args(["--mesh", "1,1,4"]))
+    assert dict(loaded.mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 4}
+    attn = loaded.model.model.layers[0].self_attn
+    q, up = attn.q_proj[...], loaded.model.model.layers[0].mlp.up_proj[...]
+    assert q.dtype == np.float32 and loaded.dtype == "float32"
+    for w, split_axis in ((q, 1), (up, 1)):
+        shard = w.addressable_shards[0].data
+        assert len(w.addressable_shards) == 4
+        assert shard.shape[split_axis] * 4 == w.shape[split_axis]
