@@ -1,9 +1,14 @@
 """gin wiring: `--gin_file` / `--gin_param` flags, config lookup, the resolved config file.
 
 Configs are frozen dataclasses registered with `gin.configurable`; gin files only override
-them. An unknown configurable or parameter fails at parse time, before anything compiles.
-Files are looked up as given, then under the repository's `configs/` folder, so
-`--gin_file=grpo_tiny.gin` works from any directory.
+them. An unknown configurable or parameter fails at parse time, before anything compiles;
+a wrong value fails when its dataclass is built (`config_checks.checked_fields`).
+
+The shipped gin files are package data (`jaxrl_llm/configs/`), so an installed package finds
+them wherever it runs. `--gin_file` takes a path, a shipped file's name (`ppo_tiny.gin`, or
+`ppo_tiny`), or the `configs/ppo_tiny.gin` form the files' header comments print: a path
+that exists is used as given, otherwise its last component is looked up among the shipped
+files.
 """
 
 from __future__ import annotations
@@ -16,11 +21,18 @@ from pathlib import Path
 
 import gin
 
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+from jaxrl_llm.config_checks import ConfigError
 
+__all__ = [
+    "CONFIGS_DIR",
+    "ConfigError",
+    "add_gin_arguments",
+    "parse_gin",
+    "resolve_gin_file",
+    "write_resolved_config",
+]
 
-class ConfigError(ValueError):
-    """A gin file or binding is wrong (unknown key, bad value, missing file)."""
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 
 
 def add_gin_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,11 +48,24 @@ def add_gin_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_gin_file(name: str | os.PathLike) -> Path:
+    """`name` if it is a file, else the shipped config of that name (`.gin` optional).
+
+    Only a bare name or `configs/<name>` falls back to the shipped files: a missing file at
+    any other path is an error, not silently a shipped config of the same name.
+    """
     path = Path(name)
-    for candidate in (path, CONFIGS_DIR / path, CONFIGS_DIR / f"{path}.gin"):
+    if path.is_file():
+        return path
+    if path.parent not in (Path(), Path("configs")):
+        raise ConfigError(f"gin file {str(name)!r} not found")
+    for candidate in (CONFIGS_DIR / path.name, CONFIGS_DIR / f"{path.name}.gin"):
         if candidate.is_file():
             return candidate
-    raise ConfigError(f"gin file {str(name)!r} not found (also looked in {CONFIGS_DIR})")
+    shipped = ", ".join(sorted(p.name for p in CONFIGS_DIR.glob("*.gin")))
+    raise ConfigError(
+        f"gin file {str(name)!r} not found: not a file, and no shipped config named "
+        f"{path.name!r} (shipped: {shipped})"
+    )
 
 
 def parse_gin(files: Sequence[str | os.PathLike] = (), params: Sequence[str] = ()) -> None:

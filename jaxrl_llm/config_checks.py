@@ -1,0 +1,136 @@
+"""Config dataclasses check their own fields: types from the annotations, declared ranges.
+
+A wrong value in a gin file or `--gin_param` must fail when the config is built, before any
+model loads or compiles, with one message naming the class, the field, the value and what
+was expected (`OptimConfig.lr = 'abc': expected float > 0`), not a traceback from deep in
+the run. Every gin-configurable dataclass uses one decorator, placed under
+`@dataclasses.dataclass` so the dataclass's `__init__` calls the check first:
+
+    @gin.configurable
+    @dataclasses.dataclass(frozen=True)
+    @checked_fields(lr=Gt(0), b1=Interval(ge=0, lt=1))
+    class OptimConfig: ...
+
+Types are checked by pydantic (`TypeAdapter`, strict: no "1e-5" strings for floats, no
+`True` for ints; an int is a float) against the resolved annotations; a gin list for a
+`tuple[...]` field becomes a tuple. Ranges are `annotated_types` constraints (what pydantic
+reads), applied to the value when it is not None. A class's own `__post_init__` (cross-field
+rules) runs after the checks. This module sits below every config (it imports no other
+jaxrl_llm module), so any layer can use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar, Union
+
+import pydantic
+from annotated_types import Ge, Gt, Interval, Le, Lt
+
+__all__ = ["ConfigError", "Ge", "Gt", "Interval", "Le", "Lt", "checked_fields"]
+
+T = TypeVar("T")
+Range = Ge | Gt | Le | Lt | Interval
+_BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+
+
+class ConfigError(ValueError):
+    """A gin file, binding or config value is wrong (unknown key, bad value, missing file)."""
+
+
+def checked_fields(**ranges: Range) -> Callable[[type[T]], type[T]]:
+    """Class decorator (under `@dataclasses.dataclass`): check every field at construction.
+
+    `ranges` maps field names to `Gt`/`Ge`/`Lt`/`Le`/`Interval`; a name that is not an
+    annotated field of the class is a mistake in the code and fails at import.
+    """
+
+    def decorate(cls: type[T]) -> type[T]:
+        unknown = sorted(set(ranges) - set(inspect.get_annotations(cls)))
+        if unknown:
+            raise TypeError(f"checked_fields on {cls.__name__}: no fields named {unknown}")
+        for name, rng in ranges.items():
+            if not isinstance(rng, Range):
+                raise TypeError(f"checked_fields {cls.__name__}.{name}: {rng!r} is not a range")
+        own_post_init = cls.__dict__.get("__post_init__")
+
+        def __post_init__(self) -> None:
+            check_fields(self, ranges)
+            if own_post_init is not None:
+                own_post_init(self)
+
+        cls.__post_init__ = __post_init__  # pyright: ignore[reportAttributeAccessIssue]
+        return cls
+
+    return decorate
+
+
+def check_fields(obj: Any, ranges: dict[str, Range]) -> None:
+    """Check (and normalise: list -> tuple, int -> float) each field of dataclass `obj`."""
+    cls = type(obj)
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        expected, validate = _field_checks(cls, field.name, ranges.get(field.name))
+        try:
+            checked = validate(value)
+        except (pydantic.ValidationError, TypeError):
+            raise ConfigError(
+                f"{cls.__name__}.{field.name} = {value!r}: expected {expected}"
+            ) from None
+        if type(checked) is not type(value):
+            object.__setattr__(obj, field.name, checked)  # frozen dataclasses too
+
+
+@functools.cache
+def _field_checks(cls: type, name: str, rng: Range | None) -> tuple[str, Callable[[Any], Any]]:
+    """(what is expected, in words; a function returning the checked value or raising)."""
+    try:
+        hint = typing.get_type_hints(cls)[name]
+    except NameError as e:  # an annotation names something the module does not define
+        raise TypeError(f"{cls.__name__}.{name}: annotation cannot be resolved: {e}") from e
+    field_type = next(f.type for f in dataclasses.fields(cls) if f.name == name)
+    written = field_type if isinstance(field_type, str) else _type_name(hint)
+    expected = written + (f" ({_describe_range(rng)})" if rng is not None else "")
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+
+        def check_instance(value: Any) -> Any:
+            if not isinstance(value, hint):
+                raise TypeError(name)
+            return value
+
+        return expected, check_instance
+    non_none, optional = _split_optional(hint)
+    constrained = Annotated[non_none, rng] if rng is not None else non_none
+    adapter = pydantic.TypeAdapter(constrained | None if optional else constrained)
+    to_tuple = typing.get_origin(non_none) is tuple
+
+    def check_value(value: Any) -> Any:
+        if to_tuple and isinstance(value, list):  # gin writes [1, 2] as a list
+            value = tuple(value)
+        return adapter.validate_python(value, strict=True)
+
+    return expected, check_value
+
+
+def _split_optional(hint: Any) -> tuple[Any, bool]:
+    """(`hint` without None, whether None was allowed)."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) < len(typing.get_args(hint)):
+            return functools.reduce(lambda a, b: a | b, args), True
+    return hint, False
+
+
+def _describe_range(rng: Range) -> str:
+    parts = [f"{sign} {getattr(rng, key)}" for key, sign in _BOUNDS if hasattr(rng, key)]
+    parts = [p for p in parts if not p.endswith(" None")]
+    return " and ".join(parts)
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint)
