@@ -1,5 +1,7 @@
 """Bad configuration fails before anything compiles, and the message names the key."""
 
+from pathlib import Path
+
 import pytest
 
 from jaxrl_llm.config import CONFIGS_DIR, ConfigError, parse_gin, resolve_gin_file
@@ -51,3 +53,32 @@ def test_bad_values_are_named(binding, named):
     with pytest.raises(ValueError, match=named):
         parse_gin(["grpo_tiny.gin"], [binding])
         RLConfig().validate()
+
+
+@pytest.mark.parametrize("form", ["ppo_tiny.gin", "ppo_tiny", "configs/ppo_tiny.gin"])
+def test_gin_file_forms_resolve_from_any_directory(form, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_gin_file(form) == CONFIGS_DIR / "ppo_tiny.gin"
+
+
+def test_an_existing_path_wins_over_a_shipped_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    mine = tmp_path / "configs" / "ppo_tiny.gin"
+    mine.write_text("include 'base.gin'\nRLConfig.steps = 3\n")
+    assert resolve_gin_file("configs/ppo_tiny.gin") == Path("configs/ppo_tiny.gin")
+    parse_gin(["configs/ppo_tiny.gin"])  # its include is found among the shipped files
+    assert RLConfig().steps == 3
+
+
+def test_a_missing_file_elsewhere_is_not_replaced_by_a_shipped_one(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        resolve_gin_file(tmp_path / "ppo_tiny.gin")
+
+
+def test_configs_live_only_in_the_package():
+    """The shipped configs are package data; a top-level configs/ folder would not be
+    installed by `pip install .` (move new files to jaxrl_llm/configs/)."""
+    repo = CONFIGS_DIR.parent.parent
+    assert sorted(p.name for p in repo.glob("configs/*.gin")) == []
+    assert (CONFIGS_DIR / "grpo_tiny.gin").is_file()
