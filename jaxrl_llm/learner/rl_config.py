@@ -127,7 +127,7 @@ class RLConfig:
         mini = batch // a.mini_batches
         if mini % a.micro_batch_size and a.micro_batch_size < mini:
             raise ValueError(f"mini-batch {mini} not divisible by {a.micro_batch_size=}")
-        if self.rollout.tool not in ("none", "python", "search"):
+        if ":" not in self.rollout.tool and self.rollout.tool not in ("none", "python", "search"):
             raise ValueError(
                 f"rollout.tool must be 'none', 'python' or 'search', got {self.rollout.tool!r}"
             )

@@ -16,10 +16,16 @@ class RolloutConfig:
     top_k: int = 0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
-    tool: str = "none"  # 'none' | 'python' (ToRL) | 'search' (Search-R1)
+    # 'none' | 'python' (ToRL) | 'search' (Search-R1) | 'package.module:factory' (docs/tools.md)
+    tool: str = "none"
     max_tool_calls: int = 2  # tool turns per sample (Search-R1's max turns)
     search_corpus: str | None = None  # jsonl corpus; None with the built-in retrieval task
     search_k: int = 3
     max_slots: int = 64  # concurrent decode slots
     steps_per_call: int = 8
     val_temperature: float = 0.0  # greedy validation
+
+    def __post_init__(self):
+        from jaxrl_llm.tools.factory import check_tool_name
+
+        check_tool_name(self.tool)

@@ -1,6 +1,8 @@
-"""Tools the policy calls during rollouts: the protocol, the Python sandbox, search."""
+"""Tools the policy calls during rollouts: the protocol, the Python sandbox, search, and
+plug-ins by import path (`build_tool`; docs/tools.md)."""
 
 from jaxrl_llm.tools.executor import PythonExecutor, run_python_many
+from jaxrl_llm.tools.factory import build_tool
 from jaxrl_llm.tools.protocol import Tool, observe_many
 from jaxrl_llm.tools.python_tool import (
     PythonTool,
@@ -8,7 +10,7 @@ from jaxrl_llm.tools.python_tool import (
     format_observation,
     truncate_middle,
 )
-from jaxrl_llm.tools.sandbox import run_python
+from jaxrl_llm.tools.sandbox import SandboxUnavailable, bwrap_available, run_python
 from jaxrl_llm.tools.sandbox_types import ExecResult, SandboxConfig
 from jaxrl_llm.tools.search import BM25Retriever, SearchTool, make_search_tool
 
@@ -18,9 +20,12 @@ __all__ = [
     "PythonExecutor",
     "PythonTool",
     "SandboxConfig",
+    "SandboxUnavailable",
     "SearchTool",
     "Tool",
     "any_code_failed",
+    "build_tool",
+    "bwrap_available",
     "format_observation",
     "make_search_tool",
     "observe_many",

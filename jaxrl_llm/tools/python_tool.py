@@ -27,7 +27,7 @@ import dataclasses
 import re
 
 from jaxrl_llm.tools.executor import PythonExecutor
-from jaxrl_llm.tools.sandbox import run_python
+from jaxrl_llm.tools.sandbox import resolve_backend, run_python
 from jaxrl_llm.tools.sandbox_types import ExecResult, SandboxConfig
 
 CODE_START = "```python"
@@ -108,6 +108,9 @@ class PythonTool:
 
     def __post_init__(self):
         self._executor: PythonExecutor | None = None
+        # Fails closed at construction (before any rollout) when the configured sandbox
+        # cannot isolate code here; an explicit "subprocess" is warned about instead.
+        resolve_backend(self.config.backend)
 
     def pending_code(self, text: str) -> str | None:
         """The code `text` (ending in "```output") asks to run, or None."""

@@ -1,18 +1,23 @@
 """Run untrusted Python (model-written code) and capture its output: `run_python`.
 
-Backends, picked by `SandboxConfig.backend`:
-  "bwrap"          bubblewrap namespaces + rlimits (the default when bwrap works here);
-  "subprocess"     a plain child process + rlimits: weaker, announced loudly once;
+Backends, picked by `SandboxConfig.backend` (gin: `SandboxConfig.backend = "..."`):
+  "bwrap"          bubblewrap namespaces + rlimits;
+  "subprocess"     a plain child process + rlimits: weaker; only when chosen explicitly,
+                   and announced with a warning in every process that uses it;
   "sandbox_fusion" an HTTP SandboxFusion server (`tools/sandbox_fusion.py`);
   "auto"           "bwrap" when a probe run through bubblewrap succeeds on this machine
-                   (tried once per process and cached), else "subprocess".
+                   (tried once per process and cached).
+Fails closed: when bubblewrap does not work here, "auto" and "bwrap" refuse to run code
+(`SandboxUnavailable`, saying how to install bubblewrap or opt in to "subprocess"); nothing
+falls back to the weaker backend on its own.
 
 What the "bwrap" backend guards (one test each in tests/tools/test_sandbox_adversarial.py):
   - Network: a new network namespace with no interfaces besides a downed loopback, so no
     connection to the host, the LAN or the internet (--unshare-net).
   - Files: the filesystem is a fresh mount namespace holding only /usr (+ the /lib, /lib64,
     /bin, /sbin links or read-only binds), /etc/ld.so.cache, the base Python prefix
-    (`sys.base_prefix`, read-only) and `SandboxConfig.import_paths` (read-only). The project
+    (`sys.base_prefix`, read-only) and `SandboxConfig.import_paths` (read-only; the word
+    "site-packages" there stands for this environment's, so numpy / sympy import). The project
     tree, the virtualenv, /root, /home and /work are absent. /tmp (also the working directory
     and $HOME) is a private tmpfs of `tmp_mb` MiB, discarded when the run ends.
   - Processes: a new PID namespace; the code cannot see or signal the trainer, and when the
@@ -40,7 +45,8 @@ so that `os.getppid()` is not the trainer. It does NOT isolate the network or th
 filesystem (the code can read and write anything the trainer's user can), and when the
 trainer runs as root the kernel ignores RLIMIT_NPROC, so a fork bomb is bounded only by the
 timeout and a process that calls setsid() escapes the group kill. It exists so that a laptop
-without bubblewrap still runs the built-in default; never use it for code you do not trust.
+without bubblewrap can still run the built-in default once its user opts in; never use it
+for code you do not trust.
 """
 
 from __future__ import annotations
@@ -76,7 +82,9 @@ def run_python(
 ) -> ExecResult:
     """Runs `code` as a Python program and returns its output; never raises for bad code.
 
-    Safe to call from many threads at once (see `tools/executor.py` for a pool).
+    Safe to call from many threads at once (see `tools/executor.py` for a pool). Raises
+    `SandboxUnavailable` (without running anything) when the configured backend cannot
+    isolate code here.
     """
     config = config or SandboxConfig()
     config = dataclasses.replace(
@@ -88,20 +96,41 @@ def run_python(
     if backend == "sandbox_fusion":
         return sandbox_fusion.run_code(code, config=config)
     mode = _bwrap_mode(config) if backend == "bwrap" else None
-    if backend == "bwrap" and mode is None:
-        return ExecResult("", "", None, False, backend="bwrap", sandbox_error=_PROBE_ERROR[0])
     with _UID_SLOTS.slot() as slot:
         return _run_local(code, config, mode=mode, slot=slot)
 
 
+class SandboxUnavailable(RuntimeError):
+    """The configured backend cannot isolate code on this machine; nothing was run."""
+
+
+def bwrap_available() -> bool:
+    """Whether bubblewrap runs code here (probed once per process)."""
+    return _bwrap_mode(SandboxConfig(backend="bwrap")) is not None
+
+
 def resolve_backend(backend: str) -> str:
-    """'auto' -> 'bwrap' when bubblewrap works here (probed once), else 'subprocess'."""
-    if backend != "auto":
-        return backend
-    if _bwrap_mode(SandboxConfig(backend="bwrap")) is not None:
+    """The backend that will run code: 'auto' -> 'bwrap'. Fails closed: raises
+    `SandboxUnavailable` for 'auto' or 'bwrap' when bubblewrap does not work here; an
+    explicit 'subprocess' is allowed and warned about (once per process)."""
+    if backend in ("auto", "bwrap"):
+        if not bwrap_available():
+            raise SandboxUnavailable(_refusal())
         return "bwrap"
-    _warn_fallback_once()
-    return "subprocess"
+    if backend == "subprocess":
+        _warn_weak_once()
+    return backend
+
+
+def _refusal() -> str:
+    return (
+        f"Refusing to run model-written code: bubblewrap is unavailable ({_PROBE_ERROR[0]}). "
+        "Install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
+        "bubblewrap; it also needs unprivileged user namespaces, or root), or opt in to the "
+        "weaker sandbox explicitly with --gin_param 'SandboxConfig.backend = \"subprocess\"' "
+        "(rlimits only: the code can read and write your files and use the network), or "
+        'run a SandboxFusion server and set SandboxConfig.backend = "sandbox_fusion".'
+    )
 
 
 # Runs inside the sandbox as `python -I -c _LAUNCHER <json>`, code on stdin. Limits are set
@@ -189,7 +218,7 @@ def _bwrap_argv(config: SandboxConfig, mode: str) -> list[str]:
     # there, as in a CI clone) then land on top of it instead of being hidden by it.
     argv += ["--perms", "1777", "--size", str(config.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
     ro_dirs = [sys.base_prefix, os.path.dirname(os.path.dirname(base_python()))]
-    ro_dirs += list(config.import_paths)
+    ro_dirs += list(config.resolved_import_paths())
     made = set()
     for path in dict.fromkeys(os.path.realpath(p) for p in ro_dirs):
         if path == "/usr" or path.startswith("/usr/"):
@@ -206,7 +235,7 @@ def _bwrap_argv(config: SandboxConfig, mode: str) -> list[str]:
     # the sandbox sees the standard library plus `import_paths`, whatever the host installed.
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     base_site = os.path.join(os.path.realpath(sys.base_prefix), "lib", version, "site-packages")
-    if os.path.isdir(base_site) and base_site not in config.import_paths:
+    if os.path.isdir(base_site) and base_site not in config.resolved_import_paths():
         argv += ["--tmpfs", base_site]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--chdir", "/tmp", "--clearenv"]
@@ -221,7 +250,7 @@ def _run_local(code: str, config: SandboxConfig, *, mode: str | None, slot: int)
         "rlimits": _rlimits(config),
         "uid": run_as_uid,
         "fork": mode is None,
-        "paths": list(config.import_paths),
+        "paths": list(config.resolved_import_paths()),
     }
     argv = [base_python(), "-I", "-c", _LAUNCHER, json.dumps(launcher_cfg)]
     workdir = None
@@ -385,15 +414,15 @@ def _probe_bwrap(config: SandboxConfig) -> str | None:
     return None
 
 
-def _warn_fallback_once() -> None:
+def _warn_weak_once() -> None:
     if _WARNED.is_set():
         return
     _WARNED.set()
     message = (
-        f"SANDBOX IS WEAK: bubblewrap is unavailable ({_PROBE_ERROR[0]}). "
-        "Model-written code runs as a plain subprocess with rlimits only: "
-        "it can read and write your files and use the network. "
-        "Install bubblewrap (apt-get install bubblewrap) or use the sandbox_fusion backend."
+        "SANDBOX IS WEAK: SandboxConfig.backend = 'subprocess' was chosen. Model-written "
+        "code runs as a plain subprocess with rlimits only: it can read and write your "
+        "files and use the network. Install bubblewrap (apt-get install bubblewrap) and use "
+        "backend 'auto', or use the sandbox_fusion backend."
     )
     logger.warning(message)
     warnings.warn(message, RuntimeWarning, stacklevel=3)

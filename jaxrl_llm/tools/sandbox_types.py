@@ -5,8 +5,13 @@ and the capped output buffer every backend uses. No process handling here: that 
 from __future__ import annotations
 
 import dataclasses
+import os
+import sysconfig
+
+import gin
 
 BACKENDS = ("auto", "bwrap", "subprocess", "sandbox_fusion")
+SITE_PACKAGES = "site-packages"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,9 +36,15 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out and self.sandbox_error is None
 
 
+@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class SandboxConfig:
-    """How code runs; `run_python`'s timeout_s and memory_mb override the first two."""
+    """How code runs; `run_python`'s timeout_s and memory_mb override the first two.
+
+    gin-configurable, so a run sets the Python tool's sandbox from its config, e.g.
+    `SandboxConfig.timeout_s = 5.0`, `SandboxConfig.memory_mb = 2048`,
+    `SandboxConfig.import_paths = ("site-packages",)`, `SandboxConfig.backend = "bwrap"`.
+    """
 
     timeout_s: float = 10.0
     memory_mb: int = 1024
@@ -45,7 +56,8 @@ class SandboxConfig:
     max_open_files: int = 256
     tmp_mb: int = 64
     # Read-only directories added to sys.path inside the sandbox, e.g. a site-packages with
-    # numpy/sympy for ToRL-style code; the project itself is never needed.
+    # numpy/sympy for ToRL-style code; "site-packages" stands for this environment's own
+    # (its purelib and platlib). The project itself is never needed.
     import_paths: tuple[str, ...] = ()
     # Per-run uids when bubblewrap runs as root: uid_base + slot, slot < max concurrent runs.
     uid_base: int = 1_000_000
@@ -55,7 +67,34 @@ class SandboxConfig:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {self.backend!r}; choose from {BACKENDS}")
         if self.timeout_s <= 0 or self.memory_mb < 32:
-            raise ValueError("need timeout_s > 0 and memory_mb >= 32")
+            raise ValueError(
+                f"SandboxConfig: need timeout_s > 0 and memory_mb >= 32, got "
+                f"timeout_s={self.timeout_s!r}, memory_mb={self.memory_mb!r}"
+            )
+        if isinstance(self.import_paths, list):  # gin writes lists as lists
+            object.__setattr__(self, "import_paths", tuple(self.import_paths))
+        if isinstance(self.import_paths, str):
+            raise TypeError(
+                f"SandboxConfig.import_paths = {self.import_paths!r}: expected a tuple of "
+                "paths, e.g. ('site-packages',)"
+            )
+        for path in self.import_paths:
+            if path != SITE_PACKAGES and not (os.path.isabs(path) and os.path.isdir(path)):
+                raise ValueError(
+                    f"SandboxConfig.import_paths entry {path!r}: expected an existing "
+                    f"absolute directory or {SITE_PACKAGES!r}"
+                )
+
+    def resolved_import_paths(self) -> tuple[str, ...]:
+        """`import_paths` with "site-packages" replaced by this environment's directories."""
+        out: list[str] = []
+        for path in self.import_paths:
+            if path == SITE_PACKAGES:
+                paths = sysconfig.get_paths()
+                out += [paths["purelib"], paths["platlib"]]
+            else:
+                out.append(path)
+        return tuple(dict.fromkeys(os.path.realpath(p) for p in out))
 
 
 class CappedBuffer:

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from jaxrl_llm.tools import SandboxConfig, run_python, sandbox
-from jaxrl_llm.tools.sandbox import resolve_backend
+from jaxrl_llm.tools import SandboxConfig, SandboxUnavailable, run_python, sandbox
+from jaxrl_llm.tools.sandbox import bwrap_available
 from jaxrl_llm.tools.sandbox_types import CappedBuffer
 
-HAVE_BWRAP = resolve_backend("auto") == "bwrap"
+HAVE_BWRAP = bwrap_available()
 pytestmark = pytest.mark.filterwarnings("ignore:SANDBOX IS WEAK")
 
 
@@ -76,20 +76,15 @@ def test_config_is_validated():
         SandboxConfig(timeout_s=0)
 
 
-def test_unusable_bwrap_is_detected_at_runtime_and_falls_back_loudly(monkeypatch, tmp_path):
+def test_unusable_bwrap_is_detected_at_runtime_and_refused(monkeypatch, tmp_path):
     fake = tmp_path / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: no permissions to create namespace' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setattr(sandbox, "_PROBE", {})
-    monkeypatch.setattr(sandbox, "_WARNED", type(sandbox._WARNED)())
-    with pytest.warns(RuntimeWarning, match="SANDBOX IS WEAK.*no permissions"):
-        assert resolve_backend("auto") == "subprocess"
-    assert resolve_backend("auto") == "subprocess"  # cached, warned once
-    result = run_python("print(1)", config=SandboxConfig(backend="auto"))
-    assert result.backend == "subprocess" and result.stdout == "1\n"
-    forced = run_python("print(1)", config=SandboxConfig(backend="bwrap"))
-    assert forced.sandbox_error and "bubblewrap does not work here" in forced.sandbox_error
+    for backend in ("auto", "bwrap"):
+        with pytest.raises(SandboxUnavailable, match=r"bubblewrap does not work here.*no perm"):
+            run_python("print(1)", config=SandboxConfig(backend=backend))
 
 
 def test_start_latency_is_small():

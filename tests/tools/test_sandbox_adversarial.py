@@ -11,9 +11,9 @@ import time
 import pytest
 
 from jaxrl_llm.tools import PythonExecutor, SandboxConfig, run_python
-from jaxrl_llm.tools.sandbox import resolve_backend
+from jaxrl_llm.tools.sandbox import bwrap_available
 
-HAVE_BWRAP = resolve_backend("auto") == "bwrap"
+HAVE_BWRAP = bwrap_available()
 requires_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap does not run here")
 BWRAP = SandboxConfig(backend="bwrap", timeout_s=2.0, memory_mb=256, max_processes=16)
 PLAIN = SandboxConfig(backend="subprocess", timeout_s=2.0, memory_mb=256, max_processes=16)
