@@ -77,6 +77,7 @@ class RLConfig:
     eval_every: int = 5
     save_every: int = 5
     seed: int = 0
+    log_generations: int = 8  # samples per step written as text (metrics/generations.py)
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)

@@ -84,6 +84,7 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
         writer.close()
         run.ckpt.close()
         run.reward.close()
+        run.generations.close()
     return records
 
 
@@ -115,6 +116,7 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     metrics["timing/step"] = time.perf_counter() - t0
     metrics["perf/tokens_per_s"] = samples.num_tokens / metrics["timing/step"]
     record_step_samples(run.run_dir, step, samples)
+    run.generations.write(step, samples)
     return metrics
 
 
@@ -161,6 +163,7 @@ def _collect(cfg, step, it, rollout, reward, state: RunState):
         if have >= want or tries >= cfg.algo.max_sampling_tries:
             break
     metrics["dynamic_sampling/tries"] = tries
+    metrics.update(rollout.reward_metrics())  # reward/errors, reward/timeouts of all tries
     metrics["dynamic_sampling/dropped_groups"] = dropped
     have = sum(len(e.prompt_ids) for e in mixed)
     if have < want:

@@ -32,6 +32,7 @@ from jaxrl_llm.learner.steps import (
     make_micro_batch_fn,
     make_policy_step,
 )
+from jaxrl_llm.metrics.generations import GenerationLog
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer
 from jaxrl_llm.rewards.config import build_reward_pool
 from jaxrl_llm.rollout.stage import RolloutStage
@@ -126,6 +127,7 @@ class Run:
     reward: Any  # RewardPool
     ckpt: Checkpointer
     resumed: bool
+    generations: GenerationLog  # each step's samples as text (run_dir/generations/)
 
 
 def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
@@ -156,7 +158,8 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
         rollout_dtype=cfg.policy.rollout_dtype, corpus=data.corpus,
     )  # fmt: skip
     reward = build_reward_pool(cfg.reward)
-    return Run(cfg, run_dir, learner, data, prompts, rollout, reward, ckpt, resume)
+    generations = GenerationLog(run_dir, cfg.log_generations, learner.tokenizer)
+    return Run(cfg, run_dir, learner, data, prompts, rollout, reward, ckpt, resume, generations)
 
 
 def device_state(state: RunState) -> dict[str, Any]:
