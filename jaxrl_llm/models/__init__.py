@@ -1,4 +1,4 @@
-"""Flax NNX policy and value models for the Qwen2/Qwen2.5 and Llama-3 families."""
+"""Flax NNX policy and value models for the Qwen2/Qwen2.5, Qwen3 (dense) and Llama-3 families."""
 
 from jaxrl_llm.models.config import ModelConfig, RopeConfig, UnsupportedModelError
 from jaxrl_llm.models.hf_io import (

@@ -31,6 +31,13 @@ PRESETS: dict[str, dict[str, Any]] = {
                       max_position_embeddings=8192, hidden_size=4096, intermediate_size=14336,
                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8),
 }  # fmt: skip
+_QWEN3 = dict(_QWEN, model_type="qwen3", max_position_embeddings=40960, head_dim=128,
+              num_key_value_heads=8)  # fmt: skip
+PRESETS["qwen3-0.6b"] = dict(_QWEN3, hidden_size=1024, intermediate_size=3072,
+                             num_hidden_layers=28, num_attention_heads=16)  # fmt: skip
+PRESETS["qwen3-8b"] = dict(_QWEN3, tie_word_embeddings=False, hidden_size=4096,
+                           intermediate_size=12288, num_hidden_layers=36,
+                           num_attention_heads=32)  # fmt: skip
 PRESETS["qwen2.5-math-1.5b"] = dict(PRESETS["qwen2.5-1.5b"], max_position_embeddings=4096)
 PRESETS["qwen2.5-math-7b"] = dict(PRESETS["qwen2.5-7b"], max_position_embeddings=4096)
 

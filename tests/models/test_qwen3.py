@@ -146,3 +146,17 @@ def test_unsupported_qwen3_options_are_refused():
     assert ModelConfig.from_hf(hf).qk_norm
     with pytest.raises(UnsupportedModelError, match="use_sliding_window"):
         ModelConfig.from_hf({**hf, "use_sliding_window": True})
+
+
+def test_qwen3_presets_match_published_parameter_counts():
+    """Qwen3-0.6B: 0.60 B parameters (0.44 B without the tied embedding); Qwen3-8B: 8.19 B
+    (6.95 B without embeddings), as the model cards state."""
+    from jaxrl_llm.learner.plan import abstract_mesh, model_config, param_bytes
+
+    one = abstract_mesh(1, 1, 1)
+    small = param_bytes(model_config("qwen3-0.6b"), one, TRAIN_RULES)[1]
+    large = param_bytes(model_config("qwen3-8b"), one, TRAIN_RULES)[1]
+    assert small == pytest.approx(0.596e9, rel=0.01)
+    assert small - 151936 * 1024 == pytest.approx(0.44e9, rel=0.01)
+    assert large == pytest.approx(8.19e9, rel=0.01)
+    assert large - 2 * 151936 * 4096 == pytest.approx(6.95e9, rel=0.01)

@@ -78,6 +78,9 @@ def test_golden_param_specs(mesh):
         "train": state_specs(state, mesh, TRAIN_RULES),
         "sample": state_specs(state, mesh, SAMPLE_RULES),
     }
+    qwen3 = ModelConfig(model_type="qwen3", qk_norm=True, qkv_bias=False)  # + q/k norm weights
+    _, state3 = nnx.split(nnx.eval_shape(lambda: init_model(qwen3, seed=0)))
+    got["qwen3_train"] = state_specs(state3, mesh, TRAIN_RULES)
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     expected = json.loads(GOLDEN.read_text())
