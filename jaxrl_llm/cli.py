@@ -13,6 +13,7 @@ import logging
 import sys
 
 from jaxrl_llm import cpu_devices
+from jaxrl_llm.config_checks import ConfigError
 
 # name -> (module, one-line help); the module's add_arguments/main, or the names given.
 COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
@@ -70,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("jax._src.xla_bridge", "absl"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    code = getattr(module, main_fn)(args)
+    try:
+        code = getattr(module, main_fn)(args)
+    except ConfigError as e:  # a wrong gin file or value: the message says which, no traceback
+        print(f"jaxrl-llm {name}: configuration error: {e}", file=sys.stderr)
+        return 2
     return int(code or 0)
 
 

@@ -8,15 +8,15 @@ the run. Every gin-configurable dataclass uses one decorator, placed under
 
     @gin.configurable
     @dataclasses.dataclass(frozen=True)
-    @checked_fields(lr=Gt(0), b1=Interval(ge=0, lt=1))
+    @checked_fields(lr=Gt(0), b1=Interval(ge=0, lt=1), decay=("constant", "cosine"))
     class OptimConfig: ...
 
 Types are checked by pydantic (`TypeAdapter`, strict: no "1e-5" strings for floats, no
 `True` for ints; an int is a float) against the resolved annotations; a gin list for a
 `tuple[...]` field becomes a tuple. Ranges are `annotated_types` constraints (what pydantic
-reads), applied to the value when it is not None. A class's own `__post_init__` (cross-field
-rules) runs after the checks. This module sits below every config (it imports no other
-jaxrl_llm module), so any layer can use it.
+reads) or a tuple of the allowed values; either applies to the value when it is not None.
+A class's own `__post_init__` (cross-field rules) runs after the checks. This module sits
+below every config (it imports no other jaxrl_llm module), so any layer can use it.
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ import inspect
 import types
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
-import pydantic
 from annotated_types import Ge, Gt, Interval, Le, Lt
 
 __all__ = ["ConfigError", "Ge", "Gt", "Interval", "Le", "Lt", "checked_fields"]
 
 T = TypeVar("T")
-Range = Ge | Gt | Le | Lt | Interval
+Bound = Ge | Gt | Le | Lt | Interval
+Range = Bound | tuple  # a bound, or the allowed values
 _BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
 
 
@@ -46,8 +46,9 @@ class ConfigError(ValueError):
 def checked_fields(**ranges: Range) -> Callable[[type[T]], type[T]]:
     """Class decorator (under `@dataclasses.dataclass`): check every field at construction.
 
-    `ranges` maps field names to `Gt`/`Ge`/`Lt`/`Le`/`Interval`; a name that is not an
-    annotated field of the class is a mistake in the code and fails at import.
+    `ranges` maps field names to `Gt`/`Ge`/`Lt`/`Le`/`Interval` or to a tuple of the allowed
+    values; a name that is not an annotated field of the class is a mistake in the code and
+    fails at import.
     """
 
     def decorate(cls: type[T]) -> type[T]:
@@ -55,7 +56,7 @@ def checked_fields(**ranges: Range) -> Callable[[type[T]], type[T]]:
         if unknown:
             raise TypeError(f"checked_fields on {cls.__name__}: no fields named {unknown}")
         for name, rng in ranges.items():
-            if not isinstance(rng, Range):
+            if not isinstance(rng, Bound | tuple):
                 raise TypeError(f"checked_fields {cls.__name__}.{name}: {rng!r} is not a range")
         own_post_init = cls.__dict__.get("__post_init__")
 
@@ -72,6 +73,8 @@ def checked_fields(**ranges: Range) -> Callable[[type[T]], type[T]]:
 
 def check_fields(obj: Any, ranges: dict[str, Range]) -> None:
     """Check (and normalise: list -> tuple, int -> float) each field of dataclass `obj`."""
+    import pydantic  # here, not at import: `jaxrl-llm --help` reads ConfigError only
+
     cls = type(obj)
     for field in dataclasses.fields(obj):
         value = getattr(obj, field.name)
@@ -104,8 +107,13 @@ def _field_checks(cls: type, name: str, rng: Range | None) -> tuple[str, Callabl
             return value
 
         return expected, check_instance
+    import pydantic
+
     non_none, optional = _split_optional(hint)
-    constrained = Annotated[non_none, rng] if rng is not None else non_none
+    if isinstance(rng, tuple):
+        constrained = Literal[rng]  # pyright: ignore[reportInvalidTypeForm]
+    else:
+        constrained = Annotated[non_none, rng] if rng is not None else non_none
     adapter = pydantic.TypeAdapter(constrained | None if optional else constrained)
     to_tuple = typing.get_origin(non_none) is tuple
 
@@ -127,6 +135,8 @@ def _split_optional(hint: Any) -> tuple[Any, bool]:
 
 
 def _describe_range(rng: Range) -> str:
+    if isinstance(rng, tuple):
+        return "one of " + ", ".join(repr(v) for v in rng)
     parts = [f"{sign} {getattr(rng, key)}" for key, sign in _BOUNDS if hasattr(rng, key)]
     parts = [p for p in parts if not p.endswith(" None")]
     return " and ".join(parts)

@@ -1,11 +1,19 @@
 """Bad configuration fails before anything compiles, and the message names the key."""
 
+import ast
+import dataclasses
+import importlib
+import subprocess
+import sys
+import typing
 from pathlib import Path
 
 import pytest
 
 from jaxrl_llm.config import CONFIGS_DIR, ConfigError, parse_gin, resolve_gin_file
-from jaxrl_llm.learner.rl_config import RLConfig
+from jaxrl_llm.config_checks import Gt, checked_fields
+from jaxrl_llm.data.sources import SourceConfig
+from jaxrl_llm.learner.rl_config import AlgoConfig, RLConfig
 
 NOT_RL = {"base.gin", "sft_tiny.gin", "sft_tiny_stage2.gin"}  # include-only file, SFT configs
 
@@ -82,3 +90,100 @@ def test_configs_live_only_in_the_package():
     repo = CONFIGS_DIR.parent.parent
     assert sorted(p.name for p in repo.glob("configs/*.gin")) == []
     assert (CONFIGS_DIR / "grpo_tiny.gin").is_file()
+
+
+def _config_classes() -> list[type]:
+    """Every dataclass in the package decorated with `gin.configurable` or named *Config,
+    found by reading the sources (so a new one cannot be missed)."""
+    root = CONFIGS_DIR.parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            names = {ast.unparse(d).split("(")[0] for d in node.decorator_list}
+            is_dataclass = "dataclasses.dataclass" in names
+            if is_dataclass and ("gin.configurable" in names or node.name.endswith("Config")):
+                module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+                found.append(getattr(importlib.import_module(module), node.name))
+    return found
+
+
+CONFIG_CLASSES = _config_classes()
+REQUIRED = {"SourceConfig": {"path": "x.jsonl"}}  # fields without a default
+
+
+def _default(cls):
+    if cls.__name__ == "PipelineConfig":
+        return cls(source=_default(SourceConfig))
+    return cls(**REQUIRED.get(cls.__name__, {}))
+
+
+def test_the_config_classes_are_found():
+    names = {c.__name__ for c in CONFIG_CLASSES}
+    assert {"RLConfig", "OptimConfig", "RolloutConfig", "SFTConfig", "ModelConfig"} <= names
+
+
+@pytest.mark.parametrize("cls", CONFIG_CLASSES, ids=lambda c: c.__name__)
+def test_every_field_of_every_config_rejects_a_wrong_type_by_name(cls):
+    base = _default(cls)
+    hints = typing.get_type_hints(cls)
+    checked = [f.name for f in dataclasses.fields(cls) if hints[f.name] is not typing.Any]
+    assert checked, cls
+    for name in checked:
+        with pytest.raises(ConfigError, match=rf"^{cls.__name__}\.{name} = <object"):
+            dataclasses.replace(base, **{name: object()})
+
+
+@pytest.mark.parametrize(
+    ("binding", "message"),
+    [
+        ('OptimConfig.lr = "abc"', "OptimConfig.lr = 'abc': expected float (> 0)"),
+        ("OptimConfig.lr = -1.0", "OptimConfig.lr = -1.0: expected float (> 0)"),
+        (
+            "OptimConfig.decay = 'exp'",
+            "OptimConfig.decay = 'exp': expected str (one of 'constant', 'cosine', 'linear')",
+        ),
+        ("DataConfig.prompts_per_step = True", "DataConfig.prompts_per_step = True: expected int"),
+        ("AlgoConfig.gamma = 2.0", "AlgoConfig.gamma = 2.0: expected float (>= 0 and <= 1)"),
+        ("AlgoConfig.dual_clip_c = 0.5", "AlgoConfig.dual_clip_c = 0.5: expected float | None"),
+        ("RolloutConfig.n = 0", "RolloutConfig.n = 0: expected int (>= 1)"),
+        ("RolloutConfig.top_p = 0.0", "RolloutConfig.top_p = 0.0: expected float (> 0 and <= 1)"),
+        ("PolicyConfig.remat = 'yes'", "PolicyConfig.remat = 'yes': expected bool"),
+    ],
+)
+def test_a_wrong_value_names_class_field_value_and_expectation(binding, message):
+    parse_gin(["grpo_tiny.gin"], [binding])
+    with pytest.raises(ConfigError) as info:
+        RLConfig()
+    assert str(info.value).splitlines()[0].startswith(message)
+
+
+def test_gin_lists_become_tuples_and_ints_floats():
+    parse_gin([], ["DataConfig.builtin_levels = [1, 2]", "OptimConfig.lr = 1"])
+    cfg = RLConfig()
+    assert cfg.data.builtin_levels == (1, 2)
+    assert type(cfg.optim.lr) is float
+    assert AlgoConfig(dual_clip_c=None).dual_clip_c is None  # None passes a range
+
+
+def test_the_cli_prints_the_message_without_a_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxrl_llm.cli", "train", '--gin_param=OptimConfig.lr="abc"'],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "OptimConfig.lr = 'abc': expected float (> 0)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_range_on_a_missing_field_fails_at_definition():
+    with pytest.raises(TypeError, match="no fields named"):
+
+        @dataclasses.dataclass(frozen=True)
+        @checked_fields(lrr=Gt(0))
+        class Wrong:
+            lr: float = 1.0

@@ -6,9 +6,18 @@ import dataclasses
 
 import gin
 
+from jaxrl_llm.config_checks import Ge, checked_fields
+
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+@checked_fields(
+    builtin_task=("arithmetic", "retrieval"),
+    max_prompt_length=Ge(1),
+    prompts_per_step=Ge(1),
+    val_size=Ge(0),
+    builtin_train_size=Ge(1),
+)
 class DataConfig:
     """Prompts. With no `train_file`, the built-in arithmetic task is generated."""
 

@@ -36,6 +36,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from jaxrl_llm.config_checks import Ge, checked_fields
 from jaxrl_llm.data.examples import DataReport, FieldMap, load_examples
 from jaxrl_llm.data.sources import SourceConfig
 from jaxrl_llm.data.templates import TEMPLATES, render_prompt
@@ -46,6 +47,9 @@ _STATE_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
+@checked_fields(
+    template=TEMPLATES, max_prompt_length=Ge(1), global_batch_size=Ge(1), num_epochs=Ge(1)
+)
 class PipelineConfig:
     """Settings of a prompt pipeline.
 

@@ -35,12 +35,15 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm.config_checks import checked_fields
+
 FORMATS = ("auto", "jsonl", "json", "parquet", "arrow", "hf", "tfds")
 _FILE_SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
 _WHITESPACE = re.compile(r"\s*")
 
 
 @dataclasses.dataclass(frozen=True)
+@checked_fields(format=FORMATS)
 class SourceConfig:
     """Where prompts come from.
 

@@ -10,9 +10,22 @@ import dataclasses
 import gin
 import optax
 
+from jaxrl_llm.config_checks import Ge, Gt, Interval, checked_fields
+
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+@checked_fields(
+    lr=Gt(0),
+    warmup_steps=Ge(0),
+    decay=("constant", "cosine", "linear"),
+    min_lr_ratio=Interval(ge=0, le=1),
+    weight_decay=Ge(0),
+    b1=Interval(ge=0, lt=1),
+    b2=Interval(ge=0, lt=1),
+    eps=Gt(0),
+    max_grad_norm=Ge(0),
+)
 class OptimConfig:
     """AdamW hyperparameters. `decay`: 'constant' | 'cosine' | 'linear' after warmup."""
 
@@ -24,13 +37,7 @@ class OptimConfig:
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
-    max_grad_norm: float = 1.0
-
-    def __post_init__(self):
-        if self.decay not in ("constant", "cosine", "linear"):
-            raise ValueError(f"decay must be constant|cosine|linear, got {self.decay!r}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+    max_grad_norm: float = 1.0  # 0: no clipping
 
 
 def learning_rate_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:

@@ -11,6 +11,7 @@ import time
 
 import gin
 
+from jaxrl_llm.config_checks import Ge, Gt, Interval, checked_fields
 from jaxrl_llm.data.config import DataConfig
 from jaxrl_llm.learner.optim import OptimConfig
 from jaxrl_llm.rewards.config import RewardConfig
@@ -21,6 +22,7 @@ __all__ = ["DataConfig", "RLConfig", "RewardConfig", "RolloutConfig"]
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+@checked_fields()
 class PolicyConfig:
     checkpoint: str = "builtin"  # HF folder or 'builtin'
     critic_checkpoint: str | None = None  # None: the critic starts from the policy trunk
@@ -32,6 +34,7 @@ class PolicyConfig:
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+@checked_fields(data=Ge(-1), fsdp=Ge(-1), tensor=Ge(-1))  # -1: the devices left over
 class MeshConfig:
     data: int = 1
     fsdp: int = -1
@@ -40,6 +43,21 @@ class MeshConfig:
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+@checked_fields(
+    clip_low=Ge(0),
+    clip_high=Ge(0),
+    dual_clip_c=Gt(1),
+    gamma=Interval(ge=0, le=1),
+    lam=Interval(ge=0, le=1),
+    kl_loss_coef=Ge(0),
+    kl_in_reward_coef=Ge(0),
+    ppo_epochs=Ge(1),
+    mini_batches=Ge(1),
+    micro_batch_size=Ge(1),
+    value_clip=Ge(0),
+    max_sampling_tries=Ge(1),
+    tis_cap=Gt(0),
+)
 class AlgoConfig:
     """Algorithm options, named as in verl. estimator: grpo | rloo | gae | reinforce_plus_plus."""
 
@@ -70,6 +88,7 @@ class AlgoConfig:
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+@checked_fields(steps=Ge(0), eval_every=Ge(0), save_every=Ge(0))
 class RLConfig:
     name: str = "grpo_tiny"
     run_dir: str | None = None  # None: runs/<name>-<timestamp>

@@ -24,6 +24,7 @@ from flax import nnx
 
 from jaxrl_llm.algorithms import token_logprobs
 from jaxrl_llm.assets import resolve_checkpoint
+from jaxrl_llm.config_checks import Ge, Interval, checked_fields
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
@@ -35,6 +36,16 @@ log = logging.getLogger(__name__)
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+@checked_fields(
+    n_train=Ge(1),
+    n_val=Ge(0),
+    tool_fraction=Interval(ge=0, le=1),
+    steps=Ge(0),
+    batch_size=Ge(1),
+    micro_batches=Ge(1),
+    seq_len=Ge(1),
+    eval_every=Ge(0),
+)
 class SFTConfig:
     """Supervised fine-tuning settings (built-in arithmetic task unless `train_file`)."""
 

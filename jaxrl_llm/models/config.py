@@ -22,6 +22,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from jaxrl_llm.config_checks import Ge, Gt, checked_fields
+
 SUPPORTED_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -51,6 +53,7 @@ def as_dtype(dtype: Any) -> jnp.dtype:
 
 
 @dataclasses.dataclass(frozen=True)
+@checked_fields(theta=Gt(0), factor=Gt(0))
 class RopeConfig:
     """Rotary embedding parameters (HF `rope_parameters` / `rope_scaling`)."""
 
@@ -63,6 +66,16 @@ class RopeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+@checked_fields(
+    vocab_size=Ge(1),
+    hidden_size=Ge(1),
+    intermediate_size=Ge(1),
+    num_layers=Ge(1),
+    num_heads=Ge(1),
+    num_kv_heads=Ge(1),
+    head_dim=Ge(1),
+    rms_norm_eps=Gt(0),
+)
 class ModelConfig:
     """Shape and numerics of a decoder-only transformer.
 

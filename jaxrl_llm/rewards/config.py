@@ -15,9 +15,12 @@ from typing import Any
 
 import gin
 
+from jaxrl_llm.config_checks import Ge, Gt, checked_fields
+
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+@checked_fields(timeout_s=Gt(0), workers=Ge(1))
 class RewardConfig:
     name: str = "math"  # used when `weights` is None
     weights: dict[str, Any] | None = None  # {reward: weight | (weight, options)}

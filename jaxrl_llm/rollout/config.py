@@ -6,9 +6,23 @@ import dataclasses
 
 import gin
 
+from jaxrl_llm.config_checks import Ge, Interval, checked_fields
+
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+@checked_fields(
+    n=Ge(1),
+    max_new_tokens=Ge(1),
+    temperature=Ge(0),
+    top_k=Ge(0),
+    top_p=Interval(gt=0, le=1),
+    max_tool_calls=Ge(0),
+    search_k=Ge(1),
+    max_slots=Ge(1),
+    steps_per_call=Ge(1),
+    val_temperature=Ge(0),
+)
 class RolloutConfig:
     n: int = 8  # samples per prompt (G)
     max_new_tokens: int = 96

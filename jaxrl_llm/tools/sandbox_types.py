@@ -10,6 +10,8 @@ import sysconfig
 
 import gin
 
+from jaxrl_llm.config_checks import checked_fields
+
 BACKENDS = ("auto", "bwrap", "subprocess", "sandbox_fusion")
 SITE_PACKAGES = "site-packages"
 
@@ -38,6 +40,7 @@ class ExecResult:
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+@checked_fields()  # types; the ranges are checked in __post_init__
 class SandboxConfig:
     """How code runs; `run_python`'s timeout_s and memory_mb override the first two.
 
