@@ -1,16 +1,22 @@
 # Two commands for a new user: `make train` and `make test`. Each creates or refreshes
 # .venv (only when pyproject.toml changed), installs system packages it needs, then runs.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV := .venv
+# Python 3.11 or 3.12: `make test PYTHON=python3.12` builds and uses .venv-3.12 (a venv
+# per other version, so switching never rebuilds or mixes the default .venv).
+PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3)
+PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+$(if $(PYVER),,$(error PYTHON=$(PYTHON) does not run; name a Python 3.11 or 3.12 interpreter))
+VENV := .venv$(if $(filter 3.11,$(PYVER)),,-$(PYVER))
 BIN := $(VENV)/bin
 BASE_STAMP := $(VENV)/.installed-base
 TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
+# The venv's own interpreter, whichever venv this is (pyproject names .venv for editors).
+PYRIGHT := $(BIN)/basedpyright -p pyproject.toml --pythonpath $(BIN)/python
 
 .PHONY: train test test-fast lint format sysdeps clean tiny-checkpoint repro-torl repro-limr
 
 $(BIN)/python:
-	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "jaxrl-llm needs Python 3.11, found " + sys.version'
+	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 12), "jaxrl-llm needs Python 3.11 or 3.12, found " + sys.version'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
@@ -46,7 +52,7 @@ train: $(BASE_STAMP) sysdeps
 test: $(TEST_STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/basedpyright -p pyproject.toml
+	$(PYRIGHT)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests marked slow (end-to-end runs, benchmarks,
@@ -54,13 +60,13 @@ test: $(TEST_STAMP) sysdeps
 test-fast: $(TEST_STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/basedpyright -p pyproject.toml
+	$(PYRIGHT)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/basedpyright -p pyproject.toml
+	$(PYRIGHT)
 
 format: $(TEST_STAMP)
 	$(BIN)/ruff format .
@@ -99,4 +105,4 @@ repro-limr: $(BASE_STAMP) sysdeps
 	$(BIN)/jaxrl-llm plot $(L)/full $(L)/lim $(L)/rand --out docs/figures/limr
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf .venv .venv-3.* .pytest_cache .ruff_cache

@@ -3,6 +3,7 @@
 import ast
 import dataclasses
 import importlib
+import re
 import subprocess
 import sys
 import typing
@@ -22,7 +23,10 @@ NOT_RL = {"base.gin", "sft_tiny.gin", "sft_tiny_stage2.gin"}  # include-only fil
     "name", sorted(p.name for p in CONFIGS_DIR.glob("*.gin") if p.name not in NOT_RL)
 )
 def test_shipped_configs_parse_and_validate(name):
-    parse_gin([name])
+    text = (CONFIGS_DIR / name).read_text()
+    # Paper configs leave paths as "SET_..." macros; give each a value as a user would.
+    macros = re.findall(r'^(\w+) = "SET_\w+"', text, flags=re.M)
+    parse_gin([name], [f'{m} = "/data/{m.lower()}"' for m in macros])
     cfg = RLConfig()
     cfg.validate()
     first_line = (CONFIGS_DIR / name).read_text().splitlines()[0]
@@ -187,3 +191,26 @@ def test_a_range_on_a_missing_field_fails_at_definition():
         @checked_fields(lrr=Gt(0))
         class Wrong:
             lr: float = 1.0
+
+
+def test_gspo_with_ppo_clip_ranges_warns(caplog):
+    parse_gin(["grpo_tiny.gin"], ["AlgoConfig.policy_loss = 'gspo'"])
+    RLConfig().validate()
+    assert "GSPO clips a sequence ratio" in caplog.text
+    caplog.clear()
+    parse_gin(
+        ["grpo_tiny.gin"],
+        [
+            "AlgoConfig.policy_loss = 'gspo'",
+            "AlgoConfig.clip_low = 3e-4",
+            "AlgoConfig.clip_high = 4e-4",
+        ],
+    )
+    RLConfig().validate()
+    assert "GSPO" not in caplog.text
+
+
+def test_a_placeholder_left_unset_is_named():
+    parse_gin(["torl_grpo_qwen2.5_math_1.5b.gin"])
+    with pytest.raises(ValueError, match=r"PolicyConfig.checkpoint = 'SET_CHECKPOINT_PATH'"):
+        RLConfig().validate()

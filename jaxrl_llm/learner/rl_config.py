@@ -7,6 +7,7 @@ time. `RLConfig.validate()` checks cross-field rules before any model is loaded.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import gin
@@ -18,6 +19,8 @@ from jaxrl_llm.rewards.config import RewardConfig
 from jaxrl_llm.rollout.config import RolloutConfig
 
 __all__ = ["DataConfig", "RLConfig", "RewardConfig", "RolloutConfig"]
+
+log = logging.getLogger(__name__)
 
 
 @gin.configurable
@@ -135,6 +138,7 @@ class RLConfig:
     def validate(self) -> None:
         from jaxrl_llm.algorithms import registry
 
+        _refuse_placeholders(self, "RLConfig")
         a = self.algo
         registry.lookup("advantage", a.estimator)
         registry.lookup("policy_loss", a.policy_loss)
@@ -160,3 +164,25 @@ class RLConfig:
             raise ValueError("rollout.tool='search' needs rollout.search_corpus (a jsonl corpus)")
         if a.estimator in ("grpo", "rloo") and self.rollout.n < 2:
             raise ValueError(f"{a.estimator} needs rollout.n >= 2 samples per prompt")
+        if a.policy_loss == "gspo" and max(a.clip_low, a.clip_high) > 0.01:
+            log.warning(
+                "GSPO clips a sequence ratio at (1 - %g, 1 + %g): the paper uses 3e-4 / 4e-4 "
+                "(AlgoConfig.clip_low / clip_high); 0.2 almost never clips (docs/algorithms.md)",
+                a.clip_low,
+                a.clip_high,
+            )
+
+
+def _refuse_placeholders(cfg: object, where: str) -> None:
+    """The shipped paper configs hold "SET_..." strings where a path must be given; name the
+    one left unset (and its override) rather than fail later on a missing file."""
+    for field in dataclasses.fields(cfg):  # pyright: ignore[reportArgumentType]
+        value = getattr(cfg, field.name)
+        if dataclasses.is_dataclass(value):
+            _refuse_placeholders(value, f"{where}.{field.name}")
+        elif isinstance(value, str) and value.startswith("SET_"):
+            name = f"{type(cfg).__name__}.{field.name}"
+            raise ValueError(
+                f"{name} = {value!r} ({where}.{field.name}) is a placeholder left unset: give "
+                f"it with --gin_param='{name}=\"...\"' or the macro the gin file's header names"
+            )
