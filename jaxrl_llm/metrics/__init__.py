@@ -1,5 +1,5 @@
-"""Metric names (verl's), writers (jsonl, TensorBoard), plots and health checks."""
+"""Metric names (verl's), writers (jsonl, TensorBoard, optional W&B), plots, health checks."""
 
-from jaxrl_llm.metrics.writer import MetricsWriter, read_metrics
+from jaxrl_llm.metrics.writer import MetricsConfig, MetricsWriter, read_metrics
 
-__all__ = ["MetricsWriter", "read_metrics"]
+__all__ = ["MetricsConfig", "MetricsWriter", "read_metrics"]

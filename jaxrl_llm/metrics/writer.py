@@ -1,19 +1,29 @@
-"""Write one record per step to `metrics.jsonl` (flushed each step) and TensorBoard.
+"""Write one record per step to `metrics.jsonl` (flushed each step), TensorBoard and,
+optionally, Weights & Biases.
 
 Only process 0 writes. Names follow verl (`actor/pg_loss`, `critic/score/mean`,
 `response_length/mean`, `val/test_score`, `timing/*`), so dashboards carry over.
+
+W&B is used only when `MetricsConfig.wandb_project` is set and `wandb` imports (it is not a
+dependency: `pip install wandb`, then `wandb login` or WANDB_API_KEY). The W&B run id is
+kept in the run directory (`wandb_run_id`), so `--resume` continues the same W&B run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
+import gin
 import jax
+
+from jaxrl_llm.config_checks import checked_fields
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +36,36 @@ def _scalar(v: Any) -> float | None:
     return f
 
 
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+@checked_fields()
+class MetricsConfig:
+    """Where metrics go besides metrics.jsonl: `MetricsConfig.wandb_project = "my-rl"`."""
+
+    tensorboard: bool = True
+    wandb_project: str | None = None  # None: no W&B
+    wandb_entity: str | None = None  # None: W&B's default entity for the API key
+    wandb_name: str | None = None  # None: the run directory's name
+
+
 class MetricsWriter:
-    def __init__(self, run_dir: str | os.PathLike, *, tensorboard: bool = True, resume_step=None):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        tensorboard: bool | None = None,
+        resume_step=None,
+        config: MetricsConfig | None = None,
+    ):
+        """`config` None reads the gin bindings of `MetricsConfig`; `tensorboard` overrides
+        the config's."""
+        config = config or MetricsConfig()
+        if tensorboard is not None:
+            config = dataclasses.replace(config, tensorboard=tensorboard)
         self.run_dir = Path(run_dir)
         self.active = jax.process_index() == 0
         self._tb = None
+        self._wandb = None
         if not self.active:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -42,13 +77,15 @@ class MetricsWriter:
         elif resume_step is None:
             self.path.write_text("")
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-        if tensorboard:
+        if config.tensorboard:
             try:
                 from tensorboardX import SummaryWriter
 
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
             except ImportError:
                 log.info("tensorboardX not installed; writing metrics.jsonl only")
+        if config.wandb_project:
+            self._wandb = _start_wandb(config, self.run_dir, resuming=resume_step is not None)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.active:
@@ -65,12 +102,41 @@ class MetricsWriter:
                 if k != "step" and isinstance(v, float):
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if k != "step"}, step=int(step))
 
     def close(self) -> None:
         if self.active:
             self._file.close()
             if self._tb is not None:
                 self._tb.close()
+            if self._wandb is not None:
+                self._wandb.finish()
+
+
+def _start_wandb(config: MetricsConfig, run_dir: Path, *, resuming: bool) -> Any:
+    """A W&B run (the object `wandb.init` returns), or None when wandb is not installed."""
+    try:
+        import wandb
+    except ImportError:
+        log.warning(
+            "MetricsConfig.wandb_project = %r but wandb is not installed (pip install wandb); "
+            "writing metrics.jsonl and TensorBoard only",
+            config.wandb_project,
+        )
+        return None
+    id_file = run_dir / "wandb_run_id"
+    run_id = id_file.read_text().strip() if resuming and id_file.exists() else uuid.uuid4().hex
+    id_file.write_text(run_id)
+    return wandb.init(
+        project=config.wandb_project,
+        entity=config.wandb_entity,
+        name=config.wandb_name or run_dir.name,
+        id=run_id,
+        resume="allow",
+        dir=str(run_dir),
+        config={"gin": gin.operative_config_str()},
+    )
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
