@@ -24,8 +24,10 @@ requires_bwrap = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap do
 
 @pytest.fixture
 def no_bwrap(monkeypatch):
-    """A machine without bubblewrap: the lookup finds nothing, the probe is redone, and the
-    weak-sandbox warning has not been given yet in this process."""
+    """A machine without bubblewrap: the lookup finds nothing, the probe is redone, the
+    weak-sandbox warning has not been given yet in this process, and no gin binding (see
+    conftest.py) picks the backend."""
+    gin.clear_config()
     which = sandbox.shutil.which
     monkeypatch.setattr(sandbox.shutil, "which", lambda cmd: None if cmd == "bwrap" else which(cmd))
     monkeypatch.setattr(sandbox, "_PROBE", {})
