@@ -2,10 +2,10 @@
 
 A 7B model in float32 is 28 GB: it fits no 16 GB chip whole. So the model is read straight
 into its sampling layout (`SAMPLE_RULES`: weights split over `tensor`, decode slots over
-`data` x `fsdp`) on a `--mesh` of the local devices, one tensor at a time, as the trainer
-loads into its training layout; no device and no host ever holds the whole model. `--dtype
-auto` computes and stores in bfloat16 on accelerators (half the bytes read per decoded token)
-and float32 on CPU, where bfloat16 matmuls are emulated and slower.
+`data` x `fsdp`) on a `--mesh` of the local devices, one tensor at a time, each device
+receiving only its shard, as the trainer loads into its training layout. `--dtype
+auto` computes and stores in bfloat16 on accelerators (half the memory, half the bytes read
+per decoded token) and float32 on CPU (the numerics the parity tests check).
 """
 
 from __future__ import annotations
