@@ -104,11 +104,6 @@ def _entry(path: tuple, cfg: ModelConfig) -> tuple[str, Transform, Transform]:
 
 def read_config(path: str | os.PathLike) -> dict:
     path = Path(path)
-    if str(path).startswith("SET_"):  # a shipped gin file's placeholder (grpo_custom.gin)
-        raise CheckpointError(
-            f"the checkpoint is still the placeholder {str(path)!r}: set it, e.g. "
-            """--gin_param='CHECKPOINT="/path/to/hf_folder"'"""
-        )
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
     cfg_file = path / "config.json"

@@ -111,10 +111,3 @@ def test_quickstart_plan_command_runs(user_files, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     plan = json.loads(proc.stdout.strip().splitlines()[-1])
     assert plan["fits"] in (True, None) and plan["bytes_per_device"]["peak"] > 0
-
-
-def test_an_unset_checkpoint_placeholder_says_how_to_set_it():
-    from jaxrl_llm.models import CheckpointError, from_pretrained
-
-    with pytest.raises(CheckpointError, match=r"placeholder 'SET_CHECKPOINT_PATH': set it"):
-        from_pretrained("SET_CHECKPOINT_PATH")
