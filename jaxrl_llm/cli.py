@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from jaxrl_llm import cpu_devices
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         top.error(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}")
     entry = COMMANDS[name]
     cpu_devices.size_thread_pool()  # before JAX starts: simulated CPU devices cannot deadlock
+    # gs:// paths through fsspec/gcsfs: etils' default with TensorFlow installed (jetstream
+    # pulls it in) is TF's gfile, which would import TensorFlow into every cloud run.
+    os.environ.setdefault("EPATH_USE_TF", "false")
     module = importlib.import_module(entry[0])
     add_fn, main_fn = entry[2:] if len(entry) == 4 else ("add_arguments", "main")
     parser = argparse.ArgumentParser(prog=f"jaxrl-llm {name}", description=entry[1])

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import gin
+from etils import epath
 
 from jaxrl_llm.config_checks import ConfigError
 
@@ -103,12 +104,12 @@ class _DropMessages(logging.Filter):
         return not str(record.msg).startswith(self.prefixes)
 
 
-def write_resolved_config(run_dir: str | os.PathLike) -> Path:
+def write_resolved_config(run_dir: str | os.PathLike) -> epath.Path:
     """Write the operative config (every parameter used, defaults included) to config.gin.
 
     Call it after the config objects are built: gin records a value when it is used.
     """
-    path = Path(run_dir) / "config.gin"
+    path = epath.Path(run_dir) / "config.gin"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(gin.operative_config_str())
     return path

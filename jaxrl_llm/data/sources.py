@@ -17,6 +17,9 @@ Formats (``SourceConfig.format``; ``"auto"`` picks one from the path):
   ``data_dir`` (ArrayRecord files); never downloads. TensorFlow Datasets is imported only here,
   when such a source is read, because importing it is slow.
 
+Paths go through ``etils.epath``, so a file or folder on ``gs://`` (or ``s3://``) reads
+like a local one (with ``gcsfs``/``s3fs`` installed; ``pip install 'jaxrl-llm[gcs]'``).
+
 A row that cannot be parsed (bad JSON, bad UTF-8, not an object) comes out as a ``RawRecord``
 with ``row=None`` and an ``error``; deciding whether that skips or raises is the caller's job
 (see ``jaxrl_llm.data.examples``). A file that cannot be read at all (a JSON array with a
@@ -30,10 +33,10 @@ import dataclasses
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from etils import epath
 
 from jaxrl_llm.config_checks import checked_fields
 
@@ -85,7 +88,7 @@ def detect_format(config: SourceConfig) -> str:
         raise ValueError(f"unknown data format {config.format!r}; expected one of {FORMATS}")
     if config.format != "auto":
         return config.format
-    path = Path(config.path)
+    path = epath.Path(config.path)
     if path.is_dir():
         return "hf"
     fmt = _FILE_SUFFIXES.get(path.suffix.lower())
@@ -103,7 +106,7 @@ def read_records(config: SourceConfig) -> Iterator[RawRecord]:
     if fmt == "tfds":
         yield from read_tfds(config.path, split=config.split, data_dir=config.data_dir)
         return
-    path = Path(config.path)
+    path = epath.Path(config.path)
     if not path.exists():
         raise FileNotFoundError(f"data source not found: {path}")
     if fmt == "hf":
@@ -112,7 +115,7 @@ def read_records(config: SourceConfig) -> Iterator[RawRecord]:
         yield from read_file(path, fmt)
 
 
-def read_file(path: Path, fmt: str) -> Iterator[RawRecord]:
+def read_file(path: epath.PathLike, fmt: str) -> Iterator[RawRecord]:
     """Reads one file of a known format (``jsonl``, ``json``, ``parquet`` or ``arrow``)."""
     readers = {
         "jsonl": read_jsonl,
@@ -122,12 +125,13 @@ def read_file(path: Path, fmt: str) -> Iterator[RawRecord]:
     }
     if fmt not in readers:
         raise ValueError(f"{path}: {fmt!r} is not a single-file format")
-    return readers[fmt](path)
+    return readers[fmt](epath.Path(path))
 
 
-def read_jsonl(path: Path) -> Iterator[RawRecord]:
+def read_jsonl(path: epath.PathLike) -> Iterator[RawRecord]:
     """One object per line; blank lines are ignored, broken lines come back with an error."""
-    with open(path, "rb") as f:
+    path = epath.Path(path)
+    with path.open("rb") as f:
         for line_number, raw in enumerate(f, start=1):
             try:
                 text = raw.decode("utf-8").rstrip("\r\n")
@@ -148,13 +152,13 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
             yield RawRecord(str(path), line_number, obj, None, text)
 
 
-def read_json_array(path: Path) -> Iterator[RawRecord]:
+def read_json_array(path: epath.PathLike) -> Iterator[RawRecord]:
     """A JSON array of objects, decoded one element at a time to know each one's line.
 
     A syntax error anywhere makes the rest of an array unreadable, so it raises ``ValueError``
     with the line and column rather than skipping.
     """
-    text = Path(path).read_text(encoding="utf-8")
+    text = epath.Path(path).read_text(encoding="utf-8")
     decoder = json.JSONDecoder()
 
     def skip(pos: int) -> int:
@@ -195,27 +199,34 @@ def read_json_array(path: Path) -> Iterator[RawRecord]:
             raise fail(pos, "expected ',' or ']' in the JSON array")
 
 
-def read_parquet(path: Path) -> Iterator[RawRecord]:
+def read_parquet(path: epath.PathLike) -> Iterator[RawRecord]:
     """Rows of a parquet file (needs ``pyarrow``)."""
     import pyarrow.parquet as pq
 
-    yield from _table_records(str(path), pq.read_table(path))
+    with epath.Path(path).open("rb") as f:
+        table = pq.read_table(f)
+    yield from _table_records(str(path), table)
 
 
-def read_arrow(path: Path) -> Iterator[RawRecord]:
+def read_arrow(path: epath.PathLike) -> Iterator[RawRecord]:
     """Rows of an Arrow IPC stream (``datasets.save_to_disk`` shards) or IPC file."""
-    yield from _table_records(str(path), _read_arrow_table(path))
+    yield from _table_records(str(path), _read_arrow_table(epath.Path(path)))
 
 
-def _read_arrow_table(path: Path):
+def _read_arrow_table(path: epath.Path):
     import pyarrow as pa
 
+    def source():  # a local file is memory-mapped; a remote one read into memory
+        if "://" in str(path):
+            return pa.BufferReader(path.read_bytes())
+        return pa.memory_map(str(path))
+
     try:
-        with pa.memory_map(str(path)) as source:
-            return pa.ipc.open_stream(source).read_all()
+        with source() as f:
+            return pa.ipc.open_stream(f).read_all()
     except pa.ArrowInvalid:
-        with pa.memory_map(str(path)) as source:
-            return pa.ipc.open_file(source).read_all()
+        with source() as f:
+            return pa.ipc.open_file(f).read_all()
 
 
 def _table_records(source: str, table) -> Iterator[RawRecord]:
@@ -226,13 +237,13 @@ def _table_records(source: str, table) -> Iterator[RawRecord]:
             yield RawRecord(source, row_number, row)
 
 
-def hf_data_files(folder: Path, split: str) -> list[tuple[Path, str]]:
+def hf_data_files(folder: epath.PathLike, split: str) -> list[tuple[epath.Path, str]]:
     """The data files of ``split`` in a Hugging Face-format folder, with their formats.
 
     ``save_to_disk`` layouts are read from their own metadata (``dataset_dict.json``,
     ``state.json``); other folders are searched for data files named after the split.
     """
-    folder = Path(folder)
+    folder = epath.Path(folder)
     dict_meta = folder / "dataset_dict.json"
     if dict_meta.exists():
         splits = json.loads(dict_meta.read_text())["splits"]
@@ -243,8 +254,11 @@ def hf_data_files(folder: Path, split: str) -> list[tuple[Path, str]]:
     if state.exists():
         shards = json.loads(state.read_text())["_data_files"]
         return [(folder / shard["filename"], "arrow") for shard in shards]
-    files = sorted(
-        p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in _FILE_SUFFIXES
+    files = sorted(  # walk, not rglob: epath refuses `**` (one request per folder on GCS)
+        root / name
+        for root, _, names in folder.walk()
+        for name in names
+        if epath.Path(name).suffix.lower() in _FILE_SUFFIXES
     )
     files = [p for p in files if p.name not in ("dataset_info.json", "state.json")]
     split_re = re.compile(rf"^{re.escape(split)}([-._ 0-9]|$)", re.IGNORECASE)
@@ -258,7 +272,7 @@ def hf_data_files(folder: Path, split: str) -> list[tuple[Path, str]]:
     return [(p, _FILE_SUFFIXES[p.suffix.lower()]) for p in chosen]
 
 
-def read_hf_folder(folder: Path, split: str = "train") -> Iterator[RawRecord]:
+def read_hf_folder(folder: epath.PathLike, split: str = "train") -> Iterator[RawRecord]:
     """Rows of one split of a local Hugging Face-format folder (see the module docstring)."""
     for path, fmt in hf_data_files(folder, split):
         yield from read_file(path, fmt)

@@ -6,24 +6,32 @@ and critic `TrainState`s, raw uint32 RNG keys) saved with `StandardSave`; `extra
 directory and renames it only when complete, so a run killed mid-write leaves nothing that
 `latest_step` would pick up; leftovers are cleaned at the next start.
 Every process must call `save`/`restore` (collective in multi-host runs).
+The directory may be on `gs://`: Orbax reads and writes it through `etils.epath` and
+TensorStore; a local directory is made absolute first.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 log = logging.getLogger(__name__)
 
 
+def checkpoint_directory(directory: str | os.PathLike) -> epath.Path:
+    """`directory` for Orbax: a URI (`gs://...`) as given, a local path made absolute."""
+    path = epath.Path(directory)
+    return path if "://" in os.fspath(path) else path.absolute()
+
+
 class Checkpointer:
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3):
-        self.directory = Path(directory).absolute()
+        self.directory = checkpoint_directory(directory)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             create=True,

@@ -4,6 +4,9 @@ optionally, Weights & Biases.
 Only process 0 writes. Names follow verl (`actor/pg_loss`, `critic/score/mean`,
 `response_length/mean`, `val/test_score`, `timing/*`), so dashboards carry over.
 
+The run directory may be a `gs://` (or `s3://`) path (`etils.epath`): object stores cannot
+append, so there metrics.jsonl is rewritten whole at each step (a few KB per step).
+
 W&B is used only when `MetricsConfig.wandb_project` is set and `wandb` imports (it is not a
 dependency: `pip install wandb`, then `wandb login` or WANDB_API_KEY). The W&B run id is
 kept in the run directory (`wandb_run_id`), so `--resume` continues the same W&B run.
@@ -17,11 +20,11 @@ import logging
 import math
 import os
 import uuid
-from pathlib import Path
 from typing import Any
 
 import gin
 import jax
+from etils import epath
 
 from jaxrl_llm.config_checks import checked_fields
 
@@ -62,7 +65,7 @@ class MetricsWriter:
         config = config or MetricsConfig()
         if tensorboard is not None:
             config = dataclasses.replace(config, tensorboard=tensorboard)
-        self.run_dir = Path(run_dir)
+        self.run_dir = epath.Path(run_dir)
         self.active = jax.process_index() == 0
         self._tb = None
         self._wandb = None
@@ -70,13 +73,14 @@ class MetricsWriter:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
+        self._lines: list[str] = []
         if resume_step is not None and self.path.exists():
             # Drop records past the checkpoint we resume from: they will be recomputed.
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        elif resume_step is None:
-            self.path.write_text("")
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            self._lines = [json.dumps(r) + "\n" for r in kept]
+        self.path.write_text("".join(self._lines))
+        self._remote = "://" in os.fspath(self.path)
+        self._file = None if self._remote else self.path.open("a", encoding="utf-8")
         if config.tensorboard:
             try:
                 from tensorboardX import SummaryWriter
@@ -95,8 +99,13 @@ class MetricsWriter:
             f = _scalar(v)
             if f is not None:
                 record[k] = f if math.isfinite(f) else str(f)
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        line = json.dumps(record) + "\n"
+        if self._file is not None:
+            self._file.write(line)
+            self._file.flush()
+        else:
+            self._lines.append(line)
+            self.path.write_text("".join(self._lines))
         if self._tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, float):
@@ -107,14 +116,15 @@ class MetricsWriter:
 
     def close(self) -> None:
         if self.active:
-            self._file.close()
+            if self._file is not None:
+                self._file.close()
             if self._tb is not None:
                 self._tb.close()
             if self._wandb is not None:
                 self._wandb.finish()
 
 
-def _start_wandb(config: MetricsConfig, run_dir: Path, *, resuming: bool) -> Any:
+def _start_wandb(config: MetricsConfig, run_dir: epath.Path, *, resuming: bool) -> Any:
     """A W&B run (the object `wandb.init` returns), or None when wandb is not installed."""
     try:
         import wandb
@@ -141,7 +151,7 @@ def _start_wandb(config: MetricsConfig, run_dir: Path, *, resuming: bool) -> Any
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Records of a metrics.jsonl (a run dir or the file); a torn last line is skipped."""
-    path = Path(path)
+    path = epath.Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
     out = []
