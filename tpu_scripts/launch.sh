@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run `jaxrl-llm train` on every worker at once and stream their logs here.
-#   tpu_scripts/launch.sh --gin_file=configs/X.gin [--gin_param=...]... [--run_dir=gs://...]
+#   tpu_scripts/launch.sh --gin_file=configs/X.gin [--gin_param=...]... [--run_dir=DIR]
 #       [--name=NAME] [--zone=ZONE] [--project=PROJECT] [--dry-run]
 # Every option not listed above is passed to `jaxrl-llm train` unchanged. Each worker also
 # keeps its own log in ~/jaxrl-llm/train.log. JAX finds the coordinator itself on TPU VMs
