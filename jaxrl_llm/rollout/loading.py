@@ -45,7 +45,8 @@ def parse_mesh(text: str) -> tuple[int, int, int]:
         sizes = ()
     if len(sizes) != 3:
         raise ValueError(f"--mesh must be DATA,FSDP,TENSOR integers (e.g. 1,1,-1), got {text!r}")
-    return sizes  # type: ignore[return-value]
+    data, fsdp, tensor = sizes
+    return data, fsdp, tensor
 
 
 def resolve_dtype(name: str, backend: str | None = None) -> str:
