@@ -112,6 +112,7 @@ class Experience:
     batch: TrainBatch  # arrays [B, T] on the mesh
     model_mask: Float[np.ndarray, "B T"]  # 1 on model-written tokens (before any filter)
     response_length: Int[np.ndarray, " B"]  # all response tokens, tool output included
+    length: Int[np.ndarray, " B"]  # prompt + response tokens (what packing places)
     truncated: Bool[np.ndarray, " B"]  # the sample hit its token budget
     sequence_rewards: Float[jax.Array, " B"]  # per-token rewards summed (score - KL shaping)
     has_values: bool  # a critic produced `batch.old_values`

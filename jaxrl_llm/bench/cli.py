@@ -33,6 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--prompts", type=int, default=8, help="rollout --mixed: prompts")
     parser.add_argument("--seq-len", type=int, default=256, help="train: tokens per sequence")
+    parser.add_argument(
+        "--packed",
+        action="store_true",
+        help="train: RL-shaped lengths (--prompt-len, responses uniform in [--min-response, "
+        "--max-response]); packed vs padded rows and a padded PyTorch baseline",
+    )
+    parser.add_argument("--min-response", type=int, default=64, help="train --packed")
+    parser.add_argument("--max-response", type=int, default=2048, help="train --packed")
     rl_step.add_arguments(parser)  # --gin_file, --gin_param, --steps
 
 
@@ -40,4 +48,6 @@ def main(args: argparse.Namespace) -> int:
     module = SUITES[args.suite]
     if args.suite == "rollout" and args.mixed:
         module = "jaxrl_llm.bench.rollout_mixed"
+    if args.suite == "train" and args.packed:
+        module = "jaxrl_llm.bench.train_packed"
     return importlib.import_module(module).main(args)

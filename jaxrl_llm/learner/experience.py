@@ -21,6 +21,7 @@ from jaxrl_llm.algorithms import head_logprobs, kl_shaped_rewards, outcome_token
 from jaxrl_llm.algorithms.logprobs import EntropyMode
 from jaxrl_llm.algorithms.masked import masked_max, masked_mean, masked_min
 from jaxrl_llm.algorithms.registry import resolve_declared
+from jaxrl_llm.learner.packing import Packing, pack, unpack
 from jaxrl_llm.types import TrainBatch
 
 # float32 logits per chunk of `head_logprobs`: [rows, chunk, V] stays under 2**25 floats
@@ -34,13 +35,15 @@ def pack_sequences(completions: Sequence[Any], seq_len: int, pad_id: int) -> dic
     """Prompt + response rows, right-padded to `seq_len` (static for the whole run).
 
     Returns input_ids [B,T], response_mask [B,T] (1 = model token), rollout_logprobs [B,T],
-    response_length [B] (all response tokens, inserted ones included), truncated [B].
+    response_length [B] (all response tokens, inserted ones included), length [B] (prompt
+    + response tokens), truncated [B].
     """
     B = len(completions)
     ids = np.full((B, seq_len), pad_id, np.int32)
     mask = np.zeros((B, seq_len), np.float32)
     logp = np.zeros((B, seq_len), np.float32)
     lengths = np.zeros(B, np.int32)
+    totals = np.zeros(B, np.int32)
     for b, c in enumerate(completions):
         p = np.asarray(c.prompt_ids, np.int32)
         r = np.asarray(c.token_ids, np.int32)
@@ -53,12 +56,14 @@ def pack_sequences(completions: Sequence[Any], seq_len: int, pad_id: int) -> dic
         mask[b, len(p) : len(p) + len(r)] = c.response_mask
         logp[b, len(p) : len(p) + len(r)] = c.logprobs
         lengths[b] = len(r)
+        totals[b] = len(p) + len(r)
     truncated = np.asarray([c.finish_reason == "length" for c in completions])
     return {
         "input_ids": ids,
         "response_mask": mask,
         "rollout_logprobs": logp,
         "response_length": lengths,
+        "length": totals,
         "truncated": truncated,
     }
 
@@ -75,23 +80,45 @@ def logit_chunk(rows: int, vocab: int) -> int:
 
 def policy_logprobs(
     model, input_ids: jax.Array, mask: jax.Array, *, temperature: float,
-    entropy: EntropyMode = "off",
+    entropy: EntropyMode = "off", packing: Packing | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:  # fmt: skip
     """Action-aligned log p(input_ids[t] | input_ids[<t]) [B, T] under softmax(logits / temp),
     and the entropy there (None when "off"), where `mask[:, t] > 0`; 0 elsewhere. The trunk
-    runs on every token, the LM head only on the masked ones (`head_logprobs`)."""
-    hidden = model.hidden_states(input_ids[:, :-1])
-    chunk = logit_chunk(input_ids.shape[0], model.config.vocab_size)
+    runs on every token, the LM head only on the masked ones (`head_logprobs`). With
+    `packing` the forward runs on the packed rows (`learner.packing`); same result."""
+    if packing is None:
+        return _row_logprobs(model, input_ids, mask, temperature, entropy, None)
+    ids, m = pack(input_ids, packing), pack(mask, packing) * (packing.segment_ids > 0)
+    lp, ent = _row_logprobs(model, ids, m, temperature, entropy, packing)
+    return unpack(lp, packing), None if ent is None else unpack(ent, packing)
+
+
+def _row_logprobs(model, ids, mask, temperature, entropy, packing: Packing | None):
+    hidden = model.hidden_states(ids[:, :-1], *_packed_inputs(packing))
+    chunk = logit_chunk(ids.shape[0], model.config.vocab_size)
     lp, ent = head_logprobs(
-        hidden, input_ids[:, 1:], mask[:, 1:], model.logits,
+        hidden, ids[:, 1:], mask[:, 1:], model.logits,
         temperature=temperature, chunk_size=chunk, entropy=entropy,
     )  # fmt: skip
     return shift_right(lp), None if ent is None else shift_right(ent)
 
 
-def sequence_values(critic, input_ids: jax.Array) -> jax.Array:
-    """Action-aligned values [B, T]: the critic's output one position before each token."""
-    return shift_right(critic(input_ids[:, :-1]))
+def _packed_inputs(packing: Packing | None) -> tuple:
+    """(positions, attention_mask, segment_ids) of packed rows' inputs (all but the last
+    token), or () for plain rows."""
+    if packing is None:
+        return ()
+    return packing.positions[:, :-1], None, packing.segment_ids[:, :-1]
+
+
+def sequence_values(critic, input_ids: jax.Array, packing: Packing | None = None) -> jax.Array:
+    """Action-aligned values [B, T]: the critic's output one position before each token
+    (0 at t = 0 and, with `packing`, past each sample's end)."""
+    if packing is None:
+        return shift_right(critic(input_ids[:, :-1]))
+    ids = pack(input_ids, packing)
+    values = unpack(shift_right(critic(ids[:, :-1], *_packed_inputs(packing))), packing)
+    return values.at[:, 0].set(0.0)
 
 
 def advantage_fn(algo, group_size: int):
@@ -125,37 +152,39 @@ def make_experience_fn(
     """The jitted experience pass:
 
         fn(params, ref_params | None, critic_params | None, input_ids, response_mask,
-           loss_mask, scores [B], rollout_logprobs) -> (TrainBatch, sequence rewards [B], metrics)
+           loss_mask, scores [B], rollout_logprobs, packing | None)
+            -> (TrainBatch, sequence rewards [B], metrics)
 
     All arrays [B, T] unless noted, in and out on the mesh. Per micro-batch (`lax.map`) one
     body runs the policy (old logprobs; skipped with `old_logprobs=False`, the on-policy
     shortcut, leaving zeros), the reference and the critic, each only where the run has it;
     logprobs are computed on `response_mask` positions. Missing parts of the batch are zeros.
+    `packing` ([B / mb, ...], `learner.packing`): the forwards run on packed rows.
     """
     if not old_logprobs and algo.kl_in_reward_coef > 0:
         raise ValueError("a KL penalty in the reward needs the old logprobs (old_logprobs=True)")
     advantages = advantage_fn(algo, group_size)
 
-    def forwards(params, ref_params, critic_params, ids, mask):
+    def forwards(params, ref_params, critic_params, ids, mask, packing):
         logprobs = lambda p: policy_logprobs(
-            nnx.merge(graphdef, p), ids, mask, temperature=temperature
+            nnx.merge(graphdef, p), ids, mask, temperature=temperature, packing=packing
         )[0]
         old = logprobs(params) if old_logprobs else None
         ref = logprobs(ref_params) if ref_params is not None else None
         values = None
         if critic_params is not None:
             assert critic_graphdef is not None  # a critic's params come with its graph
-            values = sequence_values(nnx.merge(critic_graphdef, critic_params), ids)
+            values = sequence_values(nnx.merge(critic_graphdef, critic_params), ids, packing)
         return old, ref, values
 
     @jax.jit
     def fn(params, ref_params, critic_params, input_ids, response_mask, loss_mask, scores,
-           rollout_logprobs):  # fmt: skip
+           rollout_logprobs, packing=None):  # fmt: skip
         B, T = input_ids.shape
         mb = min(micro_batch, B)
         split = lambda x: x.reshape(B // mb, mb, T)
         one = lambda x: forwards(params, ref_params, critic_params, *x)
-        outs = jax.lax.map(one, (split(input_ids), split(response_mask)))
+        outs = jax.lax.map(one, (split(input_ids), split(response_mask), packing))
         zeros = jnp.zeros((B, T), jnp.float32)
         old, ref, values = (zeros if x is None else x.reshape(B, T) for x in outs)
         adv, returns, token_rewards = advantages(

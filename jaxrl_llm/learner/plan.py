@@ -23,7 +23,8 @@ the rules shard them):
 - activations of one micro-batch, with `S = b*N*t*t*4` (float32 attention scores), `bt = b*t`
   and the fitted buffer counts of `ACTIVATION_COUNTS`:
       layer = 2.8*S [+ 0.5*S*a/4 for bf16] + bt*(1.75*D + 5*F + 1*K*H)*a
-      head  = 1.8*bt*V*4 + 5.4*bt*D*a       (float32 logits [mb, t, V]; embedding, final norm)
+      head  = 1.8*b*c*V*4 + 5.4*bt*D*a      (float32 logits of one [mb, c, V] chunk of
+                                             `head_logprobs`, c <= t; embedding, final norm)
   peak = L*layer + head without remat; L*bt*D*a (each layer's saved input) + layer (one
   layer recomputed in its backward) + head with per-layer remat; plus, under fsdp, the
   all-gathered embedding/LM head and two layers' weights. The counts were fitted to XLA:CPU's
@@ -65,7 +66,7 @@ ACTIVATION_COUNTS = {
     "bt*D": 1.75,  # per layer, compute dtype: the layer input, norms
     "bt*F": 5.0,  # per layer: gate, up, silu, their product and its gradient
     "bt*KH": 1.0,  # per layer: k and v (q and the attention output fuse away)
-    "logits": 1.8,  # float32 [b, t, V] once
+    "logits": 1.8,  # float32 [b, chunk, V] once
     "bt*D_head": 5.4,  # embedding output, final norm and their gradients, once
 }
 MOMENTS = 2  # AdamW
@@ -201,7 +202,10 @@ def activation_bytes(cfg, mesh, w: Workload, remat: bool) -> dict[str, int]:
     layer += (c["bt*D"] * D + c["bt*F"] * F + c["bt*KH"] * K * H) * bt * a
     if a < 4:
         layer += c["scores_low_precision"] * scores * a
-    logits = c["logits"] * bt * V * 4
+    from jaxrl_llm.learner.experience import logit_chunk  # the policy step's chunk width
+
+    chunk = min(t, logit_chunk(mb, cfg.vocab_size))
+    logits = c["logits"] * b * chunk * V * 4
     head = logits + c["bt*D_head"] * bt * D * a
     saved = cfg.num_layers * bt * D * a + layer if remat else cfg.num_layers * layer
     peak = saved + head

@@ -33,6 +33,9 @@ class PolicyConfig:
     param_dtype: str = "float32"  # master weights
     rollout_dtype: str | None = None  # e.g. 'bfloat16' rollout weights; None = same params
     remat: bool = False
+    # Several samples per row in the trainer's forwards (`learner.packing`): less padding,
+    # same losses; False keeps one right-padded sample per row.
+    pack_sequences: bool = True
 
 
 @gin.configurable

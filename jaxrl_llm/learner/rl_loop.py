@@ -24,6 +24,7 @@ from jaxrl_llm.learner.experience import (
     all_equal_groups,
     pack_sequences,
 )
+from jaxrl_llm.learner.packing import Packing, packing_layout, padding_fraction
 from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.run import Learner, Run, RunState, build_run, device_state
 from jaxrl_llm.metrics import MetricsWriter
@@ -33,7 +34,7 @@ from jaxrl_llm.metrics.progress import bar, summary_line
 from jaxrl_llm.metrics.samples import record_step_samples
 from jaxrl_llm.models import save_pretrained
 from jaxrl_llm.sharding import hosts
-from jaxrl_llm.types import Experience, Rollout, TrainBatch
+from jaxrl_llm.types import Experience, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -99,15 +100,16 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     same = all_equal_groups(samples.scores, cfg.rollout.n)
     metrics["batch/all_equal_groups_frac"] = float(same.mean())
     t1 = time.perf_counter()
-    exp, device = _make_experience(cfg, lr, samples)
+    exp, device, padding = _make_experience(cfg, lr, samples)
     metrics.update(_experience_metrics(exp))
+    metrics["perf/experience_padding_frac"] = padding
     # The phase timers' one barrier: the update consumes exp.batch, so waiting for it costs
     # only the overlap of dispatching the update's first call; without it the experience's
     # compute would be billed to timing/update.
     jax.block_until_ready(exp.batch)
     metrics["timing/experience"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    updates = _update(cfg, lr, step, exp.batch)
+    updates, metrics["perf/padding_frac"] = _update(cfg, lr, step, exp)
     # The step's one transfer; the update's metrics come out of its last program, so the
     # transfer also ends the update's timer (no separate wait on the params).
     metrics.update(_fetch({**{k: [v] for k, v in device.items()}, **updates}))
@@ -176,13 +178,17 @@ def _collect(cfg, step, it, rollout, reward, state: RunState):
     return Rollout.concat(mixed, want), metrics
 
 
-def _make_experience(cfg, lr: Learner, samples: Rollout) -> tuple[Experience, dict[str, Any]]:
-    """Packing on the host; the rows go to the mesh once (over ("data", "fsdp"),
+def _make_experience(
+    cfg, lr: Learner, samples: Rollout
+) -> tuple[Experience, dict[str, Any], float]:
+    """Rows on the host; they go to the mesh once (over ("data", "fsdp"),
     `hosts.put_batch`) for the experience pass, and the `TrainBatch` stays there. Returns
-    the experience and its device metrics."""
+    the experience, its device metrics and the padding share of its forwards."""
     pad = lr.tokenizer.pad_token_id
     packed = pack_sequences(samples.completions, cfg.seq_len, 0 if pad is None else pad)
     state, mesh = lr.state, lr.mesh
+    B = len(samples.completions)
+    packing = _packing(cfg, mesh, packed["length"], min(cfg.algo.micro_batch_size, B))
     loss_mask = packed["response_mask"]
     if cfg.algo.overlong_filter:
         loss_mask = loss_mask * (~packed["truncated"])[:, None]
@@ -191,18 +197,36 @@ def _make_experience(cfg, lr: Learner, samples: Rollout) -> tuple[Experience, di
     batch, sequence_rewards, metrics = lr.experience_fn(
         state.policy.params, lr.ref_params, critic,
         rows(packed["input_ids"]), rows(packed["response_mask"]), rows(loss_mask),
-        rows(samples.scores), rows(packed["rollout_logprobs"]),
+        rows(samples.scores), rows(packed["rollout_logprobs"]), _put_packing(mesh, packing),
     )  # fmt: skip
     exp = Experience(
         rollout=samples,
         batch=batch,
         model_mask=packed["response_mask"],
         response_length=packed["response_length"],
+        length=packed["length"],
         truncated=packed["truncated"],
         sequence_rewards=sequence_rewards,
         has_values=critic is not None,
     )
-    return exp, metrics
+    return exp, metrics, padding_fraction(packed["length"], packing, cfg.seq_len)
+
+
+def _packing(cfg, mesh, lengths: np.ndarray, micro_batch: int) -> Packing[np.ndarray] | None:
+    """The packed rows of micro-batches of `micro_batch` consecutive samples, or None when
+    the run does not pack (`PolicyConfig.pack_sequences`)."""
+    if not cfg.policy.pack_sequences:
+        return None
+    # Rows split over the batch axes when the micro-batch's do (`hosts.batch_sharding`).
+    split = mesh.shape["data"] * mesh.shape["fsdp"]
+    split = split if micro_batch % split == 0 else 1
+    return packing_layout(lengths, micro_batch, cfg.seq_len, multiple=split)
+
+
+def _put_packing(mesh, packing: Packing[np.ndarray] | None) -> Packing | None:
+    """On the mesh, its rows (axis 1) split like the micro-batches'."""
+    put = lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape, 1))
+    return None if packing is None else jax.tree.map(put, packing)
 
 
 def _experience_metrics(exp: Experience) -> dict[str, float]:
@@ -221,11 +245,15 @@ def _experience_metrics(exp: Experience) -> dict[str, float]:
     return {k: float(v) for k, v in m.items()}
 
 
-def _update(cfg, lr: Learner, step: int, batch: TrainBatch) -> dict[str, list[jax.Array]]:
+def _update(
+    cfg, lr: Learner, step: int, exp: Experience
+) -> tuple[dict[str, list[jax.Array]], float]:
     """ppo_epochs x mini_batches updates; each mini-batch is cut from the batch on the mesh
-    as [M, mb, T] (`lr.micro_batches`). Returns each metric's values, one per update."""
-    a, state, mesh = cfg.algo, lr.state, lr.mesh
+    as [M, mb, T] (`lr.micro_batches`) and packed (`_packing`). Returns each metric's values,
+    one per update, and the padding share of the updates' forwards."""
+    a, state, mesh, batch = cfg.algo, lr.state, lr.mesh, exp.batch
     B = batch.input_ids.shape[0]
+    positions = 0
     mini = B // a.mini_batches
     out: dict[str, list[jax.Array]] = {}
     rng = np.random.default_rng([cfg.seed, step])
@@ -236,15 +264,19 @@ def _update(cfg, lr: Learner, step: int, batch: TrainBatch) -> dict[str, list[ja
         for k in range(a.mini_batches):
             rows = hosts.put_batch(order[k * mini : (k + 1) * mini], replicated)
             mb = lr.micro_batches(batch, rows)
+            lengths = exp.length[order[k * mini : (k + 1) * mini]]
+            packing = _packing(cfg, mesh, lengths, min(a.micro_batch_size, mini))
+            positions += lengths.size * cfg.seq_len if packing is None else packing.src.size
+            packing = _put_packing(mesh, packing)
             if lr.critic_step is not None:
-                state.critic, cm = lr.critic_step(state.critic, mb)
+                state.critic, cm = lr.critic_step(state.critic, mb, packing)
                 _append(out, cm)
-            state.policy, pm = lr.policy_step(state.policy, mb)
+            state.policy, pm = lr.policy_step(state.policy, mb, packing)
             _append(out, pm)
             progress.update()
     progress.close()
     out["actor/lr_step"] = [state.policy.step]
-    return out
+    return out, 1.0 - a.ppo_epochs * float(exp.length.sum()) / positions
 
 
 def _append(out: dict[str, list[jax.Array]], metrics: dict[str, jax.Array]) -> None:

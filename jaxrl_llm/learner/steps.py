@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 from jaxrl_llm.algorithms import aggregate_loss, kl_penalty, loss_normalizer, value_loss
 from jaxrl_llm.algorithms.registry import resolve_declared
 from jaxrl_llm.learner.experience import logprob_diff_metrics, policy_logprobs, sequence_values
+from jaxrl_llm.learner.packing import Packing
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
 from jaxrl_llm.sharding.hosts import batch_sharding
 from jaxrl_llm.types import Leaf, TrainBatch
@@ -45,7 +46,7 @@ def make_policy_step(
     graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo, temperature,
     *, on_policy: bool = False,
 ):  # fmt: skip
-    """`step(state, batch: TrainBatch [M, mb, T]) -> (state, metrics)`.
+    """`step(state, batch: TrainBatch [M, mb, T], packing=None) -> (state, metrics)`.
 
     `on_policy` (see `exactly_on_policy`): the old logprobs are the step's own under
     stop_gradient (`batch.old_logprobs` is not read), and the metrics add the rollout
@@ -53,12 +54,12 @@ def make_policy_step(
     pg_fn = _policy_loss_fn(algo)
     agg = algo.loss_agg
 
-    def loss_fn(params, mb: TrainBatch, normalizer):
+    def loss_fn(params, mb: TrainBatch, packing: Packing | None, normalizer):
         model = nnx.merge(graphdef, params)
         mask = mb.loss_mask
         logp, ent = policy_logprobs(
             model, mb.input_ids, mask, temperature=temperature,
-            entropy="loss" if algo.entropy_coef else "metric",
+            entropy="loss" if algo.entropy_coef else "metric", packing=packing,
         )  # fmt: skip
         assert ent is not None  # asked for
         old = jax.lax.stop_gradient(logp) if on_policy else mb.old_logprobs
@@ -89,9 +90,9 @@ def make_policy_step(
 def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo):
     agg = algo.loss_agg
 
-    def loss_fn(params, mb: TrainBatch, normalizer):
+    def loss_fn(params, mb: TrainBatch, packing: Packing | None, normalizer):
         critic = nnx.merge(graphdef, params)
-        values = sequence_values(critic, mb.input_ids)
+        values = sequence_values(critic, mb.input_ids, packing)
         loss, m = value_loss(
             values, mb.old_values, mb.returns, mb.loss_mask,
             clip=algo.value_clip, agg=agg, normalizer=normalizer,
@@ -107,14 +108,15 @@ def _make_update(loss_fn, tx, agg: str, role: str, summed: tuple[str, ...]):
     finite). `loss_fn -> (loss, (metrics, logprobs | None))`. Metrics in `summed` are loss
     terms already normalised globally, so their micro-batch sums are exact; the others
     (ratios such as clip fractions) are averaged over micro-batches, as verl does. Logprobs,
-    when given (on-policy), are compared with the rollout's over the trained tokens."""
+    when given (on-policy), are compared with the rollout's over the trained tokens.
+    `packing` ([M, ...], `learner.packing`): the forwards run on packed rows."""
 
     @jax.jit(donate_argnums=0)
-    def step(state: TrainState, batch: TrainBatch):
+    def step(state: TrainState, batch: TrainBatch, packing: Packing | None = None):
         flat_mask = batch.loss_mask.reshape(-1, batch.loss_mask.shape[-1])
         normalizer = loss_normalizer(flat_mask, agg)
         loss, grads, (metrics, logprobs) = accumulate_gradients(
-            lambda p, mb: loss_fn(p, mb, normalizer), state.params, batch
+            lambda p, xs: loss_fn(p, *xs, normalizer), state.params, (batch, packing)
         )
         metrics = {k: v.sum(0) if k in summed else v.mean(0) for k, v in metrics.items()}
         if logprobs is not None:

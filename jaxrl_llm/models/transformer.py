@@ -185,12 +185,17 @@ def default_positions(input_ids: Array, attention_mask: Array | None) -> Array:
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def full_mask(attention_mask: Array | None, batch: int, length: int) -> Array:
-    """Causal mask [B, T, T], also hiding padded keys when an attention mask is given."""
-    causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None]
-    if attention_mask is None:
-        return jnp.broadcast_to(causal, (batch, length, length))
-    return causal & attention_mask.astype(jnp.bool_)[:, None, :]
+def full_mask(
+    attention_mask: Array | None, batch: int, length: int, segment_ids: Array | None = None
+) -> Array:
+    """Causal mask [B, T, T], also hiding padded keys when an attention mask is given, and
+    block-diagonal when `segment_ids` [B, T] say which packed sequence each token is in."""
+    mask = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None]
+    if attention_mask is not None:
+        mask = mask & attention_mask.astype(jnp.bool_)[:, None, :]
+    if segment_ids is not None:
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    return jnp.broadcast_to(mask, (batch, length, length))
 
 
 class _Trunked(nnx.Module):
@@ -205,12 +210,15 @@ class _Trunked(nnx.Module):
         input_ids: Array,
         positions: Array | None = None,
         attention_mask: Array | None = None,
+        segment_ids: Array | None = None,
     ) -> Array:
-        """Final hidden states [B, T, D] of a full (uncached) forward."""
+        """Final hidden states [B, T, D] of a full (uncached) forward. With `segment_ids`
+        [B, T] a row holds several packed sequences: tokens attend within their own segment
+        only, and `positions` should restart at 0 in each."""
         if positions is None:
             positions = default_positions(input_ids, attention_mask)
         B, T = input_ids.shape
-        mask = full_mask(attention_mask, B, T)
+        mask = full_mask(attention_mask, B, T, segment_ids)
         h, _ = self.model(input_ids, positions, mask, None, None, self.sharding_ctx)
         return h
 
@@ -239,9 +247,10 @@ class CausalLM(_Trunked):
         input_ids: Array,
         positions: Array | None = None,
         attention_mask: Array | None = None,
+        segment_ids: Array | None = None,
     ) -> Array:
-        """Logits [B, T, V] in float32."""
-        return self.logits(self.hidden_states(input_ids, positions, attention_mask))
+        """Logits [B, T, V] in float32 (`segment_ids`: packed rows, as `hidden_states`)."""
+        return self.logits(self.hidden_states(input_ids, positions, attention_mask, segment_ids))
 
     def logits(self, hidden: Array) -> Array:
         """Project hidden states [..., D] to float32 logits [..., V]."""
@@ -325,9 +334,10 @@ class ValueModel(_Trunked):
         input_ids: Array,
         positions: Array | None = None,
         attention_mask: Array | None = None,
+        segment_ids: Array | None = None,
     ) -> Array:
-        """Values [B, T] in float32."""
-        h = self.hidden_states(input_ids, positions, attention_mask)
+        """Values [B, T] in float32 (`segment_ids`: packed rows, as `hidden_states`)."""
+        h = self.hidden_states(input_ids, positions, attention_mask, segment_ids)
         v = jnp.einsum(
             "btd,do->bto", h, self.score[...].astype(h.dtype), preferred_element_type=jnp.float32
         )

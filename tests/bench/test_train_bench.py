@@ -47,3 +47,23 @@ def test_model_flops_formula_matches_xla_cost_analysis(tied):
     grad = jax.jit(jax.grad(lambda p: nnx.merge(graphdef, p)(ids).sum()))
     xla_flops = grad.lower(params).compile().cost_analysis()["flops"]
     assert model_flops(cfg, n_params, batch=B, seq_len=T) == pytest.approx(xla_flops, rel=0.02)
+
+
+@pytest.mark.slow  # measured: a benchmark, ~15 s on 2 cores
+def test_bench_train_packed_json(capsys):
+    argv = ["bench", "train", "--packed", "--checkpoint", "builtin", "--batch", "6",
+            "--prompt-len", "8", "--min-response", "4", "--max-response", "40",
+            "--repeats", "1"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["suite"], out["batch"], out["seq_len"]) == ("train --packed", 6, 48)
+    packed, padded = out["train_step"]["packed"], out["train_step"]["padded"]
+    assert packed["rows"] < padded["rows"] == 6
+    assert packed["padding_frac"] < padded["padding_frac"]
+    assert out["packed_vs_padded"] == pytest.approx(
+        packed["real_tokens_per_s"] / padded["real_tokens_per_s"]
+    )
+    torch_run = out["torch_fwd_bwd_padded"]
+    assert out["packed_vs_torch"] == pytest.approx(
+        packed["real_tokens_per_s"] / torch_run["real_tokens_per_s"]
+    )

@@ -1,6 +1,5 @@
 """The experience pass (one jitted program) equals separate full-logits forwards."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,7 +8,6 @@ from flax import nnx
 import jaxrl_llm.algorithms as alg
 from jaxrl_llm.learner.experience import advantage_fn, make_experience_fn, shift_right
 from jaxrl_llm.learner.rl_config import AlgoConfig
-from jaxrl_llm.models import ValueModel, init_model
 from jaxrl_llm.testing import tiny_config
 
 from .rl_helpers import random_rows
@@ -36,15 +34,6 @@ def _full_logprobs(model, ids):
     """The pre-#15 forward: float32 logits on every position, then the log-softmax."""
     logits = model(ids[:, :-1])
     return shift_right(alg.token_logprobs(logits, ids[:, 1:], temperature=TEMP))
-
-
-@pytest.fixture(scope="module")
-def models():
-    policy, ref = init_model(CFG, seed=1), init_model(CFG, seed=2)
-    critic = init_model(CFG, seed=3, cls=ValueModel)
-    # A zero-initialised value head gives zero values; make them count.
-    critic.score.set_value(jax.random.normal(jax.random.PRNGKey(0), critic.score.shape))
-    return policy, ref, critic
 
 
 @pytest.mark.parametrize("old_logprobs", [True, False], ids=["full", "on-policy"])

@@ -46,9 +46,9 @@ def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path, monkey
     update, fetch, fetched = rl_loop._update, rl_loop._fetch, []
 
     def device_only_update(*args):
-        out = update(*args)  # metrics stay on the device through the mini-batches
+        out, padding = update(*args)  # metrics stay on the device through the mini-batches
         assert all(isinstance(v, jax.Array) for vs in out.values() for v in vs)
-        return out
+        return out, padding
 
     def counted_fetch(device):
         fetched.append(len(device))
@@ -71,7 +71,7 @@ def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path, monkey
         "critic/advantages/mean", "response_length/mean", "response_length/max",
         "response_length/clip_ratio", "val/test_score", "rollout/logprob_diff/mean",
         "timing/rollout", "timing/experience", "timing/update", "timing/step",
-        "perf/tokens_per_s",
+        "perf/tokens_per_s", "perf/padding_frac", "perf/experience_padding_frac",
     ]  # fmt: skip
     for key in expected:
         assert key in last, key
@@ -82,6 +82,24 @@ def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path, monkey
     first = np.mean([r["critic/score/mean"] for r in records[1:3]])
     later = np.mean([r["critic/score/mean"] for r in records[-2:]])
     assert later > first, (first, later)
+
+
+@pytest.mark.slow  # measured: 85 s on 2 shared cores (two runs, each compiling)
+def test_packed_run_equals_unpacked_run(tmp_path):
+    """A step with packed forwards has the metrics of one with a sample per row, and packs:
+    less padding in its forwards."""
+    params = (
+        "RLConfig.steps = 1", "AlgoConfig.estimator = 'gae'", "AlgoConfig.ppo_epochs = 2",
+        "AlgoConfig.micro_batch_size = 4", "DataConfig.max_prompt_length = 256",
+    )  # fmt: skip
+    packed = run_rl(_config(tmp_path / "packed", *params))[-1]
+    plain = run_rl(_config(tmp_path / "plain", *params, "PolicyConfig.pack_sequences = False"))[-1]
+    assert packed["perf/padding_frac"] < plain["perf/padding_frac"]
+    assert packed["perf/experience_padding_frac"] < plain["perf/experience_padding_frac"]
+    want = _comparable([plain])[0]
+    assert want.keys() == _comparable([packed])[0].keys()
+    for k, v in want.items():
+        np.testing.assert_allclose(packed[k], v, rtol=1e-4, atol=1e-6, err_msg=k)
 
 
 def test_ppo_with_critic_and_kl_options(tmp_path):
@@ -278,7 +296,7 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch):
     assert records[-1]["env/tool_calls/mean"] == 1.0
     assert records[-1]["env/ratio_of_valid_action"] == 1.0
     tok = load_tokenizer(builtin_checkpoint())
-    ((exp, _),) = seen  # (experience, its device metrics)
+    ((exp, _, _),) = seen  # (experience, its device metrics, padding share)
     assert exp.rollout.policy_version == 1 and exp.rollout.group_size == cfg.rollout.n
     assert [c.tool_calls for c in exp.rollout.completions] == [1] * len(exp.rollout.completions)
     batch = exp.batch

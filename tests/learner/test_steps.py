@@ -132,8 +132,9 @@ def test_critic_step_reduces_value_loss():
     assert losses[-1] < 0.2 * losses[0], losses
 
 
-def _full_logits_logprobs(model, input_ids, mask, *, temperature, entropy="off"):
+def _full_logits_logprobs(model, input_ids, mask, *, temperature, entropy="off", packing=None):
     """The pre-#15 policy forward: float32 logits and entropy on every position."""
+    assert packing is None
     logits = model(input_ids[:, :-1])
     lp = shift_right(alg.token_logprobs(logits, input_ids[:, 1:], temperature=temperature))
     ent = shift_right(alg.entropy(logits, temperature=temperature))

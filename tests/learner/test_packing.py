@@ -1,0 +1,160 @@
+"""Sequence packing: the layout places every token once; packed forwards, experience passes
+and update steps equal the one-sample-per-row ones for every estimator and loss mode."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxrl_llm.learner.experience import make_experience_fn
+from jaxrl_llm.learner.packing import (
+    first_fit_rows,
+    pack,
+    packing_layout,
+    padding_fraction,
+    row_bucket,
+    unpack,
+)
+from jaxrl_llm.learner.rl_config import AlgoConfig
+from jaxrl_llm.learner.state import TrainState
+from jaxrl_llm.learner.steps import make_critic_step, make_policy_step, to_micro_batches
+from jaxrl_llm.models import init_model
+from jaxrl_llm.testing import tiny_config
+from jaxrl_llm.types import TrainBatch
+
+from .rl_helpers import random_rows
+
+CFG = tiny_config()
+B, T, MB, G, TEMP = 8, 16, 4, 2, 0.7
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 24), min_size=1, max_size=12).flatmap(
+        lambda ls: st.tuples(st.just(ls), st.sampled_from([1, 2, 3]))
+    )
+)
+def test_layout_places_every_token_once(case):
+    lengths, mb = case
+    lengths = lengths[: len(lengths) // mb * mb] or [5] * mb
+    seq_len = max(24, max(lengths))
+    p = packing_layout(lengths, mb, seq_len, multiple=2)
+    M, rows, _ = p.src.shape
+    step = row_bucket(mb, 2)
+    cap = -(-mb // 2) * 2  # mb rounded up to the row split
+    assert rows <= cap
+    assert rows % step == 0 or rows == cap
+    for m in range(M):
+        lens = lengths[m * mb : (m + 1) * mb]
+        real = p.segment_ids[m] > 0
+        assert real.sum() == sum(lens)
+        # src and dst are inverse maps on the real tokens
+        flat_dst = p.dst[m].reshape(-1)
+        valid = flat_dst >= 0
+        assert valid.sum() == sum(lens)
+        np.testing.assert_array_equal(p.src[m].reshape(-1)[flat_dst[valid]], np.flatnonzero(valid))
+        for j, n in enumerate(lens):
+            np.testing.assert_array_equal(p.positions[m].reshape(-1)[p.dst[m, j, :n]], np.arange(n))
+            assert np.all(p.segment_ids[m].reshape(-1)[p.dst[m, j, :n]] == j + 1)
+            assert len(set(p.dst[m, j, :n] // seq_len)) == 1  # a sample stays in one row
+
+
+def test_first_fit_fills_rows_and_rejects_bad_lengths():
+    assert sorted(map(sorted, first_fit_rows([6, 4, 3, 3, 2], 8))) == [[0, 4], [1, 2], [3]]
+    with pytest.raises(ValueError, match=r"holds 1\.\.8"):
+        first_fit_rows([9], 8)
+    with pytest.raises(ValueError, match=r"holds 1\.\.8"):
+        first_fit_rows([0], 8)
+
+
+def test_padding_fraction_counts_packed_positions():
+    lengths = [4, 4, 4, 4]
+    p = packing_layout(lengths, 4, 8, multiple=1)
+    assert p.src.shape == (1, 2, 8)
+    assert padding_fraction(lengths, p, 8) == 0.0
+    assert padding_fraction(lengths, None, 8) == 0.5
+
+
+def _rows(seed=0):
+    """Random samples (prompt 2-5, response >= 2, then padding) and their lengths."""
+    rng = np.random.default_rng(seed)
+    ids, mask = random_rows(rng, B, T, CFG.vocab_size)
+    lengths = np.asarray([np.flatnonzero(m)[-1] + 1 for m in mask])
+    return rng, jnp.asarray(ids), jnp.asarray(mask), lengths
+
+
+def _packing(lengths, mb):
+    return jax.tree.map(jnp.asarray, packing_layout(lengths, mb, T, multiple=1))
+
+
+def test_packed_forward_equals_per_sample_forward():
+    model = init_model(CFG, seed=1)
+    _, ids, _, lengths = _rows()
+    p = jax.tree.map(lambda x: x[0], _packing(lengths, B))
+    assert p.src.shape[0] < B  # several samples share a row
+    plain = model(ids)
+    packed = model(pack(ids, p), p.positions, segment_ids=p.segment_ids)
+    got = jax.vmap(lambda x: unpack(x, p), in_axes=-1, out_axes=-1)(packed)
+    inside = np.arange(T)[None, :] < lengths[:, None]
+    np.testing.assert_allclose(np.asarray(got)[inside], np.asarray(plain)[inside], atol=1e-5)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus", "gae"])
+def test_packed_experience_equals_unpacked(models, estimator):
+    policy, ref, critic = models
+    rng, ids, mask, lengths = _rows(1)
+    algo = AlgoConfig(estimator=estimator, kl_in_reward_coef=0.05)
+    critic_graphdef, critic_params = nnx.split(critic) if estimator == "gae" else (None, None)
+    fn = make_experience_fn(
+        nnx.graphdef(policy), critic_graphdef, algo, temperature=TEMP, group_size=G,
+        micro_batch=MB,
+    )  # fmt: skip
+    scores = jnp.asarray(rng.integers(0, 2, B).astype(np.float32))
+    rollout = jnp.asarray(rng.normal(size=(B, T)).astype(np.float32)) * mask
+    args = (nnx.state(policy), nnx.state(ref), critic_params, ids, mask, mask, scores, rollout)
+    want, want_r, want_m = fn(*args)
+    got, got_r, got_m = fn(*args, _packing(lengths, MB))
+    for name in ("old_logprobs", "ref_logprobs", "advantages", "returns", "old_values"):
+        a, b = getattr(got, name), getattr(want, name)
+        np.testing.assert_allclose(a * mask, b * mask, rtol=1e-5, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(got_r, want_r, rtol=1e-5, atol=1e-6)
+    for k in want_m:
+        np.testing.assert_allclose(got_m[k], want_m[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def _batch(rng, ids, mask) -> TrainBatch:
+    f = lambda: jnp.asarray(rng.normal(size=(B, T)).astype(np.float32) * 0.1)
+    return TrainBatch(ids, mask, f() - 4.0, f() - 4.0, f() * 10, f(), f(), f() - 4.0)
+
+
+def _assert_same(got, want):
+    (s1, m1), (s2, m2) = got, want
+    for k in m2:
+        np.testing.assert_allclose(m1[k], m2[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "loss_agg",
+    ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"],
+)
+def test_packed_policy_and_critic_steps_equal_unpacked(models, loss_agg):
+    policy, _, critic = models
+    rng, ids, mask, lengths = _rows(2)
+    batch = to_micro_batches(_batch(rng, ids, mask), jnp.arange(B), MB)
+    packing = _packing(lengths, MB)
+    algo = AlgoConfig(loss_agg=loss_agg, use_kl_loss=True, entropy_coef=0.01, tis_cap=2.0)
+    tx = optax.sgd(0.1)
+    for model, make in ((policy, make_policy_step), (critic, make_critic_step)):
+        graphdef, params = nnx.split(model)
+        extra = (TEMP,) if make is make_policy_step else ()
+        step = make(graphdef, tx, algo, *extra)
+        fresh = lambda p=params: TrainState.create(
+            jax.tree.map(jnp.copy, p), tx, jax.random.PRNGKey(0)
+        )
+        _assert_same(step(fresh(), batch, packing), step(fresh(), batch))
