@@ -31,7 +31,9 @@ class Completion:
     prompt_ids: np.ndarray
     token_ids: np.ndarray  # int32
     logprobs: np.ndarray  # float32, under the sampled distribution; 0 on inserted tokens
-    raw_logprobs: np.ndarray  # float32, log_softmax of raw logits; 0 on inserted tokens
+    # float32, log_softmax of raw logits; 0 on inserted tokens; None unless the request
+    # asked (`SamplingParams.raw_logprobs`)
+    raw_logprobs: np.ndarray | None
     response_mask: np.ndarray  # int32, 1 = model token, 0 = inserted (tool output)
     finish_reason: str  # one of FINISH_REASONS
     text: str
@@ -69,7 +71,8 @@ class LiveSample:
         valid = rec.valid[:, b]
         self.tokens.extend(rec.tokens[valid, b].tolist())
         self.logprobs.extend(rec.logprobs[valid, b].tolist())
-        self.raw.extend(rec.raw_logprobs[valid, b].tolist())
+        if self.params.raw_logprobs:
+            self.raw.extend(rec.raw_logprobs[valid, b].tolist())
         self.mask.extend([1] * int(valid.sum()))
         return bool(rec.done[:, b].any())
 
@@ -112,7 +115,7 @@ class LiveSample:
             prompt_ids=self.prompt_ids,
             token_ids=np.asarray(self.tokens, np.int32),
             logprobs=np.asarray(self.logprobs, np.float32),
-            raw_logprobs=np.asarray(self.raw, np.float32),
+            raw_logprobs=np.asarray(self.raw, np.float32) if self.params.raw_logprobs else None,
             response_mask=np.asarray(self.mask, np.int32),
             finish_reason=reason,
             text=text,
@@ -125,8 +128,8 @@ class LiveSample:
 def pad_completions(
     completions: Sequence[Completion], length: int | None = None, pad_id: int = 0
 ) -> dict[str, np.ndarray]:
-    """Right-padded arrays [N, T] for the trainer: response ids, both logprobs, the
-    response mask (0 on padding too) and lengths [N]."""
+    """Right-padded arrays [N, T] for the trainer: response ids, both logprobs (raw ones 0
+    where not asked for), the response mask (0 on padding too) and lengths [N]."""
     T = length or max((len(c.token_ids) for c in completions), default=0)
     N = len(completions)
     out = {
@@ -140,7 +143,8 @@ def pad_completions(
         k = min(len(c.token_ids), T)
         out["response_ids"][n, :k] = c.token_ids[:k]
         out["logprobs"][n, :k] = c.logprobs[:k]
-        out["raw_logprobs"][n, :k] = c.raw_logprobs[:k]
+        if c.raw_logprobs is not None:
+            out["raw_logprobs"][n, :k] = c.raw_logprobs[:k]
         out["response_mask"][n, :k] = c.response_mask[:k]
         out["response_lengths"][n] = k
     return out

@@ -80,6 +80,20 @@ class _Call:
         default_factory=collections.deque
     )
     pool: cf.ThreadPoolExecutor | None = None
+    on_finish: Callable[[int, Completion], object] | None = None
+
+    def finish(self, s: LiveSample, completion: Completion) -> None:
+        """Record a finished sample and pass it to `on_finish`."""
+        key = (s.prompt_index, s.sample_index)
+        self.results[key] = completion
+        self.report(key)
+
+    def report(self, key: tuple[int, int]) -> None:
+        """`on_finish(index in the prompt-major output, completion)` of a finished sample."""
+        if self.on_finish is not None:
+            prompt, sample = key
+            before = sum(sp.n for sp in self.sampling[:prompt])
+            self.on_finish(before + sample, self.results[key])
 
 
 class RolloutDriver:
@@ -141,6 +155,7 @@ class RolloutDriver:
         on_long_prompt: str = "raise",
         progress: Callable[[int, int], object] | None = None,
         prompt_indices: Sequence[int] | None = None,
+        on_finish: Callable[[int, Completion], object] | None = None,
     ) -> list[Completion]:
         """Complete every prompt `n` times; returns completions prompt-major.
 
@@ -154,8 +169,13 @@ class RolloutDriver:
         `prompt_indices`: each prompt's index for its samples' seeds (default 0, 1, ...);
         a host generating its share of a larger batch passes the global positions, so a
         sample is the same whichever host draws it.
+        `on_finish(index, completion)` is called, on this thread, as each sample finishes
+        (`index`: its position in the returned list), e.g. to score it while others decode.
         """
         call = self._start_call(prompts, sampling, tool, on_long_prompt, prompt_indices)
+        call.on_finish = on_finish
+        for key in list(call.results):  # samples that ended before any compute
+            call.report(key)
         eng = self.engine
         params = eng.place_params(eng.load_params() if params is None else params)
         total = sum(sp.n for sp in call.sampling)
@@ -289,7 +309,7 @@ class RolloutDriver:
                 assert call.pool is not None
                 call.pending[b] = call.pool.submit(call.tool, self._decode(s.tokens, True))
                 continue
-            call.results[(s.prompt_index, s.sample_index)] = self._completion(s, reason, stop)
+            call.finish(s, self._completion(s, reason, stop))
             self._free_slot(b, call)
         if stopped:
             state = self.engine.deactivate(state, stopped)
@@ -328,7 +348,8 @@ class RolloutDriver:
                 start = s.cached
                 s.tokens.extend(obs_ids[:fit])
                 s.logprobs.extend([0.0] * fit)
-                s.raw.extend([0.0] * fit)
+                if s.params.raw_logprobs:
+                    s.raw.extend([0.0] * fit)
                 s.mask.extend([0] * fit)
                 s.tool_calls += 1
                 if fit == len(obs_ids) and fit < budget:  # room for the whole output and more
@@ -346,7 +367,7 @@ class RolloutDriver:
                     self.stats["tool_resumes"] += 1
                     continue
                 reason = "length"
-            call.results[(s.prompt_index, s.sample_index)] = self._completion(s, reason)
+            call.finish(s, self._completion(s, reason))
             self._free_slot(b, call)
         return state
 

@@ -155,7 +155,7 @@ class Engine(engine_api.Engine):
             generated=b,
             max_new=b,
             active=b,
-            sampling=SlotSampling(b, b, b, b),
+            sampling=SlotSampling(b, b, b, b, b),
         )
 
     def _prefix_shardings(self) -> Prefix[NamedSharding]:
@@ -182,7 +182,7 @@ class Engine(engine_api.Engine):
         prog, P, R = self.programs, self.param_shardings, self._replicated()
         st, pre = self._state_shardings(), self._prefix_shardings()
         rec = self._records_shardings()
-        slot_sampling = SlotSampling(R, R, R, R)
+        slot_sampling = SlotSampling(R, R, R, R, R)
         self._prefill_fn = jax.jit(prog.prefill, in_shardings=(P, R, R), out_shardings=pre)
         self._init_fn = jax.jit(prog.init, out_shardings=st)
         self._insert_fn = jax.jit(

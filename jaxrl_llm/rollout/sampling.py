@@ -8,9 +8,9 @@ top-k, then top-p on the renormalised top-k distribution, then a categorical dra
 Two logprobs per sampled token:
 - `logprobs`: log-probability under the distribution actually sampled from (tempered and
   filtered). A greedy slot samples from a point mass, so its value is 0.
-- `raw_logprobs`: `log_softmax(logits)[token]` of the untempered, unfiltered logits: what
-  the trainer's forward computes for the same token, so their gap measures the
-  rollout/trainer mismatch.
+- `raw_logprobs`: `log_softmax(logits)[token]` of the untempered, unfiltered logits, for
+  requests that ask (`SamplingParams.raw_logprobs`; 0 for the others): a second softmax
+  over the vocabulary per token, skipped when no slot of the batch asked.
 
 Randomness: the key of slot b at a step is `fold_in(key(seed[b]), position[b])`, a
 function of the request's seed and the token's position only, so a sample does not depend
@@ -44,7 +44,8 @@ class SamplingParams:
 
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters. `stop` strings
     end a sample when they appear in its decoded text (kept in the output). `seed` with
-    the prompt and sample index determines every random draw.
+    the prompt and sample index determines every random draw. `raw_logprobs`: also record
+    each token's log-probability under the untempered, unfiltered logits.
     """
 
     temperature: float = 1.0
@@ -54,6 +55,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     n: int = 1
     seed: int = 0
+    raw_logprobs: bool = False
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -88,6 +90,7 @@ class SlotSampling(Generic[Leaf]):
     top_k: Leaf  # int32, 0 = off
     top_p: Leaf  # float32, 1 = off
     seed: Leaf  # uint32
+    raw: Leaf  # bool: record raw logprobs
 
     @staticmethod
     def fill(batch: int, params: SamplingParams | None = None) -> SlotSampling:
@@ -97,6 +100,7 @@ class SlotSampling(Generic[Leaf]):
             jnp.full((batch,), p.top_k, jnp.int32),
             jnp.full((batch,), p.top_p, jnp.float32),
             jnp.full((batch,), p.seed, jnp.uint32),
+            jnp.full((batch,), p.raw_logprobs, jnp.bool_),
         )
 
     @staticmethod
@@ -106,6 +110,7 @@ class SlotSampling(Generic[Leaf]):
             np.int32(params.top_k),
             np.float32(params.top_p),
             np.uint32(seed),
+            np.bool_(params.raw_logprobs),
         )
 
 
@@ -138,10 +143,10 @@ def sample_tokens(
 ) -> tuple[Array, Array, Array]:
     """Sample one token per slot. logits [B, V] float32 -> tokens, logprobs, raw_logprobs [B].
 
-    The sort behind top-k/top-p runs only when some slot asks for a filter.
+    The sort behind top-k/top-p runs only when some slot asks for a filter, the raw
+    log-softmax only when some slot asks for raw logprobs (0 in the slots that did not).
     """
     logits = logits.astype(jnp.float32)
-    raw = jax.nn.log_softmax(logits, axis=-1)
     greedy = sampling.temperature <= 0.0
     temp = jnp.where(greedy, 1.0, sampling.temperature)
     scaled = logits / temp[:, None]
@@ -157,5 +162,9 @@ def sample_tokens(
     processed = jax.nn.log_softmax(scaled, axis=-1)
     pick = tokens[:, None]
     logprobs = jnp.where(greedy, 0.0, jnp.take_along_axis(processed, pick, axis=-1)[:, 0])
-    raw_logprobs = jnp.take_along_axis(raw, pick, axis=-1)[:, 0]
-    return tokens, logprobs, raw_logprobs
+    raw_logprobs = jax.lax.cond(
+        jnp.any(sampling.raw),
+        lambda: jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), pick, axis=-1)[:, 0],
+        lambda: jnp.zeros(tokens.shape, jnp.float32),
+    )
+    return tokens, logprobs, jnp.where(sampling.raw, raw_logprobs, 0.0)

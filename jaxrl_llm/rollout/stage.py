@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxrl_llm.metrics.progress import bar
 from jaxrl_llm.rollout.config import RolloutConfig
+from jaxrl_llm.rollout.scoring import RewardCounts, StreamingScorer
 from jaxrl_llm.sharding import hosts
 from jaxrl_llm.types import Rollout
 
@@ -111,6 +112,8 @@ class RolloutStage:
         seed = int(np.random.default_rng([self.seed, step, attempt]).integers(2**31))
         prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(len(batch))]
         progress = bar(f"rollout {step}", len(prompts) * r.n, unit="sample")
+        # Each finished sample is scored while the rest decode (`StreamingScorer`).
+        scorer = StreamingScorer(reward, [e for e in batch.examples for _ in range(r.n)])
         completions = self.driver.generate(
             prompts,
             self._sampling(seed, n=r.n, temperature=r.temperature),
@@ -118,11 +121,11 @@ class RolloutStage:
             tool=self.tool,
             progress=lambda done, total: progress.update(done - progress.n),
             prompt_indices=_global_rows(len(prompts)),
+            on_finish=lambda i, c: scorer.add(i, c.text),
         )
         progress.close()
         answers = [a for a in batch.answers for _ in range(r.n)]
-        examples = [e for e in batch.examples for _ in range(r.n)]
-        scores = reward.score([c.text for c in completions], examples)
+        scores, counts = scorer.result()
         mine = Rollout(
             completions=tuple(completions),
             answers=tuple(answers),
@@ -131,7 +134,7 @@ class RolloutStage:
             group_size=r.n,
             policy_version=step,
         )
-        rollout, counts = _gather_rows(mine, RewardCounts.of(reward, len(scores)))
+        rollout, counts = _gather_rows(mine, counts)
         self._reward_counts = self._reward_counts + counts
         counts.check(reward)
         return rollout
@@ -200,38 +203,6 @@ def _global_rows(local_rows: int) -> list[int]:
     rows p, p + P, p + 2P, ... (so sample seeds match a one-host run of the same batch)."""
     p, n = jax.process_index(), jax.process_count()
     return [p + n * r for r in range(local_rows)]
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardCounts:
-    """Samples a reward pool failed on, summed over hosts and calls; `first_error` is one
-    failure's message for the stop message."""
-
-    errors: int = 0
-    timeouts: int = 0
-    total: int = 0
-    first_error: str = ""
-
-    @classmethod
-    def of(cls, reward, total: int) -> RewardCounts:
-        """The last batch of `reward` (a `RewardPool`; other scorers report nothing)."""
-        failures = list(getattr(reward, "last_failures", {}).values())
-        errors = [f for f in failures if f.kind != "timeout"]
-        first = str(errors[0]) if errors else ""
-        return cls(len(errors), len(failures) - len(errors), total, first)
-
-    def __add__(self, other: RewardCounts) -> RewardCounts:
-        return RewardCounts(
-            self.errors + other.errors,
-            self.timeouts + other.timeouts,
-            self.total + other.total,
-            self.first_error or other.first_error,
-        )
-
-    def check(self, reward) -> None:
-        """The pool's stop rule (`RewardPool.check_errors`) on these whole-batch counts."""
-        if hasattr(reward, "check_errors"):
-            reward.check_errors(self.errors, self.total, self.first_error)
 
 
 def _gather_rows(mine: Rollout, counts: RewardCounts) -> tuple[Rollout, RewardCounts]:

@@ -95,7 +95,7 @@ def test_paged_engine_greedy_equals_transformers_generate(qwen3):
     engine = Engine(model, max_concurrent_decodes=2, max_cache_length=40,
                     max_prefill_length=16, page_size=4, eos_ids=())  # fmt: skip
     prompts = [[3, 4, 7], [9, 1, 2, 8, 50, 60], [11, 12, 13, 14, 15]]
-    sp = SamplingParams(temperature=0.0, max_new_tokens=12)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=12, raw_logprobs=True)
     outs = RolloutDriver(engine, steps_per_call=3).generate(prompts, sp)
     for prompt, c in zip(prompts, outs, strict=True):
         with torch.no_grad():

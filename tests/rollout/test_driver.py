@@ -52,9 +52,9 @@ def test_n_samples_one_prefill_seeded(tiny_engine):
 
 def test_per_request_params_mix_in_one_batch(tiny_model, tiny_engine):
     sps = [
-        SamplingParams(temperature=0.0, max_new_tokens=6),
-        SamplingParams(temperature=1.5, top_k=4, max_new_tokens=6),
-        SamplingParams(temperature=0.8, top_p=0.5, max_new_tokens=6),
+        SamplingParams(temperature=0.0, max_new_tokens=6, raw_logprobs=True),
+        SamplingParams(temperature=1.5, top_k=4, max_new_tokens=6, raw_logprobs=True),
+        SamplingParams(temperature=0.8, top_p=0.5, max_new_tokens=6, raw_logprobs=True),
     ]
     out = RolloutDriver(tiny_engine).generate(MIXED[:3], sps)
     np.testing.assert_array_equal(out[0].token_ids, naive_greedy(tiny_model, MIXED[0], 6, (5,)))
@@ -139,7 +139,7 @@ def test_tool_turn_appends_masked_tokens_and_resumes(builtin):
     model, tok, engine = builtin
     prompt = "Compute: 2*3"
     driver = RolloutDriver(engine, steps_per_call=8)
-    sp = SamplingParams(temperature=1.0, max_new_tokens=40, seed=1)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=40, seed=1, raw_logprobs=True)
     ids = driver.generate([prompt], sp)[0].token_ids.tolist()
     printable = [len(t) == 1 and t.isprintable() for t in (tok.decode([i]) for i in ids)]
     i = next(i for i in range(2, len(ids)) if all(printable[i : i + 2]))

@@ -43,8 +43,14 @@ PROMPTS = [[3, 4, 7], [9, 1, 2, 8, 8, 6, 1, 4, 2], [11, 12, 13, 14, 15, 16]]
 
 def test_prefill_insert_generate_match_full_forward(tiny_model, tiny_engine):
     """Greedy tokens are the full forward's argmax and raw logprobs its log_softmax."""
+    from jaxrl_llm.rollout import SamplingParams
+
     params = tiny_engine.load_params()
-    toks, lps, raws = _run(tiny_engine, params, PROMPTS, 6)
+    plain, _, not_asked = _run(tiny_engine, params, PROMPTS, 6)  # JetStream's insert
+    np.testing.assert_array_equal(not_asked, 0.0)  # raw logprobs only when asked for
+    sp = SamplingParams(temperature=0.0, raw_logprobs=True)
+    toks, lps, raws = _run(tiny_engine, params, PROMPTS, 6, sampling=sp)
+    np.testing.assert_array_equal(toks, plain)
     for b, p in enumerate(PROMPTS):
         seq = list(p)
         for t in range(6):
@@ -60,7 +66,7 @@ def test_sampled_logprobs_equal_full_forward(tiny_model, tiny_engine):
     from jaxrl_llm.rollout import SamplingParams
 
     params = tiny_engine.load_params()
-    sp = SamplingParams(temperature=0.7)
+    sp = SamplingParams(temperature=0.7, raw_logprobs=True)
     toks, lps, raws = _run(tiny_engine, params, PROMPTS, 5, sampling=sp)
     for b, p in enumerate(PROMPTS):
         seq = list(p)
@@ -75,10 +81,13 @@ def test_sampled_logprobs_equal_full_forward(tiny_model, tiny_engine):
 
 def test_new_params_change_outputs_without_recompiling(tiny_engine):
     params = tiny_engine.load_params()
-    _, _, raws_a = _run(tiny_engine, params, PROMPTS, 3)
+    from jaxrl_llm.rollout import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, raw_logprobs=True)
+    _, _, raws_a = _run(tiny_engine, params, PROMPTS, 3, sampling=sp)
     before = dict(tiny_engine.trace_counts)
     other = nnx.split(init_model(TINY, seed=1))[1]  # "the trainer's next params"
-    _, _, raws_b = _run(tiny_engine, other, PROMPTS, 3)
+    _, _, raws_b = _run(tiny_engine, other, PROMPTS, 3, sampling=sp)
     assert not np.allclose(raws_a, raws_b)
     assert dict(tiny_engine.trace_counts) == before
 

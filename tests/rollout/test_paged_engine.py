@@ -27,7 +27,9 @@ def _engine(model, **kw):
 def _generate(engine, n=2, temperature=0.0, max_new=10):
     from jaxrl_llm.rollout import RolloutDriver, SamplingParams
 
-    sp = SamplingParams(temperature=temperature, max_new_tokens=max_new, n=n, seed=7)
+    sp = SamplingParams(
+        temperature=temperature, max_new_tokens=max_new, n=n, seed=7, raw_logprobs=True
+    )
     return RolloutDriver(engine, steps_per_call=3).generate(PROMPTS, sp)
 
 

@@ -9,12 +9,13 @@ from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, filter_mask
 V = 32
 
 
-def _slots(temperature, top_k, top_p, seed):
+def _slots(temperature, top_k, top_p, seed, raw=True):
     return SlotSampling(
         jnp.asarray(temperature, jnp.float32),
         jnp.asarray(top_k, jnp.int32),
         jnp.asarray(top_p, jnp.float32),
         jnp.asarray(seed, jnp.uint32),
+        jnp.broadcast_to(jnp.asarray(raw), np.shape(seed)),
     )
 
 
@@ -29,6 +30,22 @@ def test_greedy_and_raw_logprobs():
     np.testing.assert_array_equal(lp, 0.0)  # a point mass
     ref = jax.nn.log_softmax(logits)[jnp.arange(3), tok]
     np.testing.assert_allclose(raw, ref, atol=1e-6)
+
+
+def test_raw_logprobs_only_where_asked():
+    """Slots that did not ask get 0; the others are unchanged; tokens and sampled logprobs
+    do not depend on who asked."""
+    logits = jax.random.normal(jax.random.key(2), (3, V))
+    asked = _sample(logits, _slots([0.7] * 3, [0] * 3, [1.0] * 3, [4, 5, 6]), jnp.arange(3))
+    some = _slots([0.7] * 3, [0] * 3, [1.0] * 3, [4, 5, 6], raw=[True, False, True])
+    got = _sample(logits, some, jnp.arange(3))
+    off = _slots([0.7] * 3, [0] * 3, [1.0] * 3, [4, 5, 6], raw=False)
+    none = _sample(logits, off, jnp.arange(3))
+    np.testing.assert_array_equal(got[0], asked[0])
+    np.testing.assert_array_equal(got[1], asked[1])
+    np.testing.assert_array_equal(got[2], np.where([True, False, True], asked[2], 0.0))
+    np.testing.assert_array_equal(none[2], 0.0)
+    np.testing.assert_array_equal(none[0], asked[0])
 
 
 def test_tempered_logprob_is_log_softmax_of_scaled_logits():
