@@ -5,11 +5,14 @@ What it fixes, and why:
    imports seqio, which imports TensorFlow (measured: 5.8 s and 840 MB RSS for the import,
    plus TensorFlow's start-up banner on stderr). The Engine API reads `token_utils` only
    inside `Engine.build_tokenizer`'s default, which ours overrides; the training path
-   never calls it. So `token_utils` is registered with `importlib.util.LazyLoader`
-   before `engine_api` is imported: it runs (and pulls in seqio) only when an attribute of
-   it is first read, which happens in `jaxrl-llm serve` (JetStream's orchestrator and
-   `HFTokenizer.pad`), never in training. If something imported it already, the loaded
-   module is used as is.
+   never calls it. So before `engine_api` is imported, `token_utils` is registered as a
+   `_DeferredModule`: it is imported (and pulls in seqio) only when a public name of it is
+   first read, which happens in `jaxrl-llm serve` (JetStream's orchestrator and
+   `HFTokenizer.pad`), never in training. Not `importlib.util.LazyLoader`: that loads on
+   any attribute, and libraries that scan `sys.modules` (torch's dynamo reads `__file__`
+   and the like of every module) then import TensorFlow mid-way through their own import
+   (measured: a segfault importing triton after TensorFlow with the CUDA torch wheel). If
+   something imported it already, the loaded module is used as is.
 1. `jetstream.core.orchestrator.delete_pytree` calls `jax.tree_map`, removed from JAX.
    `patch_orchestrator()` rebinds that module-level function to one using `jax.tree.map`
    (the generate thread looks the name up in the module at call time), rather than
@@ -23,35 +26,54 @@ What it fixes, and why:
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
+import types
 from typing import Any
 
 import jax
 import numpy as np
 
 
-def _register_lazy_module(name: str) -> None:
-    """Put `name` in `sys.modules` as a module whose code runs on first attribute access.
+class _DeferredModule(types.ModuleType):
+    """Stands in for a module until one of its public names is read, then imports it.
 
-    It is also set as its package's attribute: `from package import name` then reads that
-    attribute instead of going through the import system, which would touch (and so load)
-    the module to check whether it is still initialising.
+    Dunder lookups (`__file__`, `__spec__`, ...) are answered without importing, so code
+    that scans `sys.modules` does not trigger the import.
     """
+
+    def __init__(self, spec: Any):
+        super().__init__(spec.name)
+        self.__spec__ = spec
+        self.__file__ = spec.origin
+        self.__loader__ = spec.loader
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        real = importlib.import_module(self.__name__)  # also rebinds the package attribute
+        self.__dict__.update(real.__dict__)  # holders of this stand-in see the real names
+        return getattr(real, attr)
+
+
+def _defer_module(name: str) -> None:
+    """Put a `_DeferredModule` for `name` in `sys.modules` and on its package, unless
+    `name` is imported already. On the package too: `from package import name` then reads
+    the attribute instead of asking the import system."""
     if name in sys.modules:
         return
-    package, _, child = name.rpartition(".")
     spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
+    if spec is None:
         raise ImportError(f"{name} not found: is google-jetstream installed?")
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    package, _, child = name.rpartition(".")
+    sys.modules[name] = module = _DeferredModule(spec)
     setattr(importlib.import_module(package), child, module)
 
 
-_register_lazy_module("jetstream.engine.token_utils")
+_defer_module("jetstream.engine.token_utils")
 from jetstream.engine import (  # noqa: E402  (after token_utils is made lazy)
     engine_api,
     token_utils,
