@@ -11,8 +11,11 @@ tokens into those rows (`pack`), and its per-token outputs (logprobs, entropy, v
 are gathered back (`unpack`); both gathers are differentiable, so the backward pass runs
 on the packed rows too.
 
-R varies with the lengths; it is rounded up to a multiple of `row_bucket` (at most 8
-shapes per jitted step) so a run compiles a few programs, not one per step.
+R varies with the lengths; it is rounded up to a multiple of `row_bucket` (mb / 4), so a
+run compiles a few programs, not one per step. Packing pays only when it removes rows: the
+gathers, the segment mask and a new program cost about 10-20% of a step on the default
+run's shape (measured, docs/performance.md), so a micro-batch that packs into more than
+`MAX_PACKED_ROWS` of its rows is run unpacked (`worth_packing`).
 
 Shapes: M micro-batches, mb samples each, R packed rows, T tokens per row.
 """
@@ -30,6 +33,7 @@ import numpy as np
 from jaxrl_llm.types import Leaf
 
 Lengths = Sequence[int] | np.ndarray  # tokens per sample (prompt + response)
+MAX_PACKED_ROWS = 0.75  # of the micro-batch's rows: packing beyond this costs more than it saves
 
 
 @jax.tree_util.register_dataclass
@@ -71,8 +75,13 @@ def first_fit_rows(lengths: Lengths, seq_len: int) -> list[list[int]]:
 
 def row_bucket(micro_batch: int, multiple: int) -> int:
     """The step R is rounded up to: a multiple of `multiple` (the devices the rows are split
-    over) and of mb / 8, so at most 8 row counts (compiled shapes) per micro-batch size."""
-    return max(multiple, -(-micro_batch // 8 // multiple) * multiple)
+    over) and of mb / 4, so at most 4 row counts (compiled shapes) per micro-batch size."""
+    return max(multiple, -(-micro_batch // 4 // multiple) * multiple)
+
+
+def worth_packing(packing: Packing[np.ndarray], micro_batch: int) -> bool:
+    """Whether the packed rows are few enough to beat one padded sample per row."""
+    return packing.src.shape[-2] <= MAX_PACKED_ROWS * micro_batch
 
 
 def packing_layout(

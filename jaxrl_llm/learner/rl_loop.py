@@ -24,7 +24,12 @@ from jaxrl_llm.learner.experience import (
     all_equal_groups,
     pack_sequences,
 )
-from jaxrl_llm.learner.packing import Packing, packing_layout, padding_fraction
+from jaxrl_llm.learner.packing import (
+    Packing,
+    packing_layout,
+    padding_fraction,
+    worth_packing,
+)
 from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.run import Learner, Run, RunState, build_run, device_state
 from jaxrl_llm.metrics import MetricsWriter
@@ -214,13 +219,14 @@ def _make_experience(
 
 def _packing(cfg, mesh, lengths: np.ndarray, micro_batch: int) -> Packing[np.ndarray] | None:
     """The packed rows of micro-batches of `micro_batch` consecutive samples, or None when
-    the run does not pack (`PolicyConfig.pack_sequences`)."""
+    the run does not pack (`PolicyConfig.pack_sequences`) or packing would not pay."""
     if not cfg.policy.pack_sequences:
         return None
     # Rows split over the batch axes when the micro-batch's do (`hosts.batch_sharding`).
     split = mesh.shape["data"] * mesh.shape["fsdp"]
     split = split if micro_batch % split == 0 else 1
-    return packing_layout(lengths, micro_batch, cfg.seq_len, multiple=split)
+    packing = packing_layout(lengths, micro_batch, cfg.seq_len, multiple=split)
+    return packing if worth_packing(packing, micro_batch) else None
 
 
 def _put_packing(mesh, packing: Packing[np.ndarray] | None) -> Packing | None:

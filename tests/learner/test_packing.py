@@ -18,6 +18,7 @@ from jaxrl_llm.learner.packing import (
     padding_fraction,
     row_bucket,
     unpack,
+    worth_packing,
 )
 from jaxrl_llm.learner.rl_config import AlgoConfig
 from jaxrl_llm.learner.state import TrainState
@@ -69,6 +70,11 @@ def test_first_fit_fills_rows_and_rejects_bad_lengths():
         first_fit_rows([9], 8)
     with pytest.raises(ValueError, match=r"holds 1\.\.8"):
         first_fit_rows([0], 8)
+
+
+def test_packing_is_used_only_when_it_removes_a_quarter_of_the_rows():
+    assert worth_packing(packing_layout([4] * 4, 4, 8), 4)  # 2 rows of 4
+    assert not worth_packing(packing_layout([6] * 4, 4, 8), 4)  # nothing shares a row
 
 
 def test_padding_fraction_counts_packed_positions():
