@@ -1,10 +1,10 @@
 # Two commands for a new user: `make train` and `make test`. Each creates or refreshes
 # .venv (only when pyproject.toml changed), installs system packages it needs, then runs.
-# Python 3.11 or 3.12: `make test PYTHON=python3.12` builds and uses .venv-3.12 (a venv
-# per other version, so switching never rebuilds or mixes the default .venv).
-PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3)
+# Python 3.11 to 3.13: `make test PYTHON=python3.12` builds and uses .venv-3.12 (a venv per
+# other version, so switching never rebuilds or mixes the default .venv).
+PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3.13 || command -v python3)
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-$(if $(PYVER),,$(error PYTHON=$(PYTHON) does not run; name a Python 3.11 or 3.12 interpreter))
+$(if $(PYVER),,$(error PYTHON=$(PYTHON) does not run; name a Python 3.11-3.13 interpreter))
 VENV := .venv$(if $(filter 3.11,$(PYVER)),,-$(PYVER))
 BIN := $(VENV)/bin
 BASE_STAMP := $(VENV)/.installed-base
@@ -16,7 +16,7 @@ PYRIGHT := $(BIN)/basedpyright -p pyproject.toml --pythonpath $(BIN)/python
 .PHONY: train test test-fast lint format sysdeps clean tiny-checkpoint repro-torl repro-limr
 
 $(BIN)/python:
-	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 12), "jaxrl-llm needs Python 3.11 or 3.12, found " + sys.version'
+	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "jaxrl-llm needs Python 3.11 to 3.13, found " + sys.version'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
