@@ -133,18 +133,17 @@ class Attention(nnx.Module):
         >= S are dropped: padding) and attention runs over the whole cache.
         """
         q, k, v = self.project(x, cos, sin, ctx)
-        new_cache = None
-        if kv_cache is not None:
-            cache_k, cache_v = kv_cache
-            rows = jnp.arange(x.shape[0])[:, None]
-            cache_k = cache_k.at[rows, write_index].set(k.astype(cache_k.dtype), mode="drop")
-            cache_v = cache_v.at[rows, write_index].set(v.astype(cache_v.dtype), mode="drop")
-            cache_spec = (ax.BATCH, ax.CACHE_SEQ, ax.ACT_KV_HEADS, None)
-            cache_k = constrain(cache_k, cache_spec, ctx)
-            cache_v = constrain(cache_v, cache_spec, ctx)
-            new_cache = (cache_k, cache_v)
-            k, v = cache_k.astype(x.dtype), cache_v.astype(x.dtype)
-        return self.output(attend(q, k, v, mask, self.scale)), new_cache
+        if kv_cache is None:  # a full forward: `mask` is causal in index order
+            return self.output(causal_attend(q, k, v, mask, self.scale)), None
+        cache_k, cache_v = kv_cache
+        rows = jnp.arange(x.shape[0])[:, None]
+        cache_k = cache_k.at[rows, write_index].set(k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[rows, write_index].set(v.astype(cache_v.dtype), mode="drop")
+        cache_spec = (ax.BATCH, ax.CACHE_SEQ, ax.ACT_KV_HEADS, None)
+        cache_k = constrain(cache_k, cache_spec, ctx)
+        cache_v = constrain(cache_v, cache_spec, ctx)
+        k, v = cache_k.astype(x.dtype), cache_v.astype(x.dtype)
+        return self.output(attend(q, k, v, mask, self.scale)), (cache_k, cache_v)
 
     def paged(
         self,
@@ -195,6 +194,29 @@ class Attention(nnx.Module):
         if self.use_o_bias:
             out = out + self.o_bias[...].astype(out.dtype)
         return out
+
+
+# Query rows per block of `causal_attend`: T = 2,560 runs as 10 blocks, 55% of the dense work.
+CAUSAL_BLOCK = 256
+
+
+def causal_attend(
+    q: Array, k: Array, v: Array, mask: Array, scale: float, block: int = CAUSAL_BLOCK
+) -> Array:
+    """`attend` for self-attention whose mask is causal in index order (`mask[:, t, s]`
+    False for s > t; padding and packed segments may hide more): query block [t0, t1) reads
+    keys [0, t1) only, so the score blocks above the diagonal are never computed: about
+    (n + 1) / 2n of the dense scores, softmax and products for n blocks, and as much less
+    activation memory in training. Equal to `attend` (masked keys weigh exactly 0 there)."""
+    length = q.shape[1]
+    if length <= block:
+        return attend(q, k, v, mask, scale)
+    outs = [
+        attend(q[:, t0 : t0 + block], k[:, : t0 + block], v[:, : t0 + block],
+               mask[:, t0 : t0 + block, : t0 + block], scale)
+        for t0 in range(0, length, block)
+    ]  # fmt: skip
+    return jnp.concatenate(outs, axis=1)
 
 
 def attend(q: Array, k: Array, v: Array, mask: Array, scale: float) -> Array:
