@@ -29,8 +29,9 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	touch $@ $(BASE_STAMP)
 
 # System tools, installed with apt-get when we are root (otherwise we say how):
-# bubblewrap isolates the Python tool sandbox (without it the sandbox falls back, loudly, to
-# rlimits only); shellcheck lints tpu_scripts/ in the tests (skipped without it).
+# bubblewrap isolates the Python tool sandbox (without it model-written code is refused unless
+# SandboxConfig.backend = "subprocess" is set); shellcheck lints tpu_scripts/ in the tests
+# (skipped without it).
 SYSTOOLS := bwrap:bubblewrap shellcheck:shellcheck
 sysdeps:
 	@for pair in $(SYSTOOLS); do \
