@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm.config import add_gin_arguments, parse_gin
 from jaxrl_llm.data.examples import FieldMap
 from jaxrl_llm.metrics.pass_at_k import majority_answer, pass_at_k
 from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
@@ -82,6 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompt-length", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write results JSON here")
+    # Settings without a flag (the sandbox's backend and limits, a reward's options), e.g.
+    # --gin_param='SandboxConfig.backend="subprocess"' where bubblewrap is missing.
+    add_gin_arguments(parser)
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
@@ -94,6 +98,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_llm.rollout.stage import RolloutStage
 
     _check(args)
+    parse_gin(args.gin_file, args.gin_param)
     pool = build_reward_pool(RewardConfig(name=args.reward, workers=1))  # bad name: fail now
     loaded = load_sampling_model(args)
     rollout = RolloutConfig(

@@ -10,7 +10,7 @@ import sysconfig
 
 import gin
 
-from jaxrl_llm.config_checks import checked_fields
+from jaxrl_llm.config_checks import Ge, Gt, checked_fields
 
 BACKENDS = ("auto", "bwrap", "subprocess", "sandbox_fusion")
 SITE_PACKAGES = "site-packages"
@@ -40,7 +40,7 @@ class ExecResult:
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-@checked_fields()  # types; the ranges are checked in __post_init__
+@checked_fields(backend=BACKENDS, timeout_s=Gt(0), memory_mb=Ge(32))
 class SandboxConfig:
     """How code runs; `run_python`'s timeout_s and memory_mb override the first two.
 
@@ -67,13 +67,6 @@ class SandboxConfig:
     sandbox_fusion_url: str = "http://127.0.0.1:8080"
 
     def __post_init__(self):
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown sandbox backend {self.backend!r}; choose from {BACKENDS}")
-        if self.timeout_s <= 0 or self.memory_mb < 32:
-            raise ValueError(
-                f"SandboxConfig: need timeout_s > 0 and memory_mb >= 32, got "
-                f"timeout_s={self.timeout_s!r}, memory_mb={self.memory_mb!r}"
-            )
         if isinstance(self.import_paths, list):  # gin writes lists as lists
             object.__setattr__(self, "import_paths", tuple(self.import_paths))
         if isinstance(self.import_paths, str):

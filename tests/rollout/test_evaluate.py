@@ -117,3 +117,22 @@ def test_sampling_model_is_loaded_into_its_shards():
         shard = w.addressable_shards[0].data
         assert len(w.addressable_shards) == 4
         assert shard.shape[split_axis] * 4 == w.shape[split_axis]
+
+
+def test_eval_takes_gin_settings_such_as_the_sandbox_backend(capsys):
+    """Settings without a flag come through --gin_param (here the explicit opt-in to the
+    subprocess sandbox, the only way to run the Python tool where bubblewrap is missing);
+    a wrong value is refused by name."""
+    import gin
+
+    from jaxrl_llm.tools.sandbox_types import SandboxConfig
+
+    base = ["eval", "--checkpoint", "builtin", "--data", "builtin", "--limit", "2",
+            "--max-new-tokens", "8", "--tool", "python"]  # fmt: skip
+    try:
+        assert cli.main([*base, "--gin_param", 'SandboxConfig.backend="subprocess"']) == 0
+        assert SandboxConfig().backend == "subprocess"
+        assert cli.main([*base, "--gin_param", 'SandboxConfig.backend="nope"']) == 2
+        assert "SandboxConfig.backend" in capsys.readouterr().err
+    finally:
+        gin.clear_config()

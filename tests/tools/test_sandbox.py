@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.tools import SandboxConfig, SandboxUnavailable, run_python, sandbox
 from jaxrl_llm.tools.sandbox import bwrap_available
 from jaxrl_llm.tools.sandbox_types import CappedBuffer
@@ -70,10 +71,12 @@ def test_capped_buffer_keeps_head_and_tail():
 
 
 def test_config_is_validated():
-    with pytest.raises(ValueError, match="unknown sandbox backend"):
+    with pytest.raises(ConfigError, match=r"SandboxConfig\.backend = 'docker': expected str"):
         SandboxConfig(backend="docker")
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match=r"SandboxConfig\.timeout_s = 0"):
         SandboxConfig(timeout_s=0)
+    with pytest.raises(ConfigError, match=r"SandboxConfig\.memory_mb = 8"):
+        SandboxConfig(memory_mb=8)
 
 
 def test_unusable_bwrap_is_detected_at_runtime_and_refused(monkeypatch, tmp_path):

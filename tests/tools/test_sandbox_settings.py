@@ -106,5 +106,5 @@ def test_bad_sandbox_settings_name_the_field():
         SandboxConfig(import_paths=("lib",))
     with pytest.raises((TypeError, ValueError), match=r"import_paths = 'site-packages': expec"):
         SandboxConfig(import_paths="site-packages")
-    with pytest.raises(ValueError, match=r"timeout_s=0"):
+    with pytest.raises(ValueError, match=r"SandboxConfig\.timeout_s = 0: expected float"):
         SandboxConfig(timeout_s=0)
