@@ -5,8 +5,10 @@ fails here."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import gin
@@ -25,16 +27,9 @@ from jaxrl_llm.metrics import MetricsConfig, MetricsWriter, read_metrics
 PREFIX = "gs://"
 
 
-@pytest.fixture
-def bucket(tmp_path, monkeypatch) -> Path:
-    """The local folder standing for gs://; the test runs in another folder, so a stray
-    local `gs:` directory would show."""
-    root = tmp_path / "gcs"
-    root.mkdir()
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    monkeypatch.setenv("EPATH_USE_TF", "false")  # as the CLI sets it: the mocked backend
+@contextlib.contextmanager
+def fake_gcs(root: Path) -> Iterator[None]:
+    """epath's gs:// backend mapped into the folder `root` (gs://b/x is root/b/x)."""
 
     def local(path) -> str:
         s = os.fspath(path)
@@ -54,14 +49,28 @@ def bucket(tmp_path, monkeypatch) -> Path:
         for top, dirs, files in fn(local(path), **kwargs):
             yield remote(top), dirs, files
 
-    def glob(fn, pattern):
-        return [remote(p) for p in fn(local(pattern))]
+    def glob(fn, path):
+        return [remote(p) for p in fn(local(path))]
 
     fake = {
         name: one for name in ("exists", "isdir", "listdir", "makedirs", "mkdir", "open", "remove")
     }
     fake.update(rmtree=one, stat=one, rename=two, replace=two, copy=two, walk=walk, glob=glob)
     with epath_testing.mock_epath(**fake):
+        yield
+
+
+@pytest.fixture
+def bucket(tmp_path, monkeypatch) -> Iterator[Path]:
+    """The local folder standing for gs://; the test runs in another folder, so a stray
+    local `gs:` directory would show."""
+    root = tmp_path / "gcs"
+    root.mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("EPATH_USE_TF", "false")  # as the CLI sets it: the mocked backend
+    with fake_gcs(root):
         yield root
     assert not (cwd / "gs:").exists(), "a gs:// path was written as a local folder"
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from etils import epath
 
 from jaxrl_llm.data.examples import DEFAULT_FIELDS, DataReport, FieldMap, iter_examples
 from jaxrl_llm.data.sources import SourceConfig, detect_format, read_records
@@ -82,7 +83,7 @@ def record_samples(
     rewards: Sequence[float] | np.ndarray,
     *,
     process_index: int = 0,
-) -> Path:
+) -> epath.Path:
     """Writes one RL step's sample rewards to ``run_dir/samples/step_<step>.jsonl``, atomically.
 
     Call once per step with every sample of the step (G per prompt: repeat the prompt's id).
@@ -103,7 +104,7 @@ def record_samples(
     rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
     if len(prompt_ids) != len(rewards):
         raise ValueError(f"{len(prompt_ids)} prompt ids but {len(rewards)} rewards")
-    folder = Path(run_dir) / SAMPLES_DIR
+    folder = epath.Path(run_dir) / SAMPLES_DIR
     folder.mkdir(parents=True, exist_ok=True)
     suffix = f".p{process_index}" if process_index else ""
     path = folder / f"step_{int(step)}{suffix}.jsonl"
@@ -115,7 +116,11 @@ def record_samples(
     return path
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: epath.Path, text: str) -> None:
+    """A local file through a renamed temporary; an object (gs://) is whole once written."""
+    if "://" in os.fspath(path):
+        path.write_text(text, encoding="utf-8")
+        return
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -184,8 +189,8 @@ class LimScores:
             correct_reward=float(d["correct_reward"]),
         )
 
-    def save(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
+    def save(self, path: str | os.PathLike) -> epath.Path:
+        path = epath.Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(path, json.dumps(self.as_dict()) + "\n")
         return path
@@ -193,7 +198,7 @@ class LimScores:
 
 def load_scores(path: str | os.PathLike) -> LimScores:
     """Reads a scores file written by ``score_run``."""
-    return LimScores.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    return LimScores.from_dict(json.loads(epath.Path(path).read_text(encoding="utf-8")))
 
 
 def backfill_and_drop(accuracy: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -217,7 +222,7 @@ def backfill_and_drop(accuracy: np.ndarray) -> tuple[np.ndarray, np.ndarray, int
     return filled, complete, int(fill.sum())
 
 
-def _read_sample_files(run_dir: Path, steps_per_epoch: int, epochs: int, first_step: int):
+def _read_sample_files(run_dir: epath.Path, steps_per_epoch: int, epochs: int, first_step: int):
     """Per (prompt, epoch): [correct, total] counts, from every ``samples/step_*.jsonl``."""
     last_step = first_step + steps_per_epoch * epochs - 1
     files = []
@@ -264,14 +269,14 @@ def score_run(
     Returns:
       the ``LimScores`` (also written to ``out_path``).
     """
-    run_dir = Path(run_dir)
+    run_dir = epath.Path(run_dir)
     if steps_per_epoch < 1 or epochs < 1:
         raise ValueError("steps_per_epoch and epochs must be positive")
     counts: dict[str, np.ndarray] = {}
     bad_lines = 0
     for step, path in _read_sample_files(run_dir, steps_per_epoch, epochs, first_step):
         epoch = (step - first_step) // steps_per_epoch
-        with open(path, encoding="utf-8") as f:
+        with path.open(encoding="utf-8") as f:
             for line in f:
                 try:
                     sample = json.loads(line)
@@ -339,7 +344,7 @@ def write_subset(
     keep = set(keep_ids)
     fmt, records = _read_data(data_path, fields, data_format)
     chosen = [(record, ex) for record, ex in records if ex["id"] in keep]
-    out_path = Path(out_path)
+    out_path = epath.Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "jsonl":
         _write_atomic(out_path, "".join(record.text + "\n" for record, _ in chosen))
@@ -349,8 +354,10 @@ def write_subset(
     else:
         import pyarrow.parquet as pq
 
-        table = pq.read_table(data_path).take([record.line - 1 for record, _ in chosen])
-        pq.write_table(table, out_path)
+        with epath.Path(data_path).open("rb") as f:
+            table = pq.read_table(f).take([record.line - 1 for record, _ in chosen])
+        with out_path.open("wb") as f:
+            pq.write_table(table, f)
     return len(chosen)
 
 

@@ -142,12 +142,6 @@ class RLConfig:
         from jaxrl_llm.algorithms import registry
 
         _refuse_placeholders(self, "RLConfig")
-        if self.run_dir and "://" in self.run_dir:
-            raise ValueError(
-                f"RLConfig.run_dir = {self.run_dir!r}: a cloud run directory is not supported yet "
-                "(samples, generations, the dashboard and the HF export write local files); give "
-                "a local folder and copy it (gcloud storage cp -r); data files may be on gs://"
-            )
         a = self.algo
         registry.lookup("advantage", a.estimator)
         registry.lookup("policy_loss", a.policy_loss)

@@ -9,8 +9,8 @@ resumed run repeats an uninterrupted one.
 from __future__ import annotations
 
 import logging
+import os
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -24,6 +24,7 @@ from jaxrl_llm.learner.experience import (
     all_equal_groups,
     pack_sequences,
 )
+from jaxrl_llm.learner.export import save_pretrained_to
 from jaxrl_llm.learner.packing import (
     Packing,
     packing_layout,
@@ -37,7 +38,6 @@ from jaxrl_llm.metrics.health import HealthMonitor
 from jaxrl_llm.metrics.plots import write_dashboard
 from jaxrl_llm.metrics.progress import bar, summary_line
 from jaxrl_llm.metrics.samples import record_step_samples
-from jaxrl_llm.models import save_pretrained
 from jaxrl_llm.sharding import hosts
 from jaxrl_llm.types import Experience, Rollout
 
@@ -85,7 +85,7 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
                 break
         if state.step >= cfg.steps:
             model = nnx.merge(run.learner.graphdef, state.policy.params)
-            save_pretrained(model, run_dir / "hf", tokenizer=run.learner.tokenizer)
+            save_pretrained_to(model, run_dir / "hf", tokenizer=run.learner.tokenizer)
     finally:
         writer.close()
         run.ckpt.close()
@@ -132,7 +132,7 @@ def _validate(run: Run) -> dict[str, float]:
     return run.rollout.validate(params, run.data.val, run.reward, run.cfg.reward.correct)
 
 
-def _refresh_dashboard(run_dir: Path) -> None:
+def _refresh_dashboard(run_dir: os.PathLike) -> None:
     """Rewrite run_dir/dashboard.png (process 0 only); a plotting error never stops training."""
     if jax.process_index() != 0:
         return

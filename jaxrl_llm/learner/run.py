@@ -3,6 +3,10 @@ prompt data, the rollout stage, the reward pool and the checkpointer, restored o
 
 `build_run(cfg)` constructs; `rl_loop.train(run)` runs. `bench rl-step` builds the same
 learner to time its kernels alone.
+
+The run directory may be a `gs://` path: every file the run writes goes through
+`etils.epath` there, except the built-in task's generated prompts (deterministic from the
+seed, read by the data pipeline as local files), which go to a local temporary folder.
 """
 
 from __future__ import annotations
@@ -10,12 +14,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from etils import epath
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -119,7 +126,7 @@ class Run:
     """Everything a training run is built from; `train(run)` runs it."""
 
     cfg: RLConfig
-    run_dir: Path
+    run_dir: epath.Path  # local or a URI (gs://)
     learner: Learner
     data: PromptData
     prompts: Any  # the train pipeline's iterator (its state is checkpointed)
@@ -128,13 +135,15 @@ class Run:
     ckpt: Checkpointer
     resumed: bool
     generations: GenerationLog  # each step's samples as text (run_dir/generations/)
+    # A cloud run's local folder for the built-in task's files, removed with the Run.
+    scratch: tempfile.TemporaryDirectory | None = None
 
 
 def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
     """Models, data, rollout stage, reward pool and checkpointer; with `resume`, the latest
     checkpoint restored (a run directory with checkpoints and no `resume` is an error)."""
     cfg.validate()
-    run_dir = Path(cfg.resolved_run_dir())
+    run_dir = epath.Path(cfg.resolved_run_dir())
     ckpt = Checkpointer(run_dir / "checkpoints")
     step0 = ckpt.latest_step()
     if step0 is not None and not resume:
@@ -143,7 +152,8 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
             f"{run_dir} already has checkpoints; pass --resume or choose another run_dir"
         )
     learner = build_learner(cfg)
-    data = prompt_data(cfg.data, learner.tokenizer, run_dir)
+    data_root, scratch = _data_root(run_dir)
+    data = prompt_data(cfg.data, learner.tokenizer, data_root)
     prompts = data.train.iterator()
     state = learner.state
     if resume and step0 is not None:
@@ -159,7 +169,19 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
     )  # fmt: skip
     reward = build_reward_pool(cfg.reward)
     generations = GenerationLog(run_dir, cfg.log_generations, learner.tokenizer)
-    return Run(cfg, run_dir, learner, data, prompts, rollout, reward, ckpt, resume, generations)
+    return Run(
+        cfg, run_dir, learner, data, prompts, rollout, reward, ckpt, resume, generations, scratch
+    )
+
+
+def _data_root(run_dir: epath.Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+    """Where the built-in task's files go: the run directory when local, else a temporary
+    local folder (the pipelines read local files; the task is regenerated from its seed on
+    resume, so nothing is lost)."""
+    if "://" not in os.fspath(run_dir):
+        return Path(os.fspath(run_dir)), None
+    scratch = tempfile.TemporaryDirectory(prefix="jaxrl-run-")
+    return Path(scratch.name), scratch
 
 
 def device_state(state: RunState) -> dict[str, Any]:

@@ -19,13 +19,15 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import re
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 
+from jaxrl_llm.metrics.tensorboard import summary_writer
 from jaxrl_llm.types import Rollout
 
 log = logging.getLogger(__name__)
@@ -80,21 +82,15 @@ def _tool_outputs(token_ids: np.ndarray, response_mask: np.ndarray, tokenizer: A
 class GenerationLog:
     """Writes `limit` samples per step (process 0 only; `limit` 0 writes nothing)."""
 
-    def __init__(self, run_dir: str | Path, limit: int, tokenizer: Any, *, tensorboard=True):
+    def __init__(self, run_dir: str | os.PathLike, limit: int, tokenizer: Any, *, tensorboard=True):
         if limit < 0:
             raise ValueError(f"RLConfig.log_generations = {limit!r}: expected an int >= 0")
-        self.dir = Path(run_dir) / FOLDER
+        self.dir = epath.Path(run_dir) / FOLDER
         self.limit, self.tokenizer = limit, tokenizer
         self.active = limit > 0 and jax.process_index() == 0
         self._tb = None
         if self.active and tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
-
-                tb_dir = Path(run_dir) / "tensorboard"
-                self._tb = SummaryWriter(str(tb_dir), filename_suffix=".generations")
-            except ImportError:
-                log.info("tensorboardX not installed; generations go to jsonl only")
+            self._tb = summary_writer(run_dir, filename_suffix=".generations")
 
     def write(self, step: int, rollout: Rollout) -> list[Generation]:
         if not self.active:
@@ -103,9 +99,12 @@ class GenerationLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         lines = "".join(json.dumps(dataclasses.asdict(g), default=str) + "\n" for g in records)
         path = self.dir / f"step_{step}.jsonl"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(lines, encoding="utf-8")
-        tmp.replace(path)  # a reader never sees half a step
+        if "://" in os.fspath(path):  # an object appears whole when written: no rename
+            path.write_text(lines, encoding="utf-8")
+        else:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(lines, encoding="utf-8")
+            tmp.replace(path)  # a reader never sees half a step
         if self._tb is not None:
             self._tb.add_text("generations", markdown(records), step)
             self._tb.flush()
@@ -138,12 +137,12 @@ def markdown(records: list[Generation]) -> str:
     return "\n\n---\n\n".join(parts)
 
 
-def logged_steps(run_dir: str | Path) -> list[int]:
-    names = [p.name for p in (Path(run_dir) / FOLDER).glob("step_*.jsonl")]
+def logged_steps(run_dir: str | os.PathLike) -> list[int]:
+    names = [p.name for p in (epath.Path(run_dir) / FOLDER).glob("step_*.jsonl")]
     return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"step_(\d+)\.jsonl", n)))
 
 
-def read_generations(run_dir: str | Path, step: int | None = None) -> tuple[int, list[dict]]:
+def read_generations(run_dir: str | os.PathLike, step: int | None = None) -> tuple[int, list[dict]]:
     """(step, records) of a run's generations at `step` (None: the latest logged)."""
     steps = logged_steps(run_dir)
     if not steps:
@@ -155,12 +154,12 @@ def read_generations(run_dir: str | Path, step: int | None = None) -> tuple[int,
         step = steps[-1]
     elif step not in steps:
         raise FileNotFoundError(f"no generations for step {step} in {run_dir}; logged: {steps}")
-    text = (Path(run_dir) / FOLDER / f"step_{step}.jsonl").read_text(encoding="utf-8")
+    text = (epath.Path(run_dir) / FOLDER / f"step_{step}.jsonl").read_text(encoding="utf-8")
     return step, [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, help="a training run's directory")
+    parser.add_argument("run_dir", type=epath.Path, help="a training run's directory")
     parser.add_argument("--step", type=int, default=None, help="which step (default: latest)")
     parser.add_argument("--limit", type=int, default=None, help="print at most this many")
     parser.add_argument("--json", action="store_true", help="print the raw jsonl records")

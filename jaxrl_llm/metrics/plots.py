@@ -7,8 +7,9 @@ use (ToRL); timings. A panel none of whose metrics any run logged is left out, n
 empty. Several runs overlay in one colour each, labelled by run directory name.
 
 Drawing uses matplotlib's Agg canvas on `Figure` objects (no pyplot, no GUI, no global
-state), so the trainer can refresh the dashboard from its loop; each PNG is written to a
-temporary name and renamed, so a viewer never sees half a file.
+state), so the trainer can refresh the dashboard from its loop; each local PNG is written
+to a temporary name and renamed, so a viewer never sees half a file. Run and output folders
+may be `gs://` paths (`etils.epath`); there each PNG is one object, written whole.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import dataclasses
 import logging
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from etils import epath
 
 from jaxrl_llm.metrics.writer import read_metrics
 
@@ -98,7 +101,7 @@ Series = tuple[np.ndarray, np.ndarray]  # steps, values (finite only)
 
 def load_series(run_dir: str | os.PathLike) -> dict[str, Series]:
     """Each metric of a run as (steps, values), non-finite values ("nan"/"inf") dropped."""
-    path = Path(run_dir)
+    path = epath.Path(run_dir)
     if not (path / "metrics.jsonl").exists() and not path.is_file():
         raise FileNotFoundError(f"no metrics.jsonl in {path}")
     points: dict[str, list[tuple[int, float]]] = {}
@@ -118,16 +121,15 @@ def load_series(run_dir: str | os.PathLike) -> dict[str, Series]:
     }
 
 
-def run_labels(run_dirs: list[Path]) -> list[str]:
+def run_labels(run_dirs: list[epath.Path]) -> list[str]:
     """Legend labels: each run directory's name, with its parent's where names repeat."""
-    names = [Path(d).resolve().name for d in run_dirs]
-    return [
-        f"{Path(d).resolve().parent.name}/{n}" if names.count(n) > 1 else n
-        for d, n in zip(run_dirs, names)
-    ]
+    # A local path is resolved first, so "." is labelled by its folder's name.
+    full = [d if "://" in os.fspath(d) else epath.Path(d).resolve() for d in run_dirs]
+    names = [d.name for d in full]
+    return [f"{d.parent.name}/{n}" if names.count(n) > 1 else n for d, n in zip(full, names)]
 
 
-def build_figures(run_dirs: list[Path], *, per_group: bool = True) -> dict[str, Figure]:
+def build_figures(run_dirs: list[epath.Path], *, per_group: bool = True) -> dict[str, Figure]:
     """Figures by name: "dashboard" plus one per present group (see `GROUPS`).
 
     Panels whose metrics are absent from every run are dropped, and groups left with no
@@ -158,7 +160,9 @@ def build_figures(run_dirs: list[Path], *, per_group: bool = True) -> dict[str, 
     return figures
 
 
-def write_dashboard(run_dirs: list[Path], out_dir: Path, *, per_group: bool = True) -> list[Path]:
+def write_dashboard(
+    run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *, per_group: bool = True
+) -> list[Path | epath.Path]:
     """Write `dashboard.png` and one `dashboard_<group>.png` per present group to out_dir.
 
     run_dirs: run directories (each holding `metrics.jsonl`); several runs overlay, one
@@ -169,20 +173,24 @@ def write_dashboard(run_dirs: list[Path], out_dir: Path, *, per_group: bool = Tr
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    run_dirs = [Path(d) for d in run_dirs]
-    figures = build_figures(run_dirs, per_group=per_group)
+    dirs = [epath.Path(d) for d in run_dirs]
+    figures = build_figures(dirs, per_group=per_group)
     if not figures:
         log.warning("no plottable metrics in %s; no dashboard written", run_dirs)
         return []
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    remote = "://" in os.fspath(out_dir)
+    # Local paths come back as pathlib paths, as before cloud folders were accepted.
+    out = epath.Path(out_dir) if remote else Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fig in figures.items():
-        path = out_dir / (DASHBOARD if name == "dashboard" else f"dashboard_{name}.png")
-        tmp = path.with_name(f".{path.name}.tmp")
+        path = out / (DASHBOARD if name == "dashboard" else f"dashboard_{name}.png")
+        tmp = path if remote else path.with_name(f".{path.name}.tmp")
         FigureCanvasAgg(fig)  # explicit Agg canvas: never a GUI backend
-        fig.savefig(tmp, format="png", dpi=100)
-        os.replace(tmp, path)
+        with tmp.open("wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+        if not remote:
+            tmp.replace(path)
         written.append(path)
     return written
 
@@ -227,9 +235,9 @@ def _draw_panel(ax, panel: Panel, runs: dict[str, dict[str, Series]]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
+    parser.add_argument("run_dirs", type=epath.Path, nargs="+", metavar="RUN_DIR",
                         help="run directories holding metrics.jsonl; several overlay")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=epath.Path, default=None,
                         help="output folder (default: the first RUN_DIR)")  # fmt: skip
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 import jax
 
@@ -10,7 +10,7 @@ from jaxrl_llm.data import limr
 from jaxrl_llm.types import Rollout
 
 
-def record_step_samples(run_dir: Path, step: int, rollout: Rollout) -> None:
+def record_step_samples(run_dir: str | os.PathLike, step: int, rollout: Rollout) -> None:
     """LIMR's per-sample record: samples/step_N.jsonl with prompt id and reward."""
     if jax.process_index() != 0:  # every host holds the whole (gathered) batch
         return

@@ -5,7 +5,8 @@ Only process 0 writes. Names follow verl (`actor/pg_loss`, `critic/score/mean`,
 `response_length/mean`, `val/test_score`, `timing/*`), so dashboards carry over.
 
 The run directory may be a `gs://` (or `s3://`) path (`etils.epath`): object stores cannot
-append, so there metrics.jsonl is rewritten whole at each step (a few KB per step).
+append, so there metrics.jsonl is rewritten whole at each step (a few KB per step), and so
+are TensorBoard's event files (`metrics/tensorboard.py`).
 
 W&B is used only when `MetricsConfig.wandb_project` is set and `wandb` imports (it is not a
 dependency: `pip install wandb`, then `wandb login` or WANDB_API_KEY). The W&B run id is
@@ -27,6 +28,7 @@ import jax
 from etils import epath
 
 from jaxrl_llm.config_checks import checked_fields
+from jaxrl_llm.metrics.tensorboard import summary_writer
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +84,7 @@ class MetricsWriter:
         self._remote = "://" in os.fspath(self.path)
         self._file = None if self._remote else self.path.open("a", encoding="utf-8")
         if config.tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-            except ImportError:
-                log.info("tensorboardX not installed; writing metrics.jsonl only")
+            self._tb = summary_writer(self.run_dir)
         if config.wandb_project:
             self._wandb = _start_wandb(config, self.run_dir, resuming=resume_step is not None)
 
@@ -144,7 +141,7 @@ def _start_wandb(config: MetricsConfig, run_dir: epath.Path, *, resuming: bool) 
         name=config.wandb_name or run_dir.name,
         id=run_id,
         resume="allow",
-        dir=str(run_dir),
+        dir=None if "://" in os.fspath(run_dir) else str(run_dir),  # W&B's files: local
         config={"gin": gin.operative_config_str()},
     )
 
