@@ -169,24 +169,27 @@ class RolloutStage:
         if val is None:
             return {}
         r = self.cfg
-        texts, examples = [], []
+        scorers: list[StreamingScorer] = []  # one per batch, scoring while the next decodes
         params = self.sync_weights(params)
         me, hosts_ = jax.process_index(), jax.process_count()
         for batch in val.iterator():
             # Multi-host: each host takes every process_count-th row of the batch.
             rows = range(me, len(batch), hosts_)
             prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in rows]
-            comps = self.driver.generate(
+            scorer = StreamingScorer(reward, [batch.examples[i] for i in rows])
+            self.driver.generate(
                 prompts,
                 self._sampling(self.seed, n=1, temperature=r.val_temperature),
                 params=params,
                 tool=self.tool,
                 prompt_indices=list(rows),
+                on_finish=lambda i, c, scorer=scorer: scorer.add(i, c.text),
             )
-            texts += [c.text for c in comps]
-            examples += [batch.examples[i] for i in rows]
-        mine = np.asarray(reward.score(texts, examples), np.float32)
-        parts = hosts.allgather_objects((mine, RewardCounts.of(reward, len(mine))))
+            scorers.append(scorer)
+        results = [s.result() for s in scorers]
+        mine = np.asarray([x for scores, _ in results for x in scores], np.float32)
+        mine_counts = sum((counts for _, counts in results), RewardCounts())
+        parts = hosts.allgather_objects((mine, mine_counts))
         scores = np.concatenate([p[0] for p in parts])
         counts = sum((p[1] for p in parts), RewardCounts())
         counts.check(reward)
