@@ -130,8 +130,11 @@ def unpack(y: jax.Array, packing: Packing) -> jax.Array:
     return jnp.where(packing.dst >= 0, flat, jnp.zeros((), y.dtype))
 
 
+def forward_positions(samples: int, packing: Packing[np.ndarray] | None, T: int) -> int:
+    """Token positions the forwards run on: the packed rows, else one row of T per sample."""
+    return samples * T if packing is None else packing.src.size
+
+
 def padding_fraction(lengths: Lengths, packing: Packing[np.ndarray] | None, T: int) -> float:
-    """Share of the forwards' token positions that are padding: packed rows when packing,
-    else one row of T per sample."""
-    positions = len(lengths) * T if packing is None else packing.src.size
-    return 1.0 - float(np.sum(lengths)) / positions
+    """Share of the forwards' token positions that are padding."""
+    return 1.0 - float(np.sum(lengths)) / forward_positions(len(lengths), packing, T)

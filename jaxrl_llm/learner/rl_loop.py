@@ -27,6 +27,7 @@ from jaxrl_llm.learner.experience import (
 from jaxrl_llm.learner.export import save_pretrained_to
 from jaxrl_llm.learner.packing import (
     Packing,
+    forward_positions,
     packing_layout,
     padding_fraction,
     worth_packing,
@@ -272,7 +273,7 @@ def _update(
             mb = lr.micro_batches(batch, rows)
             lengths = exp.length[order[k * mini : (k + 1) * mini]]
             packing = _packing(cfg, mesh, lengths, min(a.micro_batch_size, mini))
-            positions += lengths.size * cfg.seq_len if packing is None else packing.src.size
+            positions += forward_positions(lengths.size, packing, cfg.seq_len)
             packing = _put_packing(mesh, packing)
             if lr.critic_step is not None:
                 state.critic, cm = lr.critic_step(state.critic, mb, packing)

@@ -40,6 +40,7 @@ import collections
 import concurrent.futures as cf
 import dataclasses
 import functools
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -92,8 +93,12 @@ class _Call:
         """`on_finish(index in the prompt-major output, completion)` of a finished sample."""
         if self.on_finish is not None:
             prompt, sample = key
-            before = sum(sp.n for sp in self.sampling[:prompt])
-            self.on_finish(before + sample, self.results[key])
+            self.on_finish(self.first_sample[prompt] + sample, self.results[key])
+
+    @functools.cached_property
+    def first_sample(self) -> list[int]:
+        """Each prompt's first sample's index in the prompt-major output."""
+        return [0, *itertools.accumulate(sp.n for sp in self.sampling)][:-1]
 
 
 class RolloutDriver:

@@ -69,7 +69,6 @@ class StreamingScorer:
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="reward-scorer", daemon=True)
         self._thread.start()
-        self.batches = 0  # reward.score calls made (the overlap shows as more than one)
 
     def add(self, index: int, text: str) -> None:
         with self._wake:
@@ -104,6 +103,5 @@ class StreamingScorer:
             except BaseException as e:  # surfaced by result(); the thread must not die silently
                 self._error = e
                 return
-            self.batches += 1
             for (i, _), s in zip(batch, scores, strict=True):
                 self._scores[i] = s
