@@ -1,12 +1,17 @@
 """`jaxrl-llm export`: an RL run's policy (latest or given checkpoint) to HF safetensors.
 
 The run directory and the output folder may be `gs://` paths (`etils.epath`);
-`save_pretrained_to` is also how a finished run writes run_dir/hf.
+`save_pretrained_to` is also how a finished run writes run_dir/hf. A LoRA run
+(`PolicyConfig.lora`) exports either the merged model (`--format merged`: W + (alpha/r) A B,
+a plain HF checkpoint) or a PEFT adapter folder (`--format peft`: `adapter_config.json` +
+`adapter_model.safetensors`, loaded by `peft.PeftModel.from_pretrained` on the base); a
+finished LoRA run writes both (run_dir/hf and run_dir/adapter).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import tempfile
@@ -24,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", required=True, type=epath.Path, help="run directory")
     parser.add_argument("--out", required=True, type=epath.Path, help="output HF folder")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    parser.add_argument(
+        "--format",
+        choices=("merged", "peft"),
+        default="merged",
+        help="LoRA runs: merged HF weights, or a PEFT adapter folder (adapters only)",
+    )
 
 
 def save_pretrained_to(model: Any, out: str | os.PathLike, *, tokenizer: Any = None) -> None:
@@ -32,12 +43,38 @@ def save_pretrained_to(model: Any, out: str | os.PathLike, *, tokenizer: Any = N
     Collective like `save_pretrained`: every process calls it; process 0 writes."""
     from jaxrl_llm.models import save_pretrained
 
+    _write_via_local(out, lambda path: save_pretrained(model, path, tokenizer=tokenizer))
+
+
+def save_peft_adapter(model: Any, out: str | os.PathLike, *, base_model: str) -> None:
+    """A PEFT LoRA folder for `model`'s adapters (`models.lora.peft_tensors`): what
+    `peft.PeftModel.from_pretrained(<base_model loaded in transformers>, out)` reads."""
+    from safetensors.numpy import save_file
+
+    from jaxrl_llm.models.lora import peft_config, peft_tensors
+
+    config, tensors = peft_config(model, base_model), peft_tensors(model)
+
+    def write(path):
+        if jax.process_index() != 0:
+            return
+        path = epath.Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tensors, os.fspath(path / "adapter_model.safetensors"))
+
+    _write_via_local(out, write)
+
+
+def _write_via_local(out: str | os.PathLike, write) -> None:
+    """`write(folder)` into `out`; a `gs://` folder is written locally first (safetensors
+    and tokenizers write local files), then each file copied (process 0)."""
     out = epath.Path(out)
     if "://" not in os.fspath(out):
-        save_pretrained(model, out, tokenizer=tokenizer)
+        write(out)
         return
     with tempfile.TemporaryDirectory(prefix="jaxrl-hf-") as tmp:
-        save_pretrained(model, tmp, tokenizer=tokenizer)
+        write(tmp)
         if jax.process_index() != 0:
             return
         for top, _, files in os.walk(tmp):
@@ -47,15 +84,36 @@ def save_pretrained_to(model: Any, out: str | os.PathLike, *, tokenizer: Any = N
                 epath.Path(top, name).copy(dst / name, overwrite=True)
 
 
+def export_final(model: Any, run_dir: Any, checkpoint: str, *, tokenizer: Any = None) -> None:
+    """A finished run's policy: run_dir/hf (merged, with LoRA) and, with LoRA, also the
+    adapters alone in run_dir/adapter (PEFT format, base = the resolved `checkpoint`)."""
+    from jaxrl_llm.assets import resolve_checkpoint
+    from jaxrl_llm.models.lora import has_adapters, merge_adapters
+
+    run_dir = epath.Path(run_dir)
+    if has_adapters(model):
+        base = os.fspath(resolve_checkpoint(checkpoint))
+        save_peft_adapter(model, run_dir / "adapter", base_model=base)
+        model = merge_adapters(model)
+    save_pretrained_to(model, run_dir / "hf", tokenizer=tokenizer)
+
+
 def export_policy(
-    run_dir: str | os.PathLike, out: str | os.PathLike, step: int | None = None
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    step: int | None = None,
+    fmt: str = "merged",
 ) -> int:
-    """Write the policy of `run_dir`'s checkpoint `step` (latest if None) to `out`."""
+    """Write the policy of `run_dir`'s checkpoint `step` (latest if None) to `out`: HF
+    safetensors (`fmt='merged'`; a LoRA run's adapters folded in) or, for a LoRA run, a
+    PEFT adapter folder (`fmt='peft'`)."""
     from jaxrl_llm.assets import resolve_checkpoint
     from jaxrl_llm.config import parse_gin
     from jaxrl_llm.learner.checkpoint import Checkpointer
+    from jaxrl_llm.learner.lora import split_trainable
     from jaxrl_llm.learner.rl_config import RLConfig
     from jaxrl_llm.models import from_pretrained, load_tokenizer
+    from jaxrl_llm.models.lora import merge_adapters
 
     run_dir = epath.Path(run_dir)
     if not (run_dir / "config.gin").is_file():
@@ -69,12 +127,21 @@ def export_policy(
             f"no complete checkpoint {'' if step is None else step} in {ckpt.directory} "
             f"(have {ckpt.all_steps()})"
         )
+    lora = cfg.policy.lora
+    if fmt == "peft" and lora is None:
+        raise ValueError(f"--format peft: {run_dir} is not a LoRA run (PolicyConfig.lora = None)")
     src = resolve_checkpoint(cfg.policy.checkpoint)
     model = from_pretrained(src, dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype)
-    graphdef, params = nnx.split(model)
+    graphdef, params, frozen, _ = split_trainable(model, lora, seed=cfg.seed, reference=False)
     raw = _unwrap_variables(ckpt.restore_raw(step)["policy"]["params"])
     nnx.replace_by_pure_dict(params, jax.tree.map(np.asarray, raw))
-    save_pretrained_to(nnx.merge(graphdef, params), out, tokenizer=load_tokenizer(src))
+    model = nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
+    if fmt == "peft":
+        save_peft_adapter(model, out, base_model=os.fspath(src))
+    else:
+        if lora is not None:
+            model = merge_adapters(model)
+        save_pretrained_to(model, out, tokenizer=load_tokenizer(src))
     ckpt.close()
     log.info("exported %s step %d to %s", run_dir, step, out)
     return step
@@ -90,6 +157,6 @@ def _unwrap_variables(tree):
 
 
 def main(args: argparse.Namespace) -> int:
-    step = export_policy(args.run, args.out, args.step)
+    step = export_policy(args.run, args.out, args.step, args.format)
     print(f"exported step {step} to {args.out}")
     return 0

@@ -15,10 +15,11 @@ import gin
 from jaxrl_llm.config_checks import Ge, Gt, Interval, checked_fields
 from jaxrl_llm.data.config import DataConfig
 from jaxrl_llm.learner.optim import OptimConfig
+from jaxrl_llm.models.lora import LoraConfig
 from jaxrl_llm.rewards.config import RewardConfig
 from jaxrl_llm.rollout.config import RolloutConfig
 
-__all__ = ["DataConfig", "RLConfig", "RewardConfig", "RolloutConfig"]
+__all__ = ["DataConfig", "LoraConfig", "RLConfig", "RewardConfig", "RolloutConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ class PolicyConfig:
     # Several samples per row in the trainer's forwards (`learner.packing`): less padding,
     # same losses; False keeps one right-padded sample per row.
     pack_sequences: bool = True
+    # Low-rank adapters on a frozen base (`models.lora`, docs/lora.md): only they are
+    # trained, checkpointed and synced to the rollout. None: full-parameter training.
+    lora: LoraConfig | None = None
 
 
 @gin.configurable

@@ -24,7 +24,7 @@ from jaxrl_llm.learner.experience import (
     all_equal_groups,
     pack_sequences,
 )
-from jaxrl_llm.learner.export import save_pretrained_to
+from jaxrl_llm.learner.export import export_final
 from jaxrl_llm.learner.packing import (
     Packing,
     forward_positions,
@@ -33,7 +33,7 @@ from jaxrl_llm.learner.packing import (
     worth_packing,
 )
 from jaxrl_llm.learner.rl_config import RLConfig
-from jaxrl_llm.learner.run import Learner, Run, RunState, build_run, device_state
+from jaxrl_llm.learner.run import Learner, Run, build_run, device_state
 from jaxrl_llm.metrics import MetricsWriter
 from jaxrl_llm.metrics.health import HealthMonitor
 from jaxrl_llm.metrics.plots import write_dashboard
@@ -85,8 +85,9 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
             if stop_after is not None and step >= stop_after:
                 break
         if state.step >= cfg.steps:
-            model = nnx.merge(run.learner.graphdef, state.policy.params)
-            save_pretrained_to(model, run_dir / "hf", tokenizer=run.learner.tokenizer)
+            lr = run.learner
+            model = nnx.merge(lr.graphdef, lr.policy_params())
+            export_final(model, run_dir, cfg.policy.checkpoint, tokenizer=lr.tokenizer)
     finally:
         writer.close()
         run.ckpt.close()
@@ -100,7 +101,7 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     stay on the device until the step's one transfer at the end (`_fetch`)."""
     cfg, lr = run.cfg, run.learner
     t0 = time.perf_counter()
-    samples, metrics = _collect(cfg, step, run.prompts, run.rollout, run.reward, lr.state)
+    samples, metrics = _collect(cfg, step, run.prompts, run.rollout, run.reward, lr)
     # Generation and rewards; the weight hand-over is timed apart (timing/weight_sync).
     metrics["timing/rollout"] = time.perf_counter() - t0 - metrics["timing/weight_sync"]
     same = all_equal_groups(samples.scores, cfg.rollout.n)
@@ -129,7 +130,7 @@ def train_step(run: Run, step: int) -> dict[str, float]:
 
 
 def _validate(run: Run) -> dict[str, float]:
-    params = run.learner.state.policy.params
+    params = run.learner.policy_params()
     return run.rollout.validate(params, run.data.val, run.reward, run.cfg.reward.correct)
 
 
@@ -143,7 +144,7 @@ def _refresh_dashboard(run_dir: os.PathLike) -> None:
         log.warning("dashboard not refreshed: %s", e)
 
 
-def _collect(cfg, step, it, rollout, reward, state: RunState):
+def _collect(cfg, step, it, rollout, reward, lr: Learner):
     """Rollouts and rewards for one step; DAPO dynamic sampling refills all-equal groups."""
     n = cfg.rollout.n
     want = cfg.data.prompts_per_step
@@ -152,8 +153,9 @@ def _collect(cfg, step, it, rollout, reward, state: RunState):
     tries = dropped = 0
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
-    params = jax.block_until_ready(rollout.sync_weights(state.policy.params))
+    params = jax.block_until_ready(rollout.sync_weights(lr.policy_params()))
     metrics["timing/weight_sync"] = time.perf_counter() - t0
+    metrics["weight_sync/bytes"] = float(rollout.last_sync_bytes)
     while True:
         tries += 1
         batch = next(it)
@@ -201,7 +203,7 @@ def _make_experience(
     rows = lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape))
     critic = state.critic.params if state.critic is not None else None
     batch, sequence_rewards, metrics = lr.experience_fn(
-        state.policy.params, lr.ref_params, critic,
+        lr.policy_params(), lr.ref_params, critic,
         rows(packed["input_ids"]), rows(packed["response_mask"]), rows(loss_mask),
         rows(samples.scores), rows(packed["rollout_logprobs"]), _put_packing(mesh, packing),
     )  # fmt: skip
@@ -278,7 +280,7 @@ def _update(
             if lr.critic_step is not None:
                 state.critic, cm = lr.critic_step(state.critic, mb, packing)
                 _append(out, cm)
-            state.policy, pm = lr.policy_step(state.policy, mb, packing)
+            state.policy, pm = lr.policy_step(state.policy, mb, packing, lr.frozen)
             _append(out, pm)
             progress.update()
     progress.close()

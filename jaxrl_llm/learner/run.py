@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from etils import epath
 from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_llm.assets import resolve_checkpoint
 from jaxrl_llm.data.prompts import PromptData, prompt_data
+from jaxrl_llm.learner import lora as lora_lib
 from jaxrl_llm.learner.checkpoint import Checkpointer
 from jaxrl_llm.learner.experience import make_experience_fn
 from jaxrl_llm.learner.optim import make_optimizer
@@ -67,11 +67,16 @@ class Learner:
     graphdef: nnx.GraphDef
     state: RunState
     ref_params: Any | None  # frozen reference policy when a KL term is on
+    frozen: Any | None  # with LoRA: the frozen base weights (the train state holds adapters)
     policy_step: Callable
     critic_step: Callable | None
     experience_fn: Callable  # `experience.make_experience_fn`
     micro_batches: Callable  # `steps.make_micro_batch_fn`
     on_policy: bool  # `steps.exactly_on_policy`: no old-logprob forward
+
+    def policy_params(self) -> Any:
+        """The policy's whole State: the trained params, plus the frozen base with LoRA."""
+        return lora_lib.full_params(self.state.policy.params, self.frozen)
 
 
 def build_learner(cfg: RLConfig) -> Learner:
@@ -86,9 +91,10 @@ def build_learner(cfg: RLConfig) -> Learner:
         rules=TRAIN_RULES,
     )
     policy = load(src, remat=cfg.policy.remat)
-    graphdef, params = nnx.split(policy)
+    graphdef, params, frozen, ref_params = lora_lib.split_trainable(
+        policy, cfg.policy.lora, seed=cfg.seed, reference=cfg.needs_reference
+    )
     a = cfg.algo
-    ref_params = jax.tree.map(jnp.copy, params) if cfg.needs_reference else None
     updates = cfg.steps * a.ppo_epochs * a.mini_batches
     tx = make_optimizer(cfg.optim, updates)
     state = RunState(TrainState.create(params, tx, jax.random.PRNGKey(cfg.seed)), None)
@@ -113,6 +119,7 @@ def build_learner(cfg: RLConfig) -> Learner:
         graphdef=graphdef,
         state=state,
         ref_params=ref_params,
+        frozen=frozen,
         policy_step=make_policy_step(graphdef, tx, a, temperature, on_policy=on_policy),
         critic_step=critic_step,
         experience_fn=experience_fn,

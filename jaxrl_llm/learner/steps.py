@@ -46,7 +46,10 @@ def make_policy_step(
     graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo, temperature,
     *, on_policy: bool = False,
 ):  # fmt: skip
-    """`step(state, batch: TrainBatch [M, mb, T], packing=None) -> (state, metrics)`.
+    """`step(state, batch: TrainBatch [M, mb, T], packing=None, frozen=None) -> (state,
+    metrics)`. `frozen`: with LoRA, the frozen base params the state's adapters sit on
+    (`learner.lora`): the policy is `nnx.merge(graphdef, state.params, frozen)`, and only
+    `state.params` gets gradients.
 
     `on_policy` (see `exactly_on_policy`): the old logprobs are the step's own under
     stop_gradient (`batch.old_logprobs` is not read), and the metrics add the rollout
@@ -54,8 +57,8 @@ def make_policy_step(
     pg_fn = _policy_loss_fn(algo)
     agg = algo.loss_agg
 
-    def loss_fn(params, mb: TrainBatch, packing: Packing | None, normalizer):
-        model = nnx.merge(graphdef, params)
+    def loss_fn(params, mb: TrainBatch, packing: Packing | None, normalizer, frozen):
+        model = nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
         mask = mb.loss_mask
         logp, ent = policy_logprobs(
             model, mb.input_ids, mask, temperature=temperature,
@@ -90,7 +93,8 @@ def make_policy_step(
 def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo):
     agg = algo.loss_agg
 
-    def loss_fn(params, mb: TrainBatch, packing: Packing | None, normalizer):
+    def loss_fn(params, mb: TrainBatch, packing: Packing | None, normalizer, frozen):
+        del frozen  # the critic is trained whole
         critic = nnx.merge(graphdef, params)
         values = sequence_values(critic, mb.input_ids, packing)
         loss, m = value_loss(
@@ -109,14 +113,17 @@ def _make_update(loss_fn, tx, agg: str, role: str, summed: tuple[str, ...]):
     terms already normalised globally, so their micro-batch sums are exact; the others
     (ratios such as clip fractions) are averaged over micro-batches, as verl does. Logprobs,
     when given (on-policy), are compared with the rollout's over the trained tokens.
-    `packing` ([M, ...], `learner.packing`): the forwards run on packed rows."""
+    `packing` ([M, ...], `learner.packing`): the forwards run on packed rows. `frozen`:
+    params the loss reads but does not train (LoRA's base; not donated)."""
 
     @jax.jit(donate_argnums=0)
-    def step(state: TrainState, batch: TrainBatch, packing: Packing | None = None):
+    def step(
+        state: TrainState, batch: TrainBatch, packing: Packing | None = None, frozen: Any = None
+    ):
         flat_mask = batch.loss_mask.reshape(-1, batch.loss_mask.shape[-1])
         normalizer = loss_normalizer(flat_mask, agg)
         loss, grads, (metrics, logprobs) = accumulate_gradients(
-            lambda p, xs: loss_fn(p, *xs, normalizer), state.params, (batch, packing)
+            lambda p, xs: loss_fn(p, *xs, normalizer, frozen), state.params, (batch, packing)
         )
         metrics = {k: v.sum(0) if k in summed else v.mean(0) for k, v in metrics.items()}
         if logprobs is not None:

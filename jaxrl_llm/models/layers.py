@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models.config import ModelConfig, RopeConfig, as_dtype
+from jaxrl_llm.models.lora import with_lora
 from jaxrl_llm.models.paged import PagedBatch, gathered_attention, write_and_decode, write_kv
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext, constrain
@@ -174,9 +175,15 @@ class Attention(nnx.Module):
         """q [B,T,N,H], k, v [B,T,K,H] with rotary embeddings applied to q and k (after the
         q/k norm when the family has one: full, cached and paged paths all come here)."""
         dtype = x.dtype
-        q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dtype))
-        k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dtype))
-        v = jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dtype))
+        q = with_lora(
+            self, "q_proj", x, jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dtype))
+        )
+        k = with_lora(
+            self, "k_proj", x, jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dtype))
+        )
+        v = with_lora(
+            self, "v_proj", x, jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dtype))
+        )
         if self.qkv_bias:
             q = q + self.q_bias[...].astype(dtype)
             k = k + self.k_bias[...].astype(dtype)
@@ -190,7 +197,12 @@ class Attention(nnx.Module):
 
     def output(self, out: Array) -> Array:
         """Attention output [B,T,N,H] -> [B,T,D] through o_proj."""
-        out = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(out.dtype))
+        out = with_lora(
+            self,
+            "o_proj",
+            out,
+            jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(out.dtype)),
+        )
         if self.use_o_bias:
             out = out + self.o_bias[...].astype(out.dtype)
         return out
@@ -249,13 +261,13 @@ class MLP(nnx.Module):
 
     def __call__(self, x: Array, ctx: ShardingContext | None) -> Array:
         dtype = x.dtype
-        gate = x @ self.gate_proj[...].astype(dtype)
-        up = x @ self.up_proj[...].astype(dtype)
+        gate = with_lora(self, "gate_proj", x, x @ self.gate_proj[...].astype(dtype))
+        up = with_lora(self, "up_proj", x, x @ self.up_proj[...].astype(dtype))
         if self.use_bias:
             gate = gate + self.gate_bias[...].astype(dtype)
             up = up + self.up_bias[...].astype(dtype)
         h = constrain(jax.nn.silu(gate) * up, (ax.BATCH, ax.SEQ, ax.ACT_MLP), ctx)
-        out = h @ self.down_proj[...].astype(dtype)
+        out = with_lora(self, "down_proj", h, h @ self.down_proj[...].astype(dtype))
         if self.use_bias:
             out = out + self.down_bias[...].astype(dtype)
         return out

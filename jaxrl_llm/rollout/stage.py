@@ -74,9 +74,7 @@ class RolloutStage:
         # token); the trainer's master weights are untouched, and the gap shows in
         # rollout/logprob_diff/*. One jitted cast (and, multi-host, gather) per step.
         cast = _make_cast(rollout_dtype) if rollout_dtype else None
-        self._sync = hosts.WeightSync(
-            nnx.state(policy), mesh, self.engine.param_shardings, cast=cast
-        )
+        self._sync = _AdapterSync(nnx.state(policy), mesh, self.engine.param_shardings, cast)
         # Built at start-up: a wrong plug-in path, or a Python tool with no safe sandbox
         # here, fails before the first step.
         self.tool = build_tool(r.tool, search_corpus=r.search_corpus or corpus, search_k=r.search_k)
@@ -100,9 +98,16 @@ class RolloutStage:
     def sync_weights(self, params):
         """The trainer's params as the rollout reads them (`hosts.WeightSync`): the same
         arrays when the training and sampling layouts agree and nothing is cast, else one
-        jitted re-layout/cast; multi-host, a full copy on each host's devices.
+        jitted re-layout/cast; multi-host, a full copy on each host's devices. With LoRA
+        adapters only the adapters are handed over; the frozen base is synced once.
         Call once per step (on every process), before `generate`."""
         return self._sync(params)
+
+    @property
+    def last_sync_bytes(self) -> int:
+        """Bytes of params the last `sync_weights` handed over (a pointer when the layouts
+        agree and nothing is cast, else moved): the adapters' alone with LoRA."""
+        return self._sync.last_bytes
 
     def generate(self, params, batch, step: int, attempt: int, reward) -> Rollout:
         """Scored samples of this host's `batch` (its share of the global batch) with
@@ -226,6 +231,45 @@ def _gather_rows(mine: Rollout, counts: RewardCounts) -> tuple[Rollout, RewardCo
         answers=tuple(a for r, p in order for a in group(parts[p].answers, r)),
         scores=np.concatenate([group(parts[p].scores, r) for r, p in order]),
     ), total
+
+
+class _AdapterSync:
+    """`hosts.WeightSync` for a policy State; with LoRA adapters (`models.lora`), one sync
+    for the adapters on every call and one for the frozen base, run again only when the
+    base's arrays change (never, in an RL run): a step moves adapter bytes only."""
+
+    def __init__(self, state, mesh, shardings, cast):
+        from jaxrl_llm.models.lora import has_adapters, split_adapters
+
+        self.last_bytes = 0
+        self._lora = has_adapters(state)
+        if not self._lora:
+            self._all = hosts.WeightSync(state, mesh, shardings, cast=cast)
+            return
+        self._split = split_adapters
+        (adapters, base), (ad_out, base_out) = split_adapters(state), split_adapters(shardings)
+        self._adapters = hosts.WeightSync(adapters, mesh, ad_out, cast=cast)
+        self._base = hosts.WeightSync(base, mesh, base_out, cast=cast)
+        self._base_src: list | None = None
+        self._base_synced = None
+
+    def __call__(self, params):
+        from flax import nnx
+
+        from jaxrl_llm.models.lora import state_bytes
+
+        if not self._lora:
+            self.last_bytes = state_bytes(params)
+            return self._all(params)
+        adapters, base = self._split(params)
+        leaves = jax.tree.leaves(base)
+        self.last_bytes = state_bytes(adapters)
+        if self._base_src is None or any(
+            a is not b for a, b in zip(leaves, self._base_src, strict=True)
+        ):
+            self._base_synced, self._base_src = self._base(base), leaves
+            self.last_bytes += state_bytes(base)
+        return nnx.merge_state(self._adapters(adapters), self._base_synced)
 
 
 def _make_cast(dtype: str):

@@ -1,0 +1,244 @@
+"""Low-rank adapters (LoRA, Hu et al. 2021) on the projections of a frozen model.
+
+A targeted weight W [in..., out...] gets A [in..., r] and B [r, out...] (`nnx.LoRAParam`,
+stored on the module beside W as `<name>_lora_a` / `<name>_lora_b`); the layer computes
+    y = x W + (alpha / r) * (x A) B
+so the merged weight is W + (alpha / r) A B. A starts as PEFT's (uniform in +-1/sqrt(fan_in),
+fan_in = prod(in)), B at zero: the adapted model starts equal to the base. Each adapter dim
+keeps its base dim's logical axis name (the rank axis has none), so `sharding.rules` lays
+adapters out like their weights. Shapes: q/k/v [D, r] x [r, heads, H]; o [N, H, r] x [r, D];
+gate/up [D, r] x [r, F]; down [F, r] x [r, D].
+
+Why not qwix (Google's LoRA library, used by Tunix): for an NNX model it intercepts one
+method only (`quantize_nnx_model(call_method=...)`) by patching `jnp.einsum`/`dot_general`
+while that method runs; this model is driven through `hidden_states` + `logits` in training
+and `extend_paged` in the rollout engine, so adapters would be missing from all but one of
+them, and turning them off for the reference forward would mean swapping the module class.
+Here the layers add the adapter term themselves (`with_lora`), on every path.
+
+No LoRA dropout: the PPO ratio compares this network with itself, and a dropout mask in the
+trainer's forward (absent from the rollout's) would make the ratio noisy and the on-policy
+shortcut (`steps.exactly_on_policy`) wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from jaxrl_llm.config_checks import Ge, Gt, checked_fields
+from jaxrl_llm.sharding.rules import TRAIN_RULES, Rules, logical_sharding
+
+Array = jax.Array
+
+ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Input dims of each projection's weight (the rest are output dims).
+_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1,
+            "down_proj": 1}  # fmt: skip
+_SUFFIXES = ("_lora_a", "_lora_b")
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+@checked_fields(rank=Ge(1), alpha=Gt(0))
+class LoraConfig:
+    """Adapters of rank `rank` scaled by alpha / rank on the weights `targets` names: a
+    projection name (`q_proj`, matched in every layer, as PEFT's `target_modules`) or a
+    regular expression over the weight's path (`model/layers/0/self_attn/q_proj`)."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple[str, ...] = ALL_PROJECTIONS
+
+    def __post_init__(self):
+        if not self.targets:
+            raise ValueError("LoraConfig.targets = (): expected at least one projection name")
+        for t in self.targets:
+            try:
+                re.compile(t)
+            except re.error as e:
+                raise ValueError(
+                    f"LoraConfig.targets: {t!r} is not a regular expression: {e}"
+                ) from e
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+def _matches(cfg: LoraConfig, path: str, name: str) -> bool:
+    return any(t == name or re.fullmatch(t, path) for t in cfg.targets)
+
+
+def apply_lora(model: nnx.Module, cfg: LoraConfig, *, seed: int, rules: Rules = TRAIN_RULES) -> int:
+    """Attach adapters to every weight `cfg.targets` selects (in place); returns how many
+    weights got one. Each adapter is placed like its weight (same mesh, `rules`)."""
+    rng = jax.random.key(seed)
+    count = 0
+    for path, module in nnx.iter_modules(model):
+        prefix = "/".join(map(str, path))
+        for name, in_dims in _IN_DIMS.items():
+            base = getattr(module, name, None)
+            if not isinstance(base, nnx.Param) or isinstance(base, nnx.LoRAParam):
+                continue
+            if not _matches(cfg, f"{prefix}/{name}", name):
+                continue
+            rng, key = jax.random.split(rng)
+            a, b = _new_adapter(base, in_dims, cfg.rank, key, rules)
+            setattr(module, name + "_lora_a", a)
+            setattr(module, name + "_lora_b", b)
+            module.lora_scale = cfg.scale
+            count += 1
+    if not count:
+        raise ValueError(
+            f"LoraConfig.targets = {cfg.targets}: no weight matched; expected names among "
+            f"{ALL_PROJECTIONS} or a regular expression over paths like "
+            "'model/layers/0/self_attn/q_proj'"
+        )
+    return count
+
+
+def _new_adapter(base: nnx.Param, in_dims: int, rank: int, key, rules: Rules):
+    shape, axes = base.shape, tuple(base.get_metadata()["logical_axes"])
+    a_shape, b_shape = (*shape[:in_dims], rank), (rank, *shape[in_dims:])
+    a_axes, b_axes = (*axes[:in_dims], None), (None, *axes[in_dims:])
+    bound = 1.0 / math.sqrt(math.prod(shape[:in_dims]))
+    dtype = base.get_value().dtype
+    a = jax.random.uniform(key, a_shape, jnp.float32, -bound, bound).astype(dtype)
+    b = jnp.zeros(b_shape, dtype)
+    sharding = base.get_value().sharding
+    if isinstance(sharding, NamedSharding):
+        a = jax.device_put(a, logical_sharding(a_axes, rules, sharding.mesh, a_shape))
+        b = jax.device_put(b, logical_sharding(b_axes, rules, sharding.mesh, b_shape))
+    return nnx.LoRAParam(a, logical_axes=a_axes), nnx.LoRAParam(b, logical_axes=b_axes)
+
+
+def with_lora(module: nnx.Module, name: str, x: Array, y: Array) -> Array:
+    """`y` (= x W for the weight `name`) plus the adapter term (alpha / r) (x A) B, when the
+    module has one; `y` unchanged otherwise. x [..., in...], y [..., out...]."""
+    a = getattr(module, name + "_lora_a", None)
+    if a is None:
+        return y
+    b = getattr(module, name + "_lora_b")
+    xa = jnp.tensordot(x, a[...].astype(x.dtype), axes=a.ndim - 1)  # [..., r]
+    delta = jnp.tensordot(xa, b[...].astype(x.dtype), axes=1)
+    return y + (module.lora_scale * delta).astype(y.dtype)
+
+
+def is_adapter(path: tuple, _value: Any = None) -> bool:
+    """An nnx filter: True for adapter leaves (works on States of Variables or of plain
+    values, e.g. the engine's sharding tree)."""
+    return str(path[-1]).endswith(_SUFFIXES)
+
+
+def split_adapters(state: nnx.State) -> tuple[nnx.State, nnx.State]:
+    """(adapters, everything else) of a model's State."""
+    adapters, rest = nnx.split_state(state, is_adapter, ...)
+    return adapters, rest
+
+
+def has_adapters(model_or_state: Any) -> bool:
+    state = model_or_state if isinstance(model_or_state, nnx.State) else nnx.state(model_or_state)
+    return any(is_adapter(path) for path, _ in nnx.to_flat_state(state))
+
+
+def adapters_off(adapters: nnx.State) -> nnx.State:
+    """Zero adapters (B = 0 gives exactly the base's outputs): with the frozen base, the
+    reference policy without a second copy of the weights."""
+    return jax.tree.map(jnp.zeros_like, adapters)
+
+
+def state_bytes(state: Any) -> int:
+    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(state))
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """One adapted weight: the module holding it, the weight's name, its path ('/'-joined)."""
+
+    module: nnx.Module
+    name: str
+    path: str
+
+    @property
+    def a(self) -> Array:
+        return getattr(self.module, self.name + "_lora_a")[...]
+
+    @property
+    def b(self) -> Array:
+        return getattr(self.module, self.name + "_lora_b")[...]
+
+    @property
+    def scale(self) -> float:
+        return self.module.lora_scale
+
+    def delta(self) -> Array:
+        """(alpha / r) A B in the base weight's shape, float32."""
+        a, b = self.a.astype(jnp.float32), self.b.astype(jnp.float32)
+        return self.scale * jnp.tensordot(a, b, axes=1)
+
+
+def adapters(model: nnx.Module) -> Iterator[Adapter]:
+    for path, module in nnx.iter_modules(model):
+        for name in _IN_DIMS:
+            if hasattr(module, name + "_lora_a"):
+                yield Adapter(module, name, "/".join(map(str, (*path, name))))
+
+
+def merge_adapters(model: nnx.Module) -> nnx.Module:
+    """Fold every adapter into its weight (W + (alpha / r) A B) and drop the adapters, in
+    place; the model is then a plain one (`save_pretrained` writes it). Returns it."""
+    for ad in list(adapters(model)):
+        base = getattr(ad.module, ad.name)
+        w = base.get_value()
+        base.set_value((w.astype(jnp.float32) + ad.delta()).astype(w.dtype))
+        delattr(ad.module, ad.name + "_lora_a")
+        delattr(ad.module, ad.name + "_lora_b")
+    for _, module in nnx.iter_modules(model):
+        if hasattr(module, "lora_scale"):
+            delattr(module, "lora_scale")
+    return model
+
+
+def peft_tensors(model: nnx.Module) -> dict[str, np.ndarray]:
+    """The adapters in PEFT's layout: `base_model.model.<HF module>.lora_A.weight` [r, in]
+    and `lora_B.weight` [out, r], in and out flattened as HF's Linear weights are."""
+    out = {}
+    for ad in adapters(model):
+        a, b = np.asarray(jax.device_get(ad.a), np.float32), np.asarray(jax.device_get(ad.b))
+        r = a.shape[-1]
+        prefix = "base_model.model." + ad.path.replace("/", ".")
+        out[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, r).T)
+        out[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b.astype(np.float32).reshape(r, -1).T)
+    return out
+
+
+def peft_config(model: nnx.Module, base_model: str) -> dict[str, Any]:
+    """`adapter_config.json` for `peft.PeftModel.from_pretrained` (LoRA, causal LM)."""
+    ads = list(adapters(model))
+    if not ads:
+        raise ValueError("the model has no LoRA adapters to export")
+    rank = ads[0].a.shape[-1]
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": int(rank),
+        "lora_alpha": float(ads[0].scale * rank),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "target_modules": sorted({ad.name for ad in ads}),
+        "inference_mode": True,
+    }

@@ -1,0 +1,157 @@
+"""LoRA (`models.lora`, `learner.lora`): adapters start at the base and merge exactly, are
+laid out like their weights, are the only trained leaves (their gradient is the chain rule
+of the full one), switch off for the reference; bad configs name the field."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.learner.lora import full_params, split_trainable
+from jaxrl_llm.learner.state import TrainState
+from jaxrl_llm.learner.steps import make_policy_step, to_micro_batches
+from jaxrl_llm.models import init_model
+from jaxrl_llm.models.lora import (
+    LoraConfig,
+    adapters,
+    adapters_off,
+    apply_lora,
+    merge_adapters,
+    split_adapters,
+)
+from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
+from jaxrl_llm.sharding.rules import logical_sharding
+from jaxrl_llm.testing import tiny_config
+
+from .test_steps import ALGO, B, _batch
+
+CFG = tiny_config()
+
+
+def _ids(seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, CFG.vocab_size, (2, 9)), jnp.int32)
+
+
+def _randomise_b(model, seed=1):
+    """Non-zero B (a trained adapter), so the adapter term shows."""
+    key = jax.random.key(seed)
+    for ad in adapters(model):
+        key, sub = jax.random.split(key)
+        var = getattr(ad.module, ad.name + "_lora_b")
+        var.set_value(0.05 * jax.random.normal(sub, var.shape))
+
+
+def test_adapters_start_at_base_merge_exactly_and_switch_off():
+    model = init_model(CFG, seed=1)
+    base = model(_ids())
+    assert apply_lora(model, LoraConfig(rank=4, alpha=8.0), seed=0) == 7 * CFG.num_layers
+    np.testing.assert_allclose(model(_ids()), base, rtol=0, atol=0)  # B = 0: exactly the base
+    _randomise_b(model)
+    adapted = model(_ids())
+    assert np.abs(np.asarray(adapted - base)).max() > 1e-2
+    graphdef, ads, rest = nnx.split(model, nnx.LoRAParam, ...)
+    off = nnx.merge(graphdef, adapters_off(ads), rest)
+    np.testing.assert_allclose(off(_ids()), base, rtol=0, atol=1e-6)
+    merged = merge_adapters(nnx.merge(graphdef, ads, rest))
+    assert not any(True for _ in adapters(merged))
+    np.testing.assert_allclose(merged(_ids()), adapted, rtol=1e-4, atol=1e-5)
+
+
+def test_targets_select_weights_by_name_or_path():
+    model = init_model(CFG, seed=1)
+    cfg = LoraConfig(rank=2, targets=("q_proj", r"model/layers/1/mlp/down_proj"))
+    assert apply_lora(model, cfg, seed=0) == CFG.num_layers + 1
+    paths = sorted(ad.path for ad in adapters(model))
+    assert paths == [
+        "model/layers/0/self_attn/q_proj",
+        "model/layers/1/mlp/down_proj",
+        "model/layers/1/self_attn/q_proj",
+    ]
+
+
+def test_bad_lora_configs_name_the_field():
+    with pytest.raises(ConfigError, match=r"LoraConfig\.rank"):
+        LoraConfig(rank=0)
+    with pytest.raises(ValueError, match=r"LoraConfig\.targets"):
+        LoraConfig(targets=())
+    with pytest.raises(ValueError, match=r"LoraConfig\.targets.*no weight matched"):
+        apply_lora(init_model(CFG, seed=1), LoraConfig(targets=("qproj",)), seed=0)
+
+
+def test_adapters_are_laid_out_like_their_weights():
+    mesh = build_mesh(data=1, fsdp=2, tensor=4)
+    model = init_model(CFG, seed=1, mesh=mesh)
+    apply_lora(model, LoraConfig(rank=4), seed=0)
+    for ad in adapters(model):
+        for suffix in ("_lora_a", "_lora_b"):
+            var = getattr(ad.module, ad.name + suffix)
+            axes = var.get_metadata()["logical_axes"]
+            want = logical_sharding(axes, TRAIN_RULES, mesh, var.shape)
+            assert var.get_value().sharding.is_equivalent_to(want, var.ndim), (ad.path, suffix)
+    q = model.model.layers[0].self_attn
+    assert q.q_proj_lora_a.get_metadata()["logical_axes"] == ("embed", None)
+    assert q.q_proj_lora_b.get_metadata()["logical_axes"] == (None, "heads", "head_dim")
+    assert q.q_proj_lora_a.get_value().sharding.spec[0] == "fsdp"  # as q_proj's embed dim
+
+
+def _step(graphdef, params, frozen, lr):
+    tx = optax.sgd(lr)
+    state = TrainState.create(jax.tree.map(jnp.copy, params), tx, jax.random.PRNGKey(0))
+    step = make_policy_step(graphdef, tx, ALGO, temperature=0.8)
+    batch = to_micro_batches(_batch(), jnp.arange(B), 4)
+    return state, step(state, batch, None, frozen)
+
+
+def test_only_adapters_train_and_their_gradient_is_the_chain_rule():
+    """At B = 0 the LoRA step sees the base model: same losses as the full step, and
+    dL/dB = (alpha / r) A^T dL/dW, dL/dA = 0 (checked through one SGD update each)."""
+    lr, lora = 0.1, LoraConfig(rank=4, alpha=8.0)
+    full_gd, full_params_, _, _ = split_trainable(init_model(CFG, seed=1), None, seed=0,
+                                                  reference=False)  # fmt: skip
+    _, (full_state, full_m) = _step(full_gd, full_params_, None, lr)
+    graphdef, params, frozen, ref = split_trainable(
+        init_model(CFG, seed=1), lora, seed=0, reference=True
+    )
+    assert all(isinstance(v, nnx.LoRAParam) for v in jax.tree.leaves(params, is_leaf=_is_var))
+    frozen_before = jax.tree.map(np.asarray, frozen)
+    _, (state, m) = _step(graphdef, params, frozen, lr)  # donates a copy of `params`
+    # Optimiser state of the adapters only: SGD keeps none; the trained leaves are adapters.
+    assert jax.tree.structure(state.params) == jax.tree.structure(params)
+    for k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
+        np.testing.assert_allclose(float(m[k]), float(full_m[k]), rtol=1e-5, atol=1e-7, err_msg=k)
+    for a, b in zip(jax.tree.leaves(frozen), jax.tree.leaves(frozen_before), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), b)  # the base is untouched
+    new = nnx.merge(graphdef, state.params, frozen)
+    old_full = nnx.merge(full_gd, full_params_)
+    new_full = nnx.merge(full_gd, full_state.params)
+    for ad in adapters(new):
+        mod_path = ad.path.split("/")
+        w_old = _get(old_full, mod_path).get_value()
+        grad_w = (w_old - _get(new_full, mod_path).get_value()) / lr
+        a0 = _get(nnx.merge(graphdef, params, frozen), [*mod_path[:-1], ad.name + "_lora_a"])
+        n_in = ad.a.ndim - 1
+        want_b = -lr * ad.scale * jnp.tensordot(a0.get_value(), grad_w, (tuple(range(n_in)),) * 2)
+        np.testing.assert_allclose(ad.b, want_b, rtol=1e-4, atol=1e-7, err_msg=ad.path)
+        np.testing.assert_allclose(ad.a, a0.get_value(), rtol=0, atol=0, err_msg=ad.path)
+    # The reference is the base: the adapters zeroed, the same frozen arrays.
+    ref_ads, ref_base = split_adapters(ref)
+    assert all(float(jnp.abs(x).max()) == 0 for x in jax.tree.leaves(ref_ads))
+    assert all(a is b for a, b in zip(jax.tree.leaves(ref_base), jax.tree.leaves(frozen)))
+    whole = full_params(state.params, frozen)
+    assert len(jax.tree.leaves(whole)) == len(jax.tree.leaves(params)) + len(
+        jax.tree.leaves(frozen)
+    )
+
+
+def _is_var(x):
+    return isinstance(x, nnx.Variable)
+
+
+def _get(model, path):
+    node = model
+    for p in path:
+        node = node[int(p)] if p.isdigit() else getattr(node, p)
+    return node
