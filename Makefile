@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # The venv's own interpreter, whichever venv this is (pyproject names .venv for editors).
 PYRIGHT := $(BIN)/basedpyright -p pyproject.toml --pythonpath $(BIN)/python
 
-.PHONY: train test test-fast lint format sysdeps clean tiny-checkpoint repro-torl repro-limr
+.PHONY: train test test-fast lint format sysdeps clean tiny-checkpoint repro-torl repro-limr repro-search-r1
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "jaxrl-llm needs Python 3.11 to 3.13, found " + sys.version'
@@ -82,28 +82,24 @@ tiny-checkpoint: $(BASE_STAMP)
 	$(BIN)/jaxrl-llm sft --gin_file configs/sft_tiny_stage2.gin
 	cp runs/sft_tiny_stage2/hf/* jaxrl_llm/assets/tiny-qwen2/
 
-# Miniature ToRL (docs/reproductions.md): GRPO with the Python tool vs without, same seed.
+# Miniature reproductions (docs/reproductions.md): every arm over SEEDS seeds (default 5),
+# writing runs/repro_<name>/results.json (per-seed curves, intervals, paired comparisons),
+# figure.png and summary.md. STEPS=K overrides the RL steps of every run.
+SEEDS ?= 5
+REPRO_FLAGS = --seeds $(SEEDS) $(if $(STEPS),--steps $(STEPS),)
+# ToRL: equal-budget SFT (tool solutions vs step-by-step text arithmetic), then GRPO with
+# the Python tool vs without.
 repro-torl: $(BASE_STAMP) sysdeps
-	$(BIN)/jaxrl-llm train --gin_file configs/torl_tiny.gin --run_dir runs/repro_torl_tool
-	$(BIN)/jaxrl-llm train --gin_file configs/torl_tiny_notool.gin --run_dir runs/repro_torl_notool
-	$(BIN)/jaxrl-llm plot runs/repro_torl_tool runs/repro_torl_notool --out docs/figures/torl
+	$(BIN)/jaxrl-llm repro torl $(REPRO_FLAGS)
 
-# Miniature LIMR (docs/reproductions.md): a run on the full small set, LIM scores, then the
-# same training on the full set, the LIM subset and a same-size random subset.
-L := runs/repro_limr
+# LIMR: a scoring run on a mixed easy / hard / noisy-label set, LIM selection, then GRPO on
+# the full set, the LIM subset and same-size random subsets.
 repro-limr: $(BASE_STAMP) sysdeps
-	$(BIN)/jaxrl-llm train --gin_file configs/limr_tiny.gin --run_dir $(L)/scoring
-	$(BIN)/jaxrl-llm limr score --run $(L)/scoring --steps-per-epoch 8 --epochs 6 --threshold 0.6
-	$(BIN)/jaxrl-llm limr select --scores $(L)/scoring/lim_scores.json \
-	  --data $(L)/scoring/data/train.jsonl --threshold 0.6 --out $(L)/lim.jsonl
-	$(BIN)/jaxrl-llm limr select --scores $(L)/scoring/lim_scores.json \
-	  --data $(L)/scoring/data/train.jsonl --threshold 0.6 --random --seed 0 --out $(L)/rand.jsonl
-	for arm in full lim rand; do \
-	  data=$(L)/$$arm.jsonl; [ $$arm = full ] && data=$(L)/scoring/data/train.jsonl; \
-	  $(BIN)/jaxrl-llm train --gin_file configs/limr_tiny_subset.gin --run_dir $(L)/$$arm \
-	    --gin_param "SUBSET='$$data'" --gin_param "VAL='$(L)/scoring/data/val.jsonl'" || exit 1; \
-	done
-	$(BIN)/jaxrl-llm plot $(L)/full $(L)/lim $(L)/rand --out docs/figures/limr
+	$(BIN)/jaxrl-llm repro limr $(REPRO_FLAGS)
+
+# Search-R1: GRPO with the BM25 search tool vs without.
+repro-search-r1: $(BASE_STAMP) sysdeps
+	$(BIN)/jaxrl-llm repro search-r1 $(REPRO_FLAGS)
 
 clean:
 	rm -rf .venv .venv-3.* .pytest_cache .ruff_cache

@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
     "plot": ("jaxrl_llm.metrics.plots", "dashboard PNGs of one or more runs' metrics"),
     "export": ("jaxrl_llm.learner.export", "write a run's policy checkpoint as HF safetensors"),
     "limr": ("jaxrl_llm.data.limr_cli", "LIMR: score a run's prompts, select a subset"),
+    "repro": ("jaxrl_llm.repro.cli", "miniature paper reproductions over seeds, with intervals"),
     "samples": ("jaxrl_llm.metrics.generations", "print a run's logged generations (text)"),
     "sft": (
         "jaxrl_llm.learner.commands",

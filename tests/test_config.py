@@ -16,7 +16,8 @@ from jaxrl_llm.config_checks import Gt, checked_fields
 from jaxrl_llm.data.sources import SourceConfig
 from jaxrl_llm.learner.rl_config import AlgoConfig, RLConfig
 
-NOT_RL = {"base.gin", "sft_tiny.gin", "sft_tiny_stage2.gin"}  # include-only file, SFT configs
+# include-only file, SFT configs
+NOT_RL = {"base.gin", "sft_tiny.gin", "sft_tiny_stage2.gin", "torl_sft_tiny.gin"}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,53 @@
+"""`jaxrl-llm repro torl|limr|search-r1`: every arm of a miniature reproduction over N seeds.
+
+Writes ``OUT/results.json`` (per-seed curves, per-arm intervals, paired comparisons),
+``OUT/figure.png`` and ``OUT/summary.md`` (the tables docs/reproductions.md shows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from jaxrl_llm.repro.specs import REPROS, get_repro, seed_list
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=sorted(REPROS), help="which reproduction")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 for every arm")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="RL steps per run (default: the gin files')"
+    )
+    parser.add_argument(
+        "--prep-steps",
+        type=int,
+        default=None,
+        help="cap on the preparation's own training (LIMR scoring epochs' steps, ToRL SFT steps)",
+    )
+    parser.add_argument("--out", default=None, help="output folder (default runs/repro_<name>)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from jaxrl_llm.repro.report import markdown_tables, plot_result
+    from jaxrl_llm.repro.runner import run_repro
+
+    if args.steps is not None and args.steps < 1:
+        raise SystemExit(f"--steps must be >= 1, got {args.steps}")
+    if args.prep_steps is not None and args.prep_steps < 1:
+        raise SystemExit(f"--prep-steps must be >= 1, got {args.prep_steps}")
+    repro = get_repro(args.name)
+    out = Path(args.out or f"runs/repro_{args.name.replace('-', '_')}")
+    result = run_repro(
+        repro,
+        seeds=seed_list(args.seeds),
+        steps=args.steps,
+        out_dir=out,
+        prep_steps=args.prep_steps,
+    )
+    plot_result(result, out / "figure.png")
+    tables = markdown_tables(result)
+    (out / "summary.md").write_text(tables)
+    print(tables)
+    print(json.dumps({"out": str(out), **result["timing"]}))
+    return 0

@@ -1,0 +1,110 @@
+"""The LIMR miniature's preparation: the mixed-value prompt set, a scoring run, LIM selection,
+and one random subset of the same size per seed.
+
+The set (``data.tasks.mixed_value``) holds easy, hard and noisy-label prompts, so LIM's
+selection has something to find; the notes say how many of each kind the LIM subset and each
+random subset kept, and the mean LIM score of each kind. The scoring run is one GRPO run on
+the full set (seed 0) for ``EPOCHS`` passes; every arm then trains the same number of steps on
+its own prompt file with the same validation set (the arithmetic task's clean val split).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from jaxrl_llm.data import limr
+from jaxrl_llm.data.tasks import arithmetic, mixed_value
+from jaxrl_llm.repro.runner import train_run
+from jaxrl_llm.repro.specs import Prepared, PrepOptions
+
+COUNTS = {"easy": 16, "hard": 20, "noisy": 12}
+PROMPTS_PER_STEP = 8  # limr_tiny_mix.gin's DataConfig.prompts_per_step
+EPOCHS = 4
+THRESHOLD = 0.2  # LIMR's own selection script's threshold
+GIN = "limr_tiny_mix.gin"
+VAL_SIZE = 64
+
+
+def _read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_task(data_dir: Path) -> tuple[Path, Path]:
+    """The mixed training set and the clean validation set (arithmetic val split, levels 1-4)."""
+    train = arithmetic.write_jsonl(
+        mixed_value.generate_mix(COUNTS, seed=0), data_dir / "train.jsonl"
+    )
+    val_rows = arithmetic.generate_problems(
+        VAL_SIZE, seed=1_000_003, levels=(1, 2, 3, 4), id_prefix="val", split="val"
+    )
+    return train, arithmetic.write_jsonl(val_rows, data_dir / "val.jsonl")
+
+
+def _score_by_kind(scores: limr.LimScores, rows: list[dict]) -> dict[str, float]:
+    kind_of = {r["id"]: r["item_kind"] for r in rows}
+    by_kind: dict[str, list[float]] = {k: [] for k in mixed_value.ITEM_KINDS}
+    for pid, s in zip(scores.ids, scores.scores, strict=True):
+        by_kind[kind_of[pid]].append(float(s))
+    return {k: round(float(np.mean(v)), 3) if v else math.nan for k, v in by_kind.items()}
+
+
+def prepare_limr(opts: PrepOptions) -> Prepared:
+    """Scores the full set, writes the LIM subset and a random subset per seed."""
+    data_dir = opts.out_dir / "limr_data"
+    train, val = write_task(data_dir)
+    steps_per_epoch = math.ceil(sum(COUNTS.values()) / PROMPTS_PER_STEP)
+    epochs = EPOCHS if opts.prep_steps is None else max(1, opts.prep_steps // steps_per_epoch)
+    files = {"TRAIN": train, "VAL": val}
+    scoring_dir = opts.out_dir / "limr_scoring"
+    t0 = time.perf_counter()
+    train_run(
+        [GIN],
+        [
+            *(f"{k} = '{v}'" for k, v in files.items()),
+            f"RLConfig.steps = {epochs * steps_per_epoch}",
+            "RLConfig.eval_every = 0",
+            "RLConfig.save_every = 0",
+        ],
+        scoring_dir,
+    )
+    scoring_s = time.perf_counter() - t0
+    scores = limr.score_run(scoring_dir, steps_per_epoch, epochs)
+    lim_path = data_dir / "lim.jsonl"
+    n = limr.select(scores, train, THRESHOLD, lim_path)
+    if n == 0:
+        raise RuntimeError(
+            f"LIM selected no prompt at threshold {THRESHOLD} after {epochs} scoring epochs "
+            f"({scoring_dir / 'lim_scores.json'}); score more epochs (--prep-steps)"
+        )
+    rows = _read_rows(train)
+    random_counts = {}
+    seed_params = {}
+    for seed in opts.seeds:
+        path = data_dir / f"random-seed{seed}.jsonl"
+        limr.random_subset(train, n, seed, path)
+        random_counts[str(seed)] = mixed_value.count_kinds(_read_rows(path))
+        seed_params[("random", seed)] = (f"TRAIN = '{path}'",)
+    val_param = f"VAL = '{val}'"
+    return Prepared(
+        arm_params={
+            "full": (f"TRAIN = '{train}'", val_param),
+            "lim": (f"TRAIN = '{lim_path}'", val_param),
+            "random": (val_param,),
+        },
+        seed_params=seed_params,
+        notes={
+            "threshold": THRESHOLD,
+            "scoring_epochs": epochs,
+            "steps_per_epoch": steps_per_epoch,
+            "scoring_s": round(scoring_s, 1),
+            "full_set": mixed_value.count_kinds(rows),
+            "lim_subset": mixed_value.count_kinds(_read_rows(lim_path)),
+            "random_subsets": random_counts,
+            "mean_lim_score_by_kind": _score_by_kind(scores, rows),
+        },
+    )

@@ -1,0 +1,138 @@
+"""What each miniature reproduction runs: its arms (gin files + bindings), the paper's claim,
+which arms to compare, and the preparation some need before the arms can run.
+
+An arm is one `jaxrl-llm train` configuration; the runner adds the seed, step count and run
+directory. A preparation (``Repro.prepare``) runs once per reproduction, before any arm, and
+returns per-(arm, seed) gin bindings (e.g. the LIM subset's file, each seed's random subset,
+an SFT checkpoint) plus notes for the report (e.g. what the selection kept).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    name: str
+    gin_files: tuple[str, ...]
+    description: str
+    gin_params: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepOptions:
+    """What the caller of a preparation controls: where it writes, the seeds it must serve,
+    and ``prep_steps``, a cap on its own training (None: the reproduction's default; small
+    values for smoke tests)."""
+
+    out_dir: Path
+    seeds: tuple[int, ...]
+    prep_steps: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A preparation's result: extra gin bindings per arm (for every seed) and per (arm, seed),
+    and JSON-serialisable notes for the report."""
+
+    arm_params: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    seed_params: Mapping[tuple[str, int], tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    notes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def params(self, arm: str, seed: int) -> tuple[str, ...]:
+        return (*self.arm_params.get(arm, ()), *self.seed_params.get((arm, seed), ()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Repro:
+    name: str
+    claim: str  # the paper's claim, one sentence, with its reference
+    arms: tuple[Arm, ...]
+    comparisons: tuple[tuple[str, str], ...]  # (a, b): report a - b
+    prepare: str | None = None  # "module:function" taking (PrepOptions) -> Prepared
+
+    def arm(self, name: str) -> Arm:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise ValueError(f"{self.name} has no arm {name!r}; arms: {[a.name for a in self.arms]}")
+
+    def prepare_fn(self) -> Callable[[PrepOptions], Prepared] | None:
+        if self.prepare is None:
+            return None
+        module, fn = self.prepare.split(":")
+        return getattr(importlib.import_module(module), fn)
+
+
+REPROS: dict[str, Repro] = {
+    "torl": Repro(
+        name="torl",
+        claim=(
+            "ToRL (Li, Zou, Liu 2025, arXiv:2503.23383): RL with a code interpreter in the loop "
+            "reaches higher accuracy than the same RL without it."
+        ),
+        arms=(
+            Arm(
+                "tool",
+                ("torl_tiny_fair.gin",),
+                "SFT on ToRL-style Python solutions, then GRPO with the sandbox",
+            ),
+            Arm(
+                "no_tool",
+                ("torl_tiny_fair_notool.gin",),
+                "the same SFT budget on step-by-step text arithmetic, then GRPO without a tool",
+            ),
+        ),
+        comparisons=(("tool", "no_tool"),),
+        prepare="jaxrl_llm.repro.torl_stage:prepare_torl",
+    ),
+    "limr": Repro(
+        name="limr",
+        claim=(
+            "LIMR (Li et al. 2025, arXiv:2502.11886): the prompts whose learning curve follows "
+            "the mean curve (LIM) train as well as the full set, and better than a random "
+            "subset of the same size."
+        ),
+        arms=(
+            Arm("full", ("limr_tiny_mix.gin",), "every prompt of the mixed set"),
+            Arm("lim", ("limr_tiny_mix.gin",), "the LIM-selected subset"),
+            Arm("random", ("limr_tiny_mix.gin",), "a random subset of the LIM subset's size"),
+        ),
+        comparisons=(("lim", "random"), ("lim", "full"), ("full", "random")),
+        prepare="jaxrl_llm.repro.limr_stage:prepare_limr",
+    ),
+    "search-r1": Repro(
+        name="search-r1",
+        claim=(
+            "Search-R1 (Jin et al. 2025, arXiv:2503.09516): RL with a search engine in the loop "
+            "beats RL without retrieval on questions that need facts the model lacks."
+        ),
+        arms=(
+            Arm("search", ("search_r1_tiny.gin",), "GRPO with the BM25 search tool"),
+            Arm(
+                "no_search",
+                ("search_r1_tiny.gin",),
+                "the same GRPO, search tags never answered",
+                ("RolloutConfig.tool = 'none'",),
+            ),
+        ),
+        comparisons=(("search", "no_search"),),
+    ),
+}
+
+
+def get_repro(name: str) -> Repro:
+    if name not in REPROS:
+        raise ValueError(f"unknown reproduction {name!r}; choose from {sorted(REPROS)}")
+    return REPROS[name]
+
+
+def seed_list(n: int) -> tuple[int, ...]:
+    if n < 1:
+        raise ValueError(f"--seeds must be >= 1, got {n}")
+    return tuple(range(n))

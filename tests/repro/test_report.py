@@ -1,0 +1,94 @@
+"""A reproduction's summary (metrics, intervals, comparisons), tables and figure, from
+hand-made curves (no training)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxrl_llm.repro import report
+from jaxrl_llm.repro.runner import RunCurve, curve_of, seed_params, summarise
+from jaxrl_llm.repro.specs import Arm, Prepared, Repro, get_repro, seed_list
+
+REPRO = Repro(
+    name="toy",
+    claim="a beats b",
+    arms=(Arm("a", ("x.gin",), "arm a"), Arm("b", ("x.gin",), "arm b")),
+    comparisons=(("a", "b"),),
+)
+
+
+def _curve(arm, seed, scores):
+    return RunCurve(arm, seed, (0, 2, 4), tuple(scores), (0.5, 0.6), 10.0, f"runs/{arm}{seed}")
+
+
+def _curves():
+    a = [(0.4, 0.6, 0.8), (0.4, 0.7, 0.9), (0.4, 0.5, 0.7)]
+    b = [(0.4, 0.5, 0.6), (0.4, 0.5, 0.7), (0.4, 0.5, 0.7)]
+    return [_curve("a", s, v) for s, v in enumerate(a)] + [
+        _curve("b", s, v) for s, v in enumerate(b)
+    ]
+
+
+def test_metrics_final_and_mean_after_step_zero():
+    c = _curve("a", 0, (0.4, 0.6, 0.8))
+    np.testing.assert_allclose([c.metric("final"), c.metric("mean")], [0.8, 0.7], atol=1e-12)
+    with pytest.raises(ValueError, match="metric 'best' is not one of"):
+        c.metric("best")
+    with pytest.raises(ValueError, match="recorded no val/test_score after step 0"):
+        RunCurve("a", 0, (0,), (0.4,), (), 1.0, "runs/x").metric("final")
+
+
+def test_summary_pairs_arms_by_seed():
+    result = summarise(REPRO, _curves(), Prepared(notes={"k": 1}), steps=4)
+    assert result["seeds"] == [0, 1, 2] and result["prepared"] == {"k": 1}
+    np.testing.assert_allclose(result["arms"]["a"]["final_val"]["mean"], 0.8, atol=1e-12)
+    np.testing.assert_allclose(result["arms"]["b"]["mean_val"]["mean"], 0.5833333333, atol=1e-9)
+    final = next(c for c in result["comparisons"] if c["metric"] == "final")
+    # differences 0.2, 0.2, 0.0: mean 0.1333; sign flips reaching |mean| >= 0.1333: 4 of 8
+    np.testing.assert_allclose(final["difference"]["mean"], 0.4 / 3, atol=1e-12)
+    np.testing.assert_allclose(final["p_value"], 0.5, atol=1e-12)
+    assert final["significant"] is False
+
+
+def test_summary_refuses_unpaired_seeds():
+    with pytest.raises(ValueError, match="arms ran different seeds"):
+        summarise(REPRO, _curves()[:-1], Prepared(), steps=4)
+
+
+def test_tables_and_figure(tmp_path):
+    result = summarise(REPRO, _curves(), Prepared(), steps=4)
+    text = report.markdown_tables(result)
+    assert "| a | arm a | 80.0% [" in text
+    assert "| a - b | final | 13.3 [" in text and "| 0.500 (0.250) |" in text
+    one_seed = summarise(REPRO, [_curves()[0], _curves()[3]], Prepared(), steps=4)
+    assert "(one seed: no interval)" in report.markdown_tables(one_seed)
+    path = report.plot_result(result, tmp_path / "fig.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_curve_of_reads_records():
+    records = [
+        {"step": 0, "val/test_score": 0.25},
+        {"step": 1, "critic/score/mean": 0.5},
+        {"step": 2, "critic/score/mean": 0.75, "val/test_score": 0.5},
+    ]
+    c = curve_of("a", 3, records, 12.34, Path("runs/r"))
+    assert (c.val_steps, c.val_scores, c.train_scores) == ((0, 2), (0.25, 0.5), (0.5, 0.75))
+    assert c.wall_s == 12.3 and c.run_dir == "runs/r"
+
+
+def test_registry_and_flags():
+    assert [a.name for a in get_repro("limr").arms] == ["full", "lim", "random"]
+    assert seed_params(2, 5) == [
+        "RLConfig.seed = 2",
+        "DataConfig.seed = 2",
+        "RLConfig.save_every = 0",
+        "RLConfig.steps = 5",
+    ]
+    with pytest.raises(ValueError, match="unknown reproduction 'r1'; choose from"):
+        get_repro("r1")
+    with pytest.raises(ValueError, match="--seeds must be >= 1, got 0"):
+        seed_list(0)
+    with pytest.raises(ValueError, match="toy has no arm 'c'"):
+        REPRO.arm("c")
