@@ -83,6 +83,7 @@ class Workload:
     cache_len: int = 0  # max_prompt_length + max_new_tokens + 1
     reference: bool = False
     critic: bool = False
+    lora: Any = None  # `models.lora.LoraConfig`: only adapters trained, reference = base
 
     @classmethod
     def from_rl_config(cls, cfg: Any) -> Workload:
@@ -97,6 +98,7 @@ class Workload:
             cache_len=cfg.cache_len,
             reference=cfg.needs_reference,
             critic=cfg.uses_critic,
+            lora=cfg.policy.lora,
         )
 
 
@@ -154,6 +156,27 @@ def abstract_params(cfg, cls=None) -> tuple[tuple[tuple[int, ...], tuple, int], 
         (var.shape, tuple(var.get_metadata()["logical_axes"]), var.get_value().dtype.itemsize)
         for _, var in nnx.to_flat_state(state)
     )
+
+
+def adapter_bytes(cfg, mesh, rules: Rules, lora) -> tuple[int, int]:
+    """(per-device bytes, count) of the LoRA adapters `lora` puts on `cfg`'s policy: each
+    adapter laid out by its weight's logical axes (`models.lora.adapter_specs`)."""
+    from flax import nnx
+
+    from jaxrl_llm.models import CausalLM
+    from jaxrl_llm.models.lora import adapted_weights, adapter_specs
+
+    state = nnx.state(nnx.eval_shape(lambda: CausalLM(cfg.replace(remat=False), rngs=nnx.Rngs(0))))
+    flat = {"/".join(map(str, p)): v for p, v in nnx.to_flat_state(state)}
+    per_device = count = 0
+    for path in adapted_weights(lora, flat):
+        var = flat[path]
+        axes = tuple(var.get_metadata()["logical_axes"])
+        for shape, logical in adapter_specs(path.rsplit("/", 1)[-1], var.shape, axes, lora.rank):
+            itemsize = var.get_value().dtype.itemsize
+            per_device += shard_numel(shape, logical, rules, mesh) * itemsize
+            count += math.prod(shape)
+    return per_device, count
 
 
 def param_bytes(cfg, mesh, rules: Rules, cls=None) -> tuple[int, int]:
@@ -319,11 +342,14 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
     kv = 2 * shard_numel(kv_shape, kv_axes, SAMPLE_RULES, mesh) * a
     rows = shard_numel((w.micro_batches * w.micro_batch,), (ax.BATCH,), TRAIN_RULES, mesh)
     act = {r: activation_bytes(cfg, mesh, w, r)["peak"] for r in (False, True)}
+    # LoRA: the frozen base plus adapters resident; moments and gradients of the adapters
+    # alone; the reference is the base itself (adapters off), no copy.
+    trained = adapter_bytes(cfg, mesh, TRAIN_RULES, w.lora)[0] if w.lora else params
     terms = {
-        "params": params,
-        "optimizer": MOMENTS * params,
-        "grads": int(GRAD_COPIES * params),
-        "reference": params if w.reference else 0,
+        "params": params + (trained if w.lora else 0),
+        "optimizer": MOMENTS * trained,
+        "grads": int(GRAD_COPIES * trained),
+        "reference": params if w.reference and not w.lora else 0,
         "critic_params": critic,
         "critic_optimizer": MOMENTS * critic,
         "critic_grads": int(GRAD_COPIES * critic),

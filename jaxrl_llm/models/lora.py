@@ -87,14 +87,14 @@ def apply_lora(model: nnx.Module, cfg: LoraConfig, *, seed: int, rules: Rules = 
     count = 0
     for path, module in nnx.iter_modules(model):
         prefix = "/".join(map(str, path))
-        for name, in_dims in _IN_DIMS.items():
+        for name in _IN_DIMS:
             base = getattr(module, name, None)
             if not isinstance(base, nnx.Param) or isinstance(base, nnx.LoRAParam):
                 continue
             if not _matches(cfg, f"{prefix}/{name}", name):
                 continue
             rng, key = jax.random.split(rng)
-            a, b = _new_adapter(base, in_dims, cfg.rank, key, rules)
+            a, b = _new_adapter(base, name, cfg.rank, key, rules)
             setattr(module, name + "_lora_a", a)
             setattr(module, name + "_lora_b", b)
             module.lora_scale = cfg.scale
@@ -108,11 +108,27 @@ def apply_lora(model: nnx.Module, cfg: LoraConfig, *, seed: int, rules: Rules = 
     return count
 
 
-def _new_adapter(base: nnx.Param, in_dims: int, rank: int, key, rules: Rules):
+def adapter_specs(name: str, shape: tuple[int, ...], axes: tuple, rank: int) -> tuple:
+    """((A shape, A logical axes), (B shape, B logical axes)) of weight `name`'s adapter."""
+    n = _IN_DIMS[name]
+    return ((*shape[:n], rank), (*axes[:n], None)), ((rank, *shape[n:]), (None, *axes[n:]))
+
+
+def adapted_weights(cfg: LoraConfig, paths: Any) -> list[str]:
+    """Of '/'-joined parameter paths, those `cfg.targets` gives an adapter (`apply_lora`'s
+    choice, for the planner's shapes-only model)."""
+    out = []
+    for path in paths:
+        name = path.rsplit("/", 1)[-1]
+        if name in _IN_DIMS and _matches(cfg, path, name):
+            out.append(path)
+    return out
+
+
+def _new_adapter(base: nnx.Param, name: str, rank: int, key, rules: Rules):
     shape, axes = base.shape, tuple(base.get_metadata()["logical_axes"])
-    a_shape, b_shape = (*shape[:in_dims], rank), (rank, *shape[in_dims:])
-    a_axes, b_axes = (*axes[:in_dims], None), (None, *axes[in_dims:])
-    bound = 1.0 / math.sqrt(math.prod(shape[:in_dims]))
+    (a_shape, a_axes), (b_shape, b_axes) = adapter_specs(name, shape, axes, rank)
+    bound = 1.0 / math.sqrt(math.prod(shape[: _IN_DIMS[name]]))
     dtype = base.get_value().dtype
     a = jax.random.uniform(key, a_shape, jnp.float32, -bound, bound).astype(dtype)
     b = jnp.zeros(b_shape, dtype)

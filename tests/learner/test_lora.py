@@ -155,3 +155,23 @@ def _get(model, path):
     for p in path:
         node = node[int(p)] if p.isdigit() else getattr(node, p)
     return node
+
+
+def test_planner_counts_the_adapters_apply_lora_makes():
+    """`plan.adapter_bytes` (shapes only) agrees with the adapters `apply_lora` attaches, and
+    the LoRA plan's optimiser and gradient terms are those of the adapters alone."""
+    from jaxrl_llm.learner.plan import Workload, abstract_mesh, adapter_bytes, plan_memory
+
+    lora = LoraConfig(rank=4, targets=("q_proj", "down_proj"))
+    model = init_model(CFG, seed=1)
+    apply_lora(model, lora, seed=0)
+    made = split_adapters(nnx.state(model))[0]
+    sizes = [int(x.size) for x in jax.tree.leaves(made)]
+    per_device, count = adapter_bytes(CFG, abstract_mesh(1, 1, 1), TRAIN_RULES, lora)
+    assert count == sum(sizes) and per_device == 4 * sum(sizes)
+    w = Workload(micro_batch=2, seq_len=16, reference=True, lora=lora)
+    plan = plan_memory(CFG, (1, 1, 1), w)
+    assert plan.terms["optimizer"] == 2 * per_device
+    assert plan.terms["reference"] == 0  # the base with adapters off
+    full = plan_memory(CFG, (1, 1, 1), Workload(micro_batch=2, seq_len=16, reference=True))
+    assert plan.terms["params"] == full.terms["params"] + per_device
