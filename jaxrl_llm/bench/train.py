@@ -4,7 +4,9 @@ Times the real jitted `make_policy_step` (clipped PG loss + entropy, forward, ba
 on one micro-batch of `--batch` random sequences of `--seq-len` tokens, and, on the same
 checkpoint and shapes, a PyTorch forward + backward of the HF `transformers` model (log-softmax
 gather loss; no optimiser step, so the baseline does slightly less work). The float32 matmul
-ceiling is measured in the same run, so the output reads as ratios.
+ceiling is measured in the same run, so the output reads as ratios. The step runs twice: with
+the layers unrolled (the default, `train_step`) and scanned (`ModelConfig.scan_layers`,
+`train_step_scanned`); `compile_s` is XLA's compile time of the first call.
 
 Model FLOPs per step (documented, as in PaLM's MFU, Chowdhery et al. 2022, appendix B):
     6 * P * tokens  +  12 * L * N * H * t^2 * B
@@ -39,11 +41,14 @@ def _ids(vocab: int, batch: int, seq_len: int) -> np.ndarray:
     return np.random.RandomState(0).randint(3, vocab, (batch, seq_len)).astype(np.int32)
 
 
-def bench_jax(path: Path, batch: int, seq_len: int, repeats: int) -> dict:
+def bench_jax(path: Path, batch: int, seq_len: int, repeats: int, scan_layers: bool) -> dict:
+    """The policy step's best time over `repeats` calls and its first call's XLA compile
+    seconds (`jax.monitoring`'s backend compile events, not the first call's wall time)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
+    from jaxrl_llm.bench.rl_step import CompileClock
     from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
     from jaxrl_llm.learner.rl_config import AlgoConfig
     from jaxrl_llm.learner.state import TrainState
@@ -51,7 +56,7 @@ def bench_jax(path: Path, batch: int, seq_len: int, repeats: int) -> dict:
     from jaxrl_llm.models import from_pretrained
     from jaxrl_llm.types import TrainBatch
 
-    model = from_pretrained(path)
+    model = from_pretrained(path, scan_layers=scan_layers)
     cfg = model.config
     graphdef, params = nnx.split(model)
     n_params = int(sum(x.size for x in jax.tree.leaves(params)))
@@ -62,10 +67,12 @@ def bench_jax(path: Path, batch: int, seq_len: int, repeats: int) -> dict:
     f = lambda v: jnp.full(ids.shape, v, jnp.float32)
     mask = f(1.0).at[..., 0].set(0.0)
     tb = TrainBatch(ids, mask, f(-3.0), f(-3.0), f(0.5), f(0.5), f(0.0), f(-3.0))
-    t0 = time.perf_counter()
-    state, m = step(state, tb)  # compiles
-    jax.block_until_ready(m)
-    compile_s = time.perf_counter() - t0
+    with CompileClock() as clock:
+        t0 = time.perf_counter()
+        state, m = step(state, tb)  # compiles
+        jax.block_until_ready(m)
+        first_call_s = time.perf_counter() - t0
+    compile_s = clock.between(t0, time.perf_counter())
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -75,8 +82,10 @@ def bench_jax(path: Path, batch: int, seq_len: int, repeats: int) -> dict:
     flops = model_flops(cfg, n_params, batch, seq_len)
     return {
         "params": n_params,
+        "scan_layers": scan_layers,
         "step_s": best,
         "compile_s": compile_s,
+        "first_call_s": first_call_s,
         "tokens_per_s": batch * (seq_len - 1) / best,
         "model_flops_per_step": flops,
         "model_flops_per_s": flops / best,
@@ -115,7 +124,8 @@ def main(args: argparse.Namespace) -> int:
     B, T = args.batch, args.seq_len
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_checkpoint(args.checkpoint, Path(tmp))
-        ours = bench_jax(path, B, T, args.repeats)
+        ours = bench_jax(path, B, T, args.repeats, scan_layers=False)
+        scanned = bench_jax(path, B, T, args.repeats, scan_layers=True)
         torch_run = None if args.skip_hf else bench_torch(path, B, T, args.repeats)
     ceilings = machine_ceilings()
     result = {
@@ -124,6 +134,11 @@ def main(args: argparse.Namespace) -> int:
         "batch": B,
         "seq_len": T,
         "train_step": ours,
+        "train_step_scanned": scanned,
+        "scanned_vs_unrolled": {
+            "compile": scanned["compile_s"] / ours["compile_s"],
+            "step": scanned["step_s"] / ours["step_s"],
+        },
         "torch_fwd_bwd": torch_run,
         "ceilings": ceilings,
         "mfu": ours["model_flops_per_s"] / ceilings["matmul_flops"],

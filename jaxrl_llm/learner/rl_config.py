@@ -34,6 +34,9 @@ class PolicyConfig:
     param_dtype: str = "float32"  # master weights
     rollout_dtype: str | None = None  # e.g. 'bfloat16' rollout weights; None = same params
     remat: bool = False
+    # The layers of the trainer's forwards as one lax.scan (`ModelConfig.scan_layers`): compile
+    # time independent of depth; slower to compile and run on XLA:CPU (docs/performance.md).
+    scan_layers: bool = False
     # Several samples per row in the trainer's forwards (`learner.packing`): less padding,
     # same losses; False keeps one right-padded sample per row.
     pack_sequences: bool = True

@@ -90,7 +90,7 @@ def build_learner(cfg: RLConfig) -> Learner:
         mesh=mesh,
         rules=TRAIN_RULES,
     )
-    policy = load(src, remat=cfg.policy.remat)
+    policy = load(src, remat=cfg.policy.remat, scan_layers=cfg.policy.scan_layers)
     graphdef, params, frozen, ref_params = lora_lib.split_trainable(
         policy, cfg.policy.lora, seed=cfg.seed, reference=cfg.needs_reference
     )

@@ -108,6 +108,9 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: bool = False
+    # Uncached forwards (training, scoring) run the layers as one `lax.scan` (compile time
+    # independent of depth); cached decoding always runs them unrolled.
+    scan_layers: bool = False
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_ARCHITECTURES:

@@ -163,10 +163,12 @@ def from_pretrained(
     rules: Rules = TRAIN_RULES,
     cls: type[CausalLM] | type[ValueModel] = CausalLM,
     remat: bool = False,
+    scan_layers: bool = False,
 ) -> CausalLM | ValueModel:
     """Load a Qwen2/Qwen3/Llama safetensors checkpoint into a `CausalLM` (or `ValueModel`).
 
     `dtype` is the compute dtype and, unless `param_dtype` is given, the storage dtype.
+    `remat` and `scan_layers` set the `ModelConfig` options of the same names.
     The config's `stop_token_ids` come from `generation_config.json` and the chat template.
     With `mesh`, parameters are placed in their `rules` sharding as they are read.
     A `ValueModel` loaded from a policy checkpoint gets a zero-initialised score head.
@@ -179,6 +181,7 @@ def from_pretrained(
         dtype=str(as_dtype(dtype)),
         param_dtype=str(as_dtype(param_dtype)),
         remat=remat,
+        scan_layers=scan_layers,
         stop_token_ids=extra_stop_ids(path, hf.get("eos_token_id")),
     )
     files = _weight_files(path)

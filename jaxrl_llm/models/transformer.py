@@ -117,6 +117,8 @@ class Decoder(nnx.Module):
     ) -> tuple[Array, KVCache | None]:
         """Final-norm hidden states [B, T, D] and the updated cache."""
         x, cos, sin = self._embed(input_ids, positions, ctx)
+        if cache is None and self.config.scan_layers and len(self.layers) > 1:
+            return self.norm(self._scanned(x, cos, sin, mask, ctx)), None
 
         def run_layer(layer, x, layer_cache):
             return layer(x, cos, sin, mask, layer_cache, write_index, ctx)
@@ -148,6 +150,29 @@ class Decoder(nnx.Module):
                 constrain(new_cache.v, KVCache.logical_axes(), ctx),
             )
         return self.norm(x), new_cache
+
+    def _scanned(self, x: Array, cos: Array, sin: Array, mask: Array, ctx) -> Array:
+        """The layers of an uncached forward as one `lax.scan` over their stacked states.
+
+        The program holds one layer's body instead of L copies, so compile time stops growing
+        with depth. The parameters stay one module per layer (the layout HF I/O, sharding,
+        checkpoints and the decode engine read in place); the stack is built inside the
+        forward: one extra read and write of the layer weights per forward (and the same for
+        their gradients), small beside the matmuls over B x T tokens it feeds. With `remat`
+        each layer is recomputed in the backward pass, as in the unrolled path.
+        """
+        graphdef, first = nnx.split(self.layers[0])
+        states = [first, *(nnx.split(layer)[1] for layer in self.layers[1:])]
+        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+
+        def body(h, layer_state):
+            h, _ = nnx.merge(graphdef, layer_state)(h, cos, sin, mask, None, None, ctx)
+            return h, None
+
+        if self.config.remat:
+            body = jax.checkpoint(body)
+        x, _ = jax.lax.scan(body, x, stacked)
+        return x
 
     def paged(
         self,

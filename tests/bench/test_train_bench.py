@@ -31,6 +31,12 @@ def test_bench_train_json(capsys):
         ours["tokens_per_s"] / torch_run["tokens_per_s"]
     )
     assert ceil["matmul_flops"] > 1e8
+    scanned = out["train_step_scanned"]
+    assert scanned["scan_layers"] and not ours["scan_layers"] and scanned["loss_finite"]
+    assert 0 < ours["compile_s"] <= ours["first_call_s"]
+    assert out["scanned_vs_unrolled"]["compile"] == pytest.approx(
+        scanned["compile_s"] / ours["compile_s"]
+    )
 
 
 @pytest.mark.parametrize("tied", [False, True])
