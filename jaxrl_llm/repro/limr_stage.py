@@ -11,6 +11,7 @@ its own prompt file with the same validation set (the arithmetic task's clean va
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -25,8 +26,14 @@ from jaxrl_llm.repro.specs import Prepared, PrepOptions
 COUNTS = {"easy": 16, "hard": 20, "noisy": 12}
 PROMPTS_PER_STEP = 8  # limr_tiny_mix.gin's DataConfig.prompts_per_step
 EPOCHS = 4
-THRESHOLD = 0.2  # LIMR's own selection script's threshold
+# LIMR's own script uses 0.2; on this set a first 5-seed attempt kept all 48 prompts at 0.2,
+# the noisy ones included (each scored 0.30: the mean curve stayed below 0.55, so a flat zero
+# curve is "close" to it). 0.6, the threshold of the project's earlier LIMR miniature and
+# the example, separates them (docs/reproductions.md).
+THRESHOLD = 0.6
 GIN = "limr_tiny_mix.gin"
+
+log = logging.getLogger(__name__)
 VAL_SIZE = 64
 
 
@@ -62,16 +69,20 @@ def prepare_limr(opts: PrepOptions) -> Prepared:
     files = {"TRAIN": train, "VAL": val}
     scoring_dir = opts.out_dir / "limr_scoring"
     t0 = time.perf_counter()
-    train_run(
-        [GIN],
-        [
-            *(f"{k} = '{v}'" for k, v in files.items()),
-            f"RLConfig.steps = {epochs * steps_per_epoch}",
-            "RLConfig.eval_every = 0",
-            "RLConfig.save_every = 0",
-        ],
-        scoring_dir,
-    )
+    last = scoring_dir / "samples" / f"step_{epochs * steps_per_epoch}.jsonl"
+    if last.exists():  # a finished scoring run of the same (deterministic) set: reuse it
+        log.info("reusing the finished scoring run %s", scoring_dir)
+    else:
+        train_run(
+            [GIN],
+            [
+                *(f"{k} = '{v}'" for k, v in files.items()),
+                f"RLConfig.steps = {epochs * steps_per_epoch}",
+                "RLConfig.eval_every = 0",
+                "RLConfig.save_every = 0",
+            ],
+            scoring_dir,
+        )
     scoring_s = time.perf_counter() - t0
     scores = limr.score_run(scoring_dir, steps_per_epoch, epochs)
     lim_path = data_dir / "lim.jsonl"
