@@ -74,7 +74,7 @@ def _adapters(run_dir, step):
     return jax.tree_util.tree_flatten_with_path(raw)[0]
 
 
-@pytest.mark.slow  # measured: about 70 s on 2 loaded cores (three short runs)
+@pytest.mark.slow  # three short runs; this file took 182 s on 2 loaded cores
 def test_lora_run_checkpoints_adapters_only_and_resumes(tmp_path):
     register_test_rewards()  # 'digit_fraction', named by TINY_RL_PARAMS
     whole = _run(tmp_path / "whole")
