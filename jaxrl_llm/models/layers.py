@@ -93,6 +93,9 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
     return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
 
 
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
 class Attention(nnx.Module):
     """Grouped-query attention with optional q/k/v (and o) biases and a KV cache."""
 
@@ -175,15 +178,10 @@ class Attention(nnx.Module):
         """q [B,T,N,H], k, v [B,T,K,H] with rotary embeddings applied to q and k (after the
         q/k norm when the family has one: full, cached and paged paths all come here)."""
         dtype = x.dtype
-        q = with_lora(
-            self, "q_proj", x, jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dtype))
-        )
-        k = with_lora(
-            self, "k_proj", x, jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dtype))
-        )
-        v = with_lora(
-            self, "v_proj", x, jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dtype))
-        )
+        q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dtype))
+        k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dtype))
+        v = jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dtype))
+        q, k, v = (with_lora(self, n, x, y, ctx) for n, y in zip(_QKV, (q, k, v), strict=True))
         if self.qkv_bias:
             q = q + self.q_bias[...].astype(dtype)
             k = k + self.k_bias[...].astype(dtype)
@@ -261,13 +259,13 @@ class MLP(nnx.Module):
 
     def __call__(self, x: Array, ctx: ShardingContext | None) -> Array:
         dtype = x.dtype
-        gate = with_lora(self, "gate_proj", x, x @ self.gate_proj[...].astype(dtype))
-        up = with_lora(self, "up_proj", x, x @ self.up_proj[...].astype(dtype))
+        gate = with_lora(self, "gate_proj", x, x @ self.gate_proj[...].astype(dtype), ctx)
+        up = with_lora(self, "up_proj", x, x @ self.up_proj[...].astype(dtype), ctx)
         if self.use_bias:
             gate = gate + self.gate_bias[...].astype(dtype)
             up = up + self.up_bias[...].astype(dtype)
         h = constrain(jax.nn.silu(gate) * up, (ax.BATCH, ax.SEQ, ax.ACT_MLP), ctx)
-        out = with_lora(self, "down_proj", h, h @ self.down_proj[...].astype(dtype))
+        out = with_lora(self, "down_proj", h, h @ self.down_proj[...].astype(dtype), ctx)
         if self.use_bias:
             out = out + self.down_bias[...].astype(dtype)
         return out

@@ -37,7 +37,14 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from jaxrl_llm.config_checks import Ge, Gt, checked_fields
-from jaxrl_llm.sharding.rules import TRAIN_RULES, Rules, logical_sharding
+from jaxrl_llm.sharding import axes as ax
+from jaxrl_llm.sharding.rules import (
+    TRAIN_RULES,
+    Rules,
+    ShardingContext,
+    constrain,
+    logical_sharding,
+)
 
 Array = jax.Array
 
@@ -132,21 +139,27 @@ def _new_adapter(base: nnx.Param, name: str, rank: int, key, rules: Rules):
     dtype = base.get_value().dtype
     a = jax.random.uniform(key, a_shape, jnp.float32, -bound, bound).astype(dtype)
     b = jnp.zeros(b_shape, dtype)
-    sharding = base.get_value().sharding
-    if isinstance(sharding, NamedSharding):
+    # Under `nnx.eval_shape` (the planner) values are tracers: nothing to place.
+    sharding = getattr(base.get_value(), "sharding", None)
+    if isinstance(sharding, NamedSharding) and not isinstance(a, jax.core.Tracer):
         a = jax.device_put(a, logical_sharding(a_axes, rules, sharding.mesh, a_shape))
         b = jax.device_put(b, logical_sharding(b_axes, rules, sharding.mesh, b_shape))
     return nnx.LoRAParam(a, logical_axes=a_axes), nnx.LoRAParam(b, logical_axes=b_axes)
 
 
-def with_lora(module: nnx.Module, name: str, x: Array, y: Array) -> Array:
+def with_lora(
+    module: nnx.Module, name: str, x: Array, y: Array, ctx: ShardingContext | None = None
+) -> Array:
     """`y` (= x W for the weight `name`) plus the adapter term (alpha / r) (x A) B, when the
-    module has one; `y` unchanged otherwise. x [..., in...], y [..., out...]."""
+    module has one; `y` unchanged otherwise. x [B, T, in...], y [B, T, out...]. With `ctx`,
+    x A [B, T, r] is kept split by rows only: XLA then gathers the small A rather than
+    re-laying out the activations to match A's fsdp-split input dim."""
     a = getattr(module, name + "_lora_a", None)
     if a is None:
         return y
     b = getattr(module, name + "_lora_b")
-    xa = jnp.tensordot(x, a[...].astype(x.dtype), axes=a.ndim - 1)  # [..., r]
+    xa = jnp.tensordot(x, a[...].astype(x.dtype), axes=a.ndim - 1)  # [B, T, r]
+    xa = constrain(xa, (ax.BATCH, ax.SEQ, None), ctx)
     delta = jnp.tensordot(xa, b[...].astype(x.dtype), axes=1)
     return y + (module.lora_scale * delta).astype(y.dtype)
 
