@@ -26,11 +26,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cap on the preparation's own training (LIMR scoring epochs' steps, ToRL SFT steps)",
     )
     parser.add_argument("--out", default=None, help="output folder (default runs/repro_<name>)")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="no training: summarise OUT/results.json's curves again, redraw figure and tables",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     from jaxrl_llm.repro.report import markdown_tables, plot_result
-    from jaxrl_llm.repro.runner import run_repro
+    from jaxrl_llm.repro.runner import resummarise, run_repro
 
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"--steps must be >= 1, got {args.steps}")
@@ -38,13 +43,20 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"--prep-steps must be >= 1, got {args.prep_steps}")
     repro = get_repro(args.name)
     out = Path(args.out or f"runs/repro_{args.name.replace('-', '_')}")
-    result = run_repro(
-        repro,
-        seeds=seed_list(args.seeds),
-        steps=args.steps,
-        out_dir=out,
-        prep_steps=args.prep_steps,
-    )
+    if args.report_only:
+        path = out / "results.json"
+        if not path.is_file():
+            raise SystemExit(f"--report-only needs {path} from an earlier run; it is missing")
+        result = resummarise(repro, json.loads(path.read_text()))
+        path.write_text(json.dumps(result, indent=1) + "\n")
+    else:
+        result = run_repro(
+            repro,
+            seeds=seed_list(args.seeds),
+            steps=args.steps,
+            out_dir=out,
+            prep_steps=args.prep_steps,
+        )
     plot_result(result, out / "figure.png")
     tables = markdown_tables(result)
     (out / "summary.md").write_text(tables)

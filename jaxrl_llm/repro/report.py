@@ -26,16 +26,19 @@ def markdown_tables(result: dict[str, Any]) -> str:
     """The per-arm table and the paired-comparison table the docs paste."""
     lines = [
         f"Greedy validation accuracy, mean over seeds {result['seeds']} [95% bootstrap "
-        "interval]; final: at the last step, mean: averaged over the evaluated steps after 0:",
+        "interval]; final: at the last step; mean: averaged over the evaluated steps after 0; "
+        "gain: final minus step 0 (points):",
         "",
-        "| arm | what it trains on | final val accuracy | mean val accuracy | minutes per run |",
-        "|---|---|---:|---:|---:|",
+        "| arm | what it trains on | final val accuracy | mean val accuracy | gain | minutes "
+        "per run |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for name, arm in result["arms"].items():
         minutes = np.mean(arm["wall_s_per_run"]) / 60
         lines.append(
             f"| {name} | {arm['description']} | {_interval_text(arm['final_val'])} "
-            f"| {_interval_text(arm['mean_val'])} | {minutes:.1f} |"
+            f"| {_interval_text(arm['mean_val'])} "
+            f"| {_interval_text(arm['gain_val']).replace('%', '')} | {minutes:.1f} |"
         )
     lines += [
         "",

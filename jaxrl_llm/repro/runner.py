@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 VAL_KEY = "val/test_score"
 TRAIN_KEY = "critic/score/mean"
-METRICS = ("final", "mean")
+METRICS = ("final", "mean", "gain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +43,17 @@ class RunCurve:
     def metric(self, name: str) -> float:
         """``final``: validation accuracy at the last step; ``mean``: its mean over the
         evaluated steps after step 0 (the area under the curve: how fast an arm learns, which
-        a final score misses when every arm ends saturated)."""
+        a final score misses when every arm ends saturated); ``gain``: final minus step 0,
+        what RL added to where the arm started."""
+        if name not in METRICS:
+            raise ValueError(f"metric {name!r} is not one of {METRICS}")
         later = [v for s, v in zip(self.val_steps, self.val_scores) if s > 0]
         if not later:
             raise ValueError(f"run {self.run_dir} recorded no {VAL_KEY} after step 0")
-        if name not in METRICS:
-            raise ValueError(f"metric {name!r} is not one of {METRICS}")
+        if name == "gain":
+            if self.val_steps[0] != 0:
+                raise ValueError(f"run {self.run_dir} has no step-0 {VAL_KEY} to gain from")
+            return later[-1] - self.val_scores[0]
         return later[-1] if name == "final" else float(sum(later) / len(later))
 
 
@@ -155,6 +160,7 @@ def summarise(
         "metrics": {
             "final": f"{VAL_KEY} (greedy validation accuracy) at the last step",
             "mean": f"{VAL_KEY} averaged over the evaluated steps after step 0",
+            "gain": f"{VAL_KEY} at the last step minus at step 0",
         },
         "steps": steps,
         "seeds": sorted({c.seed for c in curves}),
@@ -162,3 +168,16 @@ def summarise(
         "comparisons": comparisons,
         "prepared": dict(prepared.notes),
     }
+
+
+def resummarise(repro: Repro, result: dict[str, Any]) -> dict[str, Any]:
+    """A ``results.json`` summarised again from its per-seed curves (no training): for a
+    report whose statistics changed after the runs, or a partial run's curves."""
+    curves = [
+        RunCurve(**{k: tuple(v) if isinstance(v, list) else v for k, v in run.items()})
+        for arm in result["arms"].values()
+        for run in arm["runs"]
+    ]
+    prepared = Prepared(notes=result.get("prepared", {}))
+    out = summarise(repro, curves, prepared, steps=result.get("steps"))
+    return {**out, "timing": result.get("timing", {})}

@@ -1,13 +1,14 @@
 """A reproduction's summary (metrics, intervals, comparisons), tables and figure, from
 hand-made curves (no training)."""
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from jaxrl_llm.repro import report
-from jaxrl_llm.repro.runner import RunCurve, curve_of, seed_params, summarise
+from jaxrl_llm.repro.runner import RunCurve, curve_of, resummarise, seed_params, summarise
 from jaxrl_llm.repro.specs import Arm, Prepared, Repro, get_repro, seed_list
 
 REPRO = Repro(
@@ -32,11 +33,15 @@ def _curves():
 
 def test_metrics_final_and_mean_after_step_zero():
     c = _curve("a", 0, (0.4, 0.6, 0.8))
-    np.testing.assert_allclose([c.metric("final"), c.metric("mean")], [0.8, 0.7], atol=1e-12)
+    np.testing.assert_allclose(
+        [c.metric("final"), c.metric("mean"), c.metric("gain")], [0.8, 0.7, 0.4], atol=1e-12
+    )
     with pytest.raises(ValueError, match="metric 'best' is not one of"):
         c.metric("best")
     with pytest.raises(ValueError, match="recorded no val/test_score after step 0"):
         RunCurve("a", 0, (0,), (0.4,), (), 1.0, "runs/x").metric("final")
+    with pytest.raises(ValueError, match="has no step-0 val/test_score to gain from"):
+        RunCurve("a", 0, (2,), (0.4,), (), 1.0, "runs/x").metric("gain")
 
 
 def test_summary_pairs_arms_by_seed():
@@ -49,6 +54,13 @@ def test_summary_pairs_arms_by_seed():
     np.testing.assert_allclose(final["difference"]["mean"], 0.4 / 3, atol=1e-12)
     np.testing.assert_allclose(final["p_value"], 0.5, atol=1e-12)
     assert final["significant"] is False
+
+
+def test_resummarise_round_trips_through_json():
+    result = summarise(REPRO, _curves(), Prepared(notes={"k": 1}), steps=4)
+    again = resummarise(REPRO, json.loads(json.dumps({**result, "timing": {"total_s": 3}})))
+    assert again["timing"] == {"total_s": 3}
+    assert json.dumps({**again, "timing": None}) == json.dumps({**result, "timing": None})
 
 
 def test_summary_refuses_unpaired_seeds():
@@ -92,3 +104,21 @@ def test_registry_and_flags():
         seed_list(0)
     with pytest.raises(ValueError, match="toy has no arm 'c'"):
         REPRO.arm("c")
+
+
+def test_report_only_redraws_from_results(tmp_path, capsys):
+    from jaxrl_llm import cli
+
+    repro = get_repro("search-r1")
+    curves = [
+        RunCurve(arm, s, (0, 5), (0.1, 0.1 * (s + 1) + (0.2 if arm == "search" else 0)), (), 1, "r")
+        for s in range(3)
+        for arm in ("search", "no_search")
+    ]
+    result = summarise(repro, curves, Prepared(), steps=5)
+    (tmp_path / "results.json").write_text(json.dumps(result))
+    assert cli.main(["repro", "search-r1", "--out", str(tmp_path), "--report-only"]) == 0
+    assert "| search - no_search | gain | 20.0 [20.0, 20.0]" in capsys.readouterr().out
+    assert (tmp_path / "figure.png").is_file() and (tmp_path / "summary.md").is_file()
+    with pytest.raises(SystemExit, match=r"needs .*results\.json from an earlier run"):
+        cli.main(["repro", "search-r1", "--out", str(tmp_path / "none"), "--report-only"])

@@ -35,7 +35,7 @@ def test_limr_smoke_runs_every_arm(tmp_path, capsys):
     assert 1 <= kept <= sum(COUNTS.values())
     assert sum(notes["random_subsets"]["0"].values()) == kept
     assert set(notes["mean_lim_score_by_kind"]) == set(mixed_value.ITEM_KINDS)
-    assert len(result["comparisons"]) == 6  # 3 pairs x (final, mean)
+    assert len(result["comparisons"]) == 9  # 3 pairs x (final, mean, gain)
     assert (out / "figure.png").read_bytes()[:4] == b"\x89PNG"
     assert "| lim - random | final |" in (out / "summary.md").read_text()
     assert '"out"' in capsys.readouterr().out
