@@ -174,7 +174,15 @@ def resummarise(repro: Repro, result: dict[str, Any]) -> dict[str, Any]:
     """A ``results.json`` summarised again from its per-seed curves (no training): for a
     report whose statistics changed after the runs, or a partial run's curves."""
     curves = [
-        RunCurve(**{k: tuple(v) if isinstance(v, list) else v for k, v in run.items()})
+        RunCurve(
+            arm=str(run["arm"]),
+            seed=int(run["seed"]),
+            val_steps=tuple(int(s) for s in run["val_steps"]),
+            val_scores=tuple(float(v) for v in run["val_scores"]),
+            train_scores=tuple(float(v) for v in run["train_scores"]),
+            wall_s=float(run["wall_s"]),
+            run_dir=str(run["run_dir"]),
+        )
         for arm in result["arms"].values()
         for run in arm["runs"]
     ]
