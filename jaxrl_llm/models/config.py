@@ -30,6 +30,7 @@ SUPPORTED_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+ATTENTION_IMPLS = ("auto", "xla", "splash")  # `ModelConfig.attention`
 
 
 class UnsupportedModelError(ValueError):
@@ -111,6 +112,9 @@ class ModelConfig:
     # Uncached forwards (training, scoring) run the layers as one `lax.scan` (compile time
     # independent of depth); cached decoding always runs them unrolled.
     scan_layers: bool = False
+    # Full forwards' attention (`models.self_attention`): "auto" (Pallas splash on a TPU that
+    # supports the shape, else XLA), "xla" or "splash" (Pallas interpret mode off TPU).
+    attention: str = "auto"
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_ARCHITECTURES:
@@ -129,6 +133,10 @@ class ModelConfig:
             )
         as_dtype(self.param_dtype)
         as_dtype(self.dtype)
+        if self.attention not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"ModelConfig.attention = {self.attention!r}; expected one of {ATTENTION_IMPLS}"
+            )
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)

@@ -21,6 +21,7 @@ from flax import nnx
 from jaxrl_llm.models.config import ModelConfig, RopeConfig, as_dtype
 from jaxrl_llm.models.lora import with_lora
 from jaxrl_llm.models.paged import PagedBatch, gathered_attention, write_and_decode, write_kv
+from jaxrl_llm.models.self_attention import Segments, attend, self_attend
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext, constrain
 
@@ -120,25 +121,30 @@ class Attention(nnx.Module):
         self.qkv_bias = cfg.qkv_bias
         self.use_o_bias = cfg.o_bias
         self.scale = cfg.head_dim**-0.5
+        self.attention = cfg.attention  # full forwards' implementation (`self_attention`)
 
     def __call__(
         self,
         x: Array,
         cos: Array,
         sin: Array,
-        mask: Array,
+        mask: Array | Segments,
         kv_cache: tuple[Array, Array] | None,
         write_index: Array | None,
         ctx: ShardingContext | None,
     ) -> tuple[Array, tuple[Array, Array] | None]:
-        """x [B,T,D]; mask [B,T,S] (True = may attend); kv_cache ([B,S,K,H], [B,S,K,H]).
+        """x [B,T,D]; kv_cache ([B,S,K,H], [B,S,K,H]) or None for a full forward, whose
+        `mask` is its `Segments`; with a cache, `mask` is [B,T,S] (True = may attend).
 
         With a cache, the new keys/values are written at `write_index` [B,T] (indices
         >= S are dropped: padding) and attention runs over the whole cache.
         """
         q, k, v = self.project(x, cos, sin, ctx)
-        if kv_cache is None:  # a full forward: `mask` is causal in index order
-            return self.output(causal_attend(q, k, v, mask, self.scale)), None
+        if kv_cache is None:
+            assert isinstance(mask, Segments), "a full forward's mask is its Segments"
+            out = self_attend(q, k, v, mask, self.scale, self.attention, ctx)
+            return self.output(out), None
+        assert not isinstance(mask, Segments)
         cache_k, cache_v = kv_cache
         rows = jnp.arange(x.shape[0])[:, None]
         cache_k = cache_k.at[rows, write_index].set(k.astype(cache_k.dtype), mode="drop")
@@ -204,42 +210,6 @@ class Attention(nnx.Module):
         if self.use_o_bias:
             out = out + self.o_bias[...].astype(out.dtype)
         return out
-
-
-# Query rows per block of `causal_attend`: T = 2,560 runs as 10 blocks, 55% of the dense work.
-CAUSAL_BLOCK = 256
-
-
-def causal_attend(
-    q: Array, k: Array, v: Array, mask: Array, scale: float, block: int = CAUSAL_BLOCK
-) -> Array:
-    """`attend` for self-attention whose mask is causal in index order (`mask[:, t, s]`
-    False for s > t; padding and packed segments may hide more): query block [t0, t1) reads
-    keys [0, t1) only, so the score blocks above the diagonal are never computed: about
-    (n + 1) / 2n of the dense scores, softmax and products for n blocks, and as much less
-    activation memory in training. Equal to `attend` (masked keys weigh exactly 0 there)."""
-    length = q.shape[1]
-    if length <= block:
-        return attend(q, k, v, mask, scale)
-    outs = [
-        attend(q[:, t0 : t0 + block], k[:, : t0 + block], v[:, : t0 + block],
-               mask[:, t0 : t0 + block, : t0 + block], scale)
-        for t0 in range(0, length, block)
-    ]  # fmt: skip
-    return jnp.concatenate(outs, axis=1)
-
-
-def attend(q: Array, k: Array, v: Array, mask: Array, scale: float) -> Array:
-    """softmax(q k^T * scale, masked) v with GQA. q [B,T,N,H], k/v [B,S,K,H], mask [B,T,S]."""
-    B, T, N, H = q.shape
-    K = k.shape[2]
-    qg = q.reshape(B, T, K, N // K, H)
-    scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * scale
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
-    return out.reshape(B, T, N, H)
 
 
 class MLP(nnx.Module):

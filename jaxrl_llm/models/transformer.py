@@ -32,6 +32,7 @@ from jaxrl_llm.models.layers import (
     rope_inv_freq,
 )
 from jaxrl_llm.models.paged import PagedBatch, slots_for
+from jaxrl_llm.models.self_attention import Segments
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext, constrain
 
@@ -110,12 +111,13 @@ class Decoder(nnx.Module):
         self,
         input_ids: Array,
         positions: Array,
-        mask: Array,
+        mask: Array | Segments,
         cache: KVCache | None,
         write_index: Array | None,
         ctx: ShardingContext | None,
     ) -> tuple[Array, KVCache | None]:
-        """Final-norm hidden states [B, T, D] and the updated cache."""
+        """Final-norm hidden states [B, T, D] and the updated cache. `mask`: the `Segments`
+        of a full forward (no cache), else [B, T, S] over the cache."""
         x, cos, sin = self._embed(input_ids, positions, ctx)
         if cache is None and self.config.scan_layers and len(self.layers) > 1:
             return self.norm(self._scanned(x, cos, sin, mask, ctx)), None
@@ -151,7 +153,7 @@ class Decoder(nnx.Module):
             )
         return self.norm(x), new_cache
 
-    def _scanned(self, x: Array, cos: Array, sin: Array, mask: Array, ctx) -> Array:
+    def _scanned(self, x: Array, cos: Array, sin: Array, mask: Segments, ctx) -> Array:
         """The layers of an uncached forward as one `lax.scan` over their stacked states.
 
         The program holds one layer's body instead of L copies, so compile time stops growing
@@ -210,19 +212,6 @@ def default_positions(input_ids: Array, attention_mask: Array | None) -> Array:
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def full_mask(
-    attention_mask: Array | None, batch: int, length: int, segment_ids: Array | None = None
-) -> Array:
-    """Causal mask [B, T, T], also hiding padded keys when an attention mask is given, and
-    block-diagonal when `segment_ids` [B, T] say which packed sequence each token is in."""
-    mask = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None]
-    if attention_mask is not None:
-        mask = mask & attention_mask.astype(jnp.bool_)[:, None, :]
-    if segment_ids is not None:
-        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
-    return jnp.broadcast_to(mask, (batch, length, length))
-
-
 class _Trunked(nnx.Module):
     """Shared plumbing for models built on a `Decoder` trunk."""
 
@@ -242,9 +231,8 @@ class _Trunked(nnx.Module):
         only, and `positions` should restart at 0 in each."""
         if positions is None:
             positions = default_positions(input_ids, attention_mask)
-        B, T = input_ids.shape
-        mask = full_mask(attention_mask, B, T, segment_ids)
-        h, _ = self.model(input_ids, positions, mask, None, None, self.sharding_ctx)
+        segments = Segments.of(attention_mask, segment_ids, input_ids.shape)
+        h, _ = self.model(input_ids, positions, segments, None, None, self.sharding_ctx)
         return h
 
     def set_sharding(self, ctx: ShardingContext | None) -> None:

@@ -1,13 +1,25 @@
-"""Causal block attention skips the key blocks above the diagonal and changes nothing:
-equal to dense `attend` in values and gradients, with padding and packed segments."""
+"""Full-forward attention (`models.self_attention`): the segment mask, the causal query blocks
+and the Pallas splash kernel (interpret mode on CPU) agree in values and gradients, with
+padding, packed segments, GQA, rows not a multiple of the kernel's block, and under a mesh."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from jaxrl_llm.models.layers import attend, causal_attend
-from jaxrl_llm.models.transformer import full_mask
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.self_attention import (
+    Segments,
+    attend,
+    causal_attend,
+    self_attend,
+    splash_attend,
+    splash_supported,
+)
+from jaxrl_llm.models.transformer import CausalLM
+from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
+from jaxrl_llm.sharding.rules import ShardingContext
 
 
 def _inputs(T, seed=0, B=2, N=4, K=2, H=8):
@@ -19,19 +31,79 @@ def _inputs(T, seed=0, B=2, N=4, K=2, H=8):
     cuts = np.sort(rng.choice(np.arange(1, T), size=(B, 3), replace=False), axis=1)
     segments = np.stack([np.searchsorted(c, np.arange(T), side="right") + 1 for c in cuts])
     segments[:, -7:] = 0  # trailing padding
-    return q, k, v, jnp.asarray(segments, jnp.int32)
+    return q, k, v, Segments(jnp.asarray(segments, jnp.int32))
+
+
+def _grads(f, q, k, v, seed=9):
+    w = jax.random.normal(jax.random.PRNGKey(seed), q.shape)
+    return jax.grad(lambda *x: jnp.sum(f(*x) * w), argnums=(0, 1, 2))(q, k, v)
+
+
+def test_segments_mask_is_causal_same_sequence_and_hides_padding():
+    attention_mask = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    segment_ids = jnp.array([[1, 1, 1, 1, 1], [1, 1, 2, 2, 0]])
+    ids = Segments.of(attention_mask, segment_ids, (2, 5)).ids
+    np.testing.assert_array_equal(ids, [[0, 0, 1, 1, 1], [1, 1, 2, 2, 0]])
+    dense = np.asarray(Segments(ids).dense())
+    tril = np.tril(np.ones((5, 5), bool))
+    for b in range(2):
+        idb = np.asarray(ids[b])
+        want = tril & (idb[:, None] == idb[None, :])
+        np.testing.assert_array_equal(dense[b], want)
+        real = idb > 0  # real tokens attend real tokens of their own sequence only
+        assert not dense[b][np.ix_(real, ~real)].any()
+    assert dense.any(axis=-1).all()  # no empty row: every token attends itself
+    np.testing.assert_array_equal(Segments.of(None, None, (1, 3)).ids, [[1, 1, 1]])
 
 
 @pytest.mark.parametrize("T,block", [(100, 32), (97, 32), (64, 64), (40, 64)])
 def test_causal_blocks_equal_dense_attention_and_gradients(T, block):
     q, k, v, segments = _inputs(T)
-    mask = full_mask(None, q.shape[0], T, segments)
-    dense = lambda q, k, v: attend(q, k, v, mask, 0.3)
-    blocked = lambda q, k, v: causal_attend(q, k, v, mask, 0.3, block=block)
+    dense = lambda q, k, v: attend(q, k, v, segments.dense(), 0.3)
+    blocked = lambda q, k, v: causal_attend(q, k, v, segments, 0.3, block=block)
     np.testing.assert_allclose(blocked(q, k, v), dense(q, k, v), rtol=1e-5, atol=1e-6)
-    w = jax.random.normal(jax.random.PRNGKey(9), dense(q, k, v).shape)
-    loss = lambda f: lambda *x: jnp.sum(f(*x) * w)
-    got = jax.grad(loss(blocked), argnums=(0, 1, 2))(q, k, v)
-    want = jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v)
-    for a, b in zip(got, want, strict=True):
+    for a, b in zip(_grads(blocked, q, k, v), _grads(dense, q, k, v), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("T,N,K", [(150, 4, 2), (128, 2, 2), (40, 6, 3)])
+def test_splash_kernel_equals_xla_values_and_gradients(T, N, K):
+    """Interpret mode on CPU; 150 and 40 tokens are padded to the kernel's block inside."""
+    q, k, v, segments = _inputs(T, seed=T, N=N, K=K, H=16)
+    xla = lambda q, k, v: causal_attend(q, k, v, segments, 0.25)
+    kernel = lambda q, k, v: splash_attend(q, k, v, segments, 0.25, None)
+    np.testing.assert_allclose(kernel(q, k, v), xla(q, k, v), rtol=1e-5, atol=2e-6)
+    for a, b in zip(_grads(kernel, q, k, v), _grads(xla, q, k, v), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_splash_under_a_mesh_splits_rows_and_head_groups():
+    """Rows over fsdp, kv heads (and their query heads) over tensor, per device."""
+    mesh = build_mesh(data=1, fsdp=4, tensor=2)
+    ctx = ShardingContext(mesh, TRAIN_RULES)
+    q, k, v, segments = _inputs(64, seed=3, B=4, N=8, K=2, H=16)
+    want = causal_attend(q, k, v, segments, 0.25)
+    got = jax.jit(lambda q, k, v, ids: splash_attend(q, k, v, Segments(ids), 0.25, ctx))(
+        q, k, v, segments.ids
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.slow  # measured: 15 s on 2 cores at load 7 (docs/testing.md)
+def test_auto_uses_xla_off_tpu_and_model_logits_agree_across_impls():
+    q, k, v, segments = _inputs(32)
+    assert not splash_supported(q, k)
+    assert not splash_supported(q, k, platform="tpu")  # head_dim 8: not a lane multiple
+    np.testing.assert_array_equal(
+        self_attend(q, k, v, segments, 0.3, "auto"), causal_attend(q, k, v, segments, 0.3)
+    )
+    cfg = ModelConfig(num_layers=2, vocab_size=64)
+    ids = jax.random.randint(jax.random.PRNGKey(0), (2, 24), 0, 64)
+    mask = jnp.ones((2, 24), jnp.int32).at[1, :5].set(0)
+    logits = {
+        impl: CausalLM(cfg.replace(attention=impl), rngs=nnx.Rngs(0))(ids, attention_mask=mask)
+        for impl in ("xla", "splash")
+    }
+    np.testing.assert_allclose(logits["splash"], logits["xla"], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"ModelConfig\.attention"):
+        ModelConfig(attention="flash")
