@@ -24,15 +24,15 @@ from jaxrl_llm.bench.kv import kv_bytes_read, kv_fields
 from jaxrl_llm.bench.machine import bench_checkpoint, machine_ceilings
 
 
-def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -> dict:
+def timed_greedy_decode(model, B: int, P: int, N: int, steps: int, repeats: int):
+    """(engine, (prefill s, decode s)) of the best of `repeats` greedy runs of `model` in
+    the paged engine: B random P-token prompts, N new tokens each, `steps` per call (the
+    first run compiles and is not counted)."""
     import jax
-    from flax import nnx
 
-    from jaxrl_llm.models import from_pretrained
     from jaxrl_llm.rollout.engine import Engine
     from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling
 
-    model = from_pretrained(path)
     engine = Engine(model, max_concurrent_decodes=B, max_cache_length=P + N + 1,
                     max_prefill_length=P, eos_ids=())  # fmt: skip
     params = engine.load_params()
@@ -54,6 +54,17 @@ def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -
         t2 = time.perf_counter()
         run = (t1 - t0, t2 - t1)
         best = run if best is None or sum(run) < sum(best) else best
+    return engine, best
+
+
+def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -> dict:
+    import jax
+    from flax import nnx
+
+    from jaxrl_llm.models import from_pretrained
+
+    model = from_pretrained(path)
+    engine, best = timed_greedy_decode(model, B, P, N, steps, repeats)
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
     prefill_s, decode_s = best

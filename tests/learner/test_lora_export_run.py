@@ -30,6 +30,7 @@ def _torch_logits(model, ids):
         return model(input_ids=torch.tensor(ids)).logits.float().numpy()
 
 
+@pytest.mark.slow  # measured: 11 s on 2 loaded cores
 def test_peft_adapter_and_merged_export_load_in_transformers(tmp_path):
     peft = pytest.importorskip("peft")  # the test extra installs it
     base_dir = tmp_path / "base"
@@ -74,7 +75,7 @@ def _adapters(run_dir, step):
     return jax.tree_util.tree_flatten_with_path(raw)[0]
 
 
-@pytest.mark.slow  # three short runs; this file took 182 s on 2 loaded cores
+@pytest.mark.slow  # three short runs: 117 s on 2 loaded cores
 def test_lora_run_checkpoints_adapters_only_and_resumes(tmp_path):
     register_test_rewards()  # 'digit_fraction', named by TINY_RL_PARAMS
     whole = _run(tmp_path / "whole")
@@ -90,5 +91,8 @@ def test_lora_run_checkpoints_adapters_only_and_resumes(tmp_path):
     adapter_bytes = sum(np.asarray(x).nbytes for _, x in want)
     assert whole[0]["weight_sync/bytes"] > 10 * adapter_bytes
     assert [r["weight_sync/bytes"] for r in whole[1:]] == [adapter_bytes] * 3
+    # The engine samples with the trained adapters: its logprobs are the trainer's.
+    assert any(np.abs(np.asarray(x)).max() > 0 for n, (_, x) in zip(names, want) if "_b" in n)
+    assert max(r["rollout/logprob_diff/max"] for r in whole) < 1e-4
     assert (tmp_path / "whole" / "adapter" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "whole" / "hf" / "config.json").is_file()
