@@ -90,29 +90,50 @@ def _matches(cfg: LoraConfig, path: str, name: str) -> bool:
 def apply_lora(model: nnx.Module, cfg: LoraConfig, *, seed: int, rules: Rules = TRAIN_RULES) -> int:
     """Attach adapters to every weight `cfg.targets` selects (in place); returns how many
     weights got one. Each adapter is placed like its weight (same mesh, `rules`)."""
-    rng = jax.random.key(seed)
-    count = 0
+    chosen = []
     for path, module in nnx.iter_modules(model):
         prefix = "/".join(map(str, path))
         for name in _IN_DIMS:
             base = getattr(module, name, None)
             if not isinstance(base, nnx.Param) or isinstance(base, nnx.LoRAParam):
                 continue
-            if not _matches(cfg, f"{prefix}/{name}", name):
-                continue
-            rng, key = jax.random.split(rng)
-            a, b = _new_adapter(base, name, cfg.rank, key, rules)
-            setattr(module, name + "_lora_a", a)
-            setattr(module, name + "_lora_b", b)
-            module.lora_scale = cfg.scale
-            count += 1
-    if not count:
+            if _matches(cfg, f"{prefix}/{name}", name):
+                chosen.append((module, name, f"{prefix}/{name}"))
+    if not chosen:
         raise ValueError(
             f"LoraConfig.targets = {cfg.targets}: no weight matched; expected names among "
             f"{ALL_PROJECTIONS} or a regular expression over paths like "
             "'model/layers/0/self_attn/q_proj'"
         )
-    return count
+    _check_same_in_every_layer(model, cfg, [p for _, _, p in chosen])
+    rng = jax.random.key(seed)
+    for module, name, _ in chosen:
+        rng, key = jax.random.split(rng)
+        a, b = _new_adapter(getattr(module, name), name, cfg.rank, key, rules)
+        setattr(module, name + "_lora_a", a)
+        setattr(module, name + "_lora_b", b)
+        module.lora_scale = cfg.scale
+    return len(chosen)
+
+
+def _check_same_in_every_layer(model: nnx.Module, cfg: LoraConfig, paths: list[str]) -> None:
+    """A scanned decoder (`ModelConfig.scan_layers`) stacks the layers' states, so every
+    layer must carry the same adapters."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "scan_layers", False):
+        return
+    per_layer: dict[str, set[str]] = {}
+    for path in paths:
+        match = re.match(r".*layers/(\d+)/(.*)", path)
+        if match:
+            per_layer.setdefault(match[1], set()).add(match[2])
+    layers = {str(i) for i in range(config.num_layers)}
+    if set(per_layer) != layers or len({frozenset(v) for v in per_layer.values()}) > 1:
+        raise ValueError(
+            f"LoraConfig.targets = {cfg.targets} adapts different weights in different "
+            "layers, but ModelConfig.scan_layers = True stacks the layers: target the same "
+            "projections in every layer (names such as 'q_proj'), or turn scan_layers off"
+        )
 
 
 def adapter_specs(name: str, shape: tuple[int, ...], axes: tuple, rank: int) -> tuple:

@@ -201,3 +201,16 @@ def test_lora_plan_within_20_percent_of_xla(mesh_shape, micro_batch, seq_len, mi
     full = plan_memory(cfg, mesh_shape, Workload(micro_batch, seq_len, micro_batches))
     trained = plan.terms["optimizer"] + plan.terms["grads"]
     assert trained < full.terms["optimizer"] + full.terms["grads"]
+
+
+def test_scanned_layers_run_the_adapters_and_refuse_uneven_targets():
+    ids, outs = _ids(), []
+    for scan in (False, True):
+        model = init_model(tiny_config(scan_layers=scan), seed=1)
+        apply_lora(model, LoraConfig(rank=4), seed=0)
+        _randomise_b(model)
+        outs.append(np.asarray(model(ids)))
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    scanned = init_model(tiny_config(scan_layers=True), seed=1)
+    with pytest.raises(ValueError, match="scan_layers"):
+        apply_lora(scanned, LoraConfig(targets=(r"model/layers/0/self_attn/q_proj",)), seed=0)
