@@ -74,7 +74,7 @@ def run(checkpoint: str, rank: int, batch: int, prompt: int, new: int, repeats: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="LoRA rollout: unmerged vs merged decode")
     parser.add_argument("--checkpoint", default="qwen2.5-0.5b")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--batch", type=int, default=8)

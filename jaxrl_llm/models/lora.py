@@ -27,14 +27,15 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.core import Tracer
+from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_llm.config_checks import Ge, Gt, checked_fields
 from jaxrl_llm.sharding import axes as ax
@@ -47,6 +48,7 @@ from jaxrl_llm.sharding.rules import (
 )
 
 Array = jax.Array
+M = TypeVar("M", bound=nnx.Module)
 
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Input dims of each projection's weight (the rest are output dims).
@@ -120,7 +122,7 @@ def _check_same_in_every_layer(model: nnx.Module, cfg: LoraConfig, paths: list[s
     """A scanned decoder (`ModelConfig.scan_layers`) stacks the layers' states, so every
     layer must carry the same adapters."""
     config = getattr(model, "config", None)
-    if not getattr(config, "scan_layers", False):
+    if config is None or not getattr(config, "scan_layers", False):
         return
     per_layer: dict[str, set[str]] = {}
     for path in paths:
@@ -162,9 +164,10 @@ def _new_adapter(base: nnx.Param, name: str, rank: int, key, rules: Rules):
     b = jnp.zeros(b_shape, dtype)
     # Under `nnx.eval_shape` (the planner) values are tracers: nothing to place.
     sharding = getattr(base.get_value(), "sharding", None)
-    if isinstance(sharding, NamedSharding) and not isinstance(a, jax.core.Tracer):
-        a = jax.device_put(a, logical_sharding(a_axes, rules, sharding.mesh, a_shape))
-        b = jax.device_put(b, logical_sharding(b_axes, rules, sharding.mesh, b_shape))
+    mesh = sharding.mesh if isinstance(sharding, NamedSharding) else None
+    if isinstance(mesh, Mesh) and not isinstance(a, Tracer):
+        a = jax.device_put(a, logical_sharding(a_axes, rules, mesh, a_shape))
+        b = jax.device_put(b, logical_sharding(b_axes, rules, mesh, b_shape))
     return nnx.LoRAParam(a, logical_axes=a_axes), nnx.LoRAParam(b, logical_axes=b_axes)
 
 
@@ -182,7 +185,12 @@ def with_lora(
     xa = jnp.tensordot(x, a[...].astype(x.dtype), axes=a.ndim - 1)  # [B, T, r]
     xa = constrain(xa, (ax.BATCH, ax.SEQ, None), ctx)
     delta = jnp.tensordot(xa, b[...].astype(x.dtype), axes=1)
-    return y + (module.lora_scale * delta).astype(y.dtype)
+    return y + (_scale(module) * delta).astype(y.dtype)
+
+
+def _scale(module: nnx.Module) -> float:
+    """alpha / r, set by `apply_lora` on each module it adapts (a static attribute)."""
+    return vars(module)["lora_scale"]
 
 
 def is_adapter(path: tuple, _value: Any = None) -> bool:
@@ -230,7 +238,7 @@ class Adapter:
 
     @property
     def scale(self) -> float:
-        return self.module.lora_scale
+        return _scale(self.module)
 
     def delta(self) -> Array:
         """(alpha / r) A B in the base weight's shape, float32."""
@@ -245,7 +253,7 @@ def adapters(model: nnx.Module) -> Iterator[Adapter]:
                 yield Adapter(module, name, "/".join(map(str, (*path, name))))
 
 
-def merge_adapters(model: nnx.Module) -> nnx.Module:
+def merge_adapters(model: M) -> M:
     """Fold every adapter into its weight (W + (alpha / r) A B) and drop the adapters, in
     place; the model is then a plain one (`save_pretrained` writes it). Returns it."""
     for ad in list(adapters(model)):

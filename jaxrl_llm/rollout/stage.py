@@ -269,6 +269,7 @@ class _AdapterSync:
         ):
             self._base_synced, self._base_src = self._base(base), leaves
             self.last_bytes += state_bytes(base)
+        assert self._base_synced is not None  # synced above on the first call
         return nnx.merge_state(self._adapters(adapters), self._base_synced)
 
 
