@@ -85,6 +85,9 @@ def prepare_limr(opts: PrepOptions) -> Prepared:
         )
     scoring_s = time.perf_counter() - t0
     scores = limr.score_run(scoring_dir, steps_per_epoch, epochs)
+    from jaxrl_llm.data.limr_plot import plot_lim_curves
+
+    plot_lim_curves(scores, opts.out_dir / "lim_curves.png", threshold=THRESHOLD)
     lim_path = data_dir / "lim.jsonl"
     n = limr.select(scores, train, THRESHOLD, lim_path)
     if n == 0:

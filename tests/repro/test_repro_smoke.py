@@ -37,5 +37,6 @@ def test_limr_smoke_runs_every_arm(tmp_path, capsys):
     assert set(notes["mean_lim_score_by_kind"]) == set(mixed_value.ITEM_KINDS)
     assert len(result["comparisons"]) == 9  # 3 pairs x (final, mean, gain)
     assert (out / "figure.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "lim_curves.png").is_file()
     assert "| lim - random | final |" in (out / "summary.md").read_text()
     assert '"out"' in capsys.readouterr().out
