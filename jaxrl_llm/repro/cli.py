@@ -1,7 +1,8 @@
 """`jaxrl-llm repro torl|limr|search-r1`: every arm of a miniature reproduction over N seeds.
 
 Writes ``OUT/results.json`` (per-seed curves, per-arm intervals, paired comparisons),
-``OUT/figure.png`` and ``OUT/summary.md`` (the tables docs/reproductions.md shows).
+``OUT/figure.png`` and ``OUT/summary.md`` (the tables docs/reproductions.md shows); LIMR also
+``OUT/lim_curves.png`` (the scoring run's curves).
 """
 
 from __future__ import annotations

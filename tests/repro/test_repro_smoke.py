@@ -16,7 +16,7 @@ def test_unknown_reproduction_is_refused(capsys):
     assert "invalid choice: 'r1'" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # measured: 145 s on 2 shared cores (a 6-step scoring run + 3 two-step arms)
+@pytest.mark.slow  # measured: 118-145 s on 2 shared cores (6-step scoring run + 3 two-step arms)
 def test_limr_smoke_runs_every_arm(tmp_path, capsys):
     out = tmp_path / "limr"
     code = cli.main(
