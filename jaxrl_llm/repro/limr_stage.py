@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl_llm.data import limr
+from jaxrl_llm.data.limr_plot import plot_lim_curves
 from jaxrl_llm.data.tasks import arithmetic, mixed_value
 from jaxrl_llm.repro.runner import train_run
 from jaxrl_llm.repro.specs import Prepared, PrepOptions
@@ -60,33 +61,33 @@ def _score_by_kind(scores: limr.LimScores, rows: list[dict]) -> dict[str, float]
     return {k: round(float(np.mean(v)), 3) if v else math.nan for k, v in by_kind.items()}
 
 
+def _scoring_run(run_dir: Path, train: Path, val: Path, steps: int) -> float:
+    """GRPO on the full set for the scoring epochs (no validation); seconds taken. A finished
+    run of the same (deterministic) set in ``run_dir`` is reused."""
+    t0 = time.perf_counter()
+    if (run_dir / "samples" / f"step_{steps}.jsonl").exists():
+        log.info("reusing the finished scoring run %s", run_dir)
+        return 0.0
+    params = [
+        f"TRAIN = '{train}'",
+        f"VAL = '{val}'",
+        f"RLConfig.steps = {steps}",
+        "RLConfig.eval_every = 0",
+        "RLConfig.save_every = 0",
+    ]
+    train_run([GIN], params, run_dir)
+    return time.perf_counter() - t0
+
+
 def prepare_limr(opts: PrepOptions) -> Prepared:
     """Scores the full set, writes the LIM subset and a random subset per seed."""
     data_dir = opts.out_dir / "limr_data"
     train, val = write_task(data_dir)
     steps_per_epoch = math.ceil(sum(COUNTS.values()) / PROMPTS_PER_STEP)
     epochs = EPOCHS if opts.prep_steps is None else max(1, opts.prep_steps // steps_per_epoch)
-    files = {"TRAIN": train, "VAL": val}
     scoring_dir = opts.out_dir / "limr_scoring"
-    t0 = time.perf_counter()
-    last = scoring_dir / "samples" / f"step_{epochs * steps_per_epoch}.jsonl"
-    if last.exists():  # a finished scoring run of the same (deterministic) set: reuse it
-        log.info("reusing the finished scoring run %s", scoring_dir)
-    else:
-        train_run(
-            [GIN],
-            [
-                *(f"{k} = '{v}'" for k, v in files.items()),
-                f"RLConfig.steps = {epochs * steps_per_epoch}",
-                "RLConfig.eval_every = 0",
-                "RLConfig.save_every = 0",
-            ],
-            scoring_dir,
-        )
-    scoring_s = time.perf_counter() - t0
+    scoring_s = _scoring_run(scoring_dir, train, val, epochs * steps_per_epoch)
     scores = limr.score_run(scoring_dir, steps_per_epoch, epochs)
-    from jaxrl_llm.data.limr_plot import plot_lim_curves
-
     plot_lim_curves(scores, opts.out_dir / "lim_curves.png", threshold=THRESHOLD)
     lim_path = data_dir / "lim.jsonl"
     n = limr.select(scores, train, THRESHOLD, lim_path)
