@@ -189,6 +189,20 @@ def adapter_bytes(cfg, mesh, rules: Rules, lora) -> tuple[int, int]:
     return per_device, count
 
 
+def int8_base_saving(cfg, mesh, lora) -> int:
+    """Per-device bytes an int8 base (`LoraConfig.quantize_base`) saves: each adapted weight
+    at one byte per element instead of its dtype's, plus its per-output-channel scales."""
+    from jaxrl_llm.models.lora import adapter_specs
+
+    saved = 0
+    for name, shape, axes, itemsize in _adapted_weights(cfg, lora):
+        (_, _), (b_shape, b_axes) = adapter_specs(name, shape, axes, 1)
+        weight = shard_numel(shape, axes, TRAIN_RULES, mesh)
+        scales = shard_numel(b_shape[1:], b_axes[1:], TRAIN_RULES, mesh)
+        saved += weight * (itemsize - 1) - scales * itemsize
+    return saved
+
+
 def lora_activation_bytes(cfg, mesh, w: Workload, remat: bool) -> int:
     """LoRA's extra activations: one buffer of each adapted projection's output per layer
     (its base output kept beside base + adapter term), for every layer (one with remat).
@@ -375,6 +389,8 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
     # LoRA: the frozen base plus adapters resident; moments and gradients of the adapters
     # alone; the reference is the base itself (adapters off), no copy.
     trained = adapter_bytes(cfg, mesh, TRAIN_RULES, w.lora)[0] if w.lora else params
+    if w.lora is not None and w.lora.quantize_base == "int8":
+        params -= int8_base_saving(cfg, mesh, w.lora)
     terms = {
         "params": params + (trained if w.lora else 0),
         "optimizer": MOMENTS * trained,

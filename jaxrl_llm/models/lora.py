@@ -35,9 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.core import Tracer
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.config_checks import Ge, Gt, checked_fields
+from jaxrl_llm.models.quant import dequantize, quantize_int8
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import (
     TRAIN_RULES,
@@ -59,15 +60,18 @@ _SUFFIXES = ("_lora_a", "_lora_b")
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-@checked_fields(rank=Ge(1), alpha=Gt(0))
+@checked_fields(rank=Ge(1), alpha=Gt(0), quantize_base=("none", "int8"))
 class LoraConfig:
     """Adapters of rank `rank` scaled by alpha / rank on the weights `targets` names: a
     projection name (`q_proj`, matched in every layer, as PEFT's `target_modules`) or a
-    regular expression over the weight's path (`model/layers/0/self_attn/q_proj`)."""
+    regular expression over the weight's path (`model/layers/0/self_attn/q_proj`).
+    `quantize_base = 'int8'`: the adapted (frozen) weights are stored as int8 with one
+    scale per output channel (`models.quant`)."""
 
     rank: int = 16
     alpha: float = 32.0
     targets: tuple[str, ...] = ALL_PROJECTIONS
+    quantize_base: str = "none"
 
     def __post_init__(self):
         if not self.targets:
@@ -111,11 +115,34 @@ def apply_lora(model: nnx.Module, cfg: LoraConfig, *, seed: int, rules: Rules = 
     rng = jax.random.key(seed)
     for module, name, _ in chosen:
         rng, key = jax.random.split(rng)
-        a, b = _new_adapter(getattr(module, name), name, cfg.rank, key, rules)
+        base = getattr(module, name)
+        a, b = _new_adapter(base, name, cfg.rank, key, rules)
         setattr(module, name + "_lora_a", a)
         setattr(module, name + "_lora_b", b)
         module.lora_scale = cfg.scale
+        if cfg.quantize_base == "int8":
+            _quantize_weight(module, name, base)
     return len(chosen)
+
+
+def _quantize_weight(module: nnx.Module, name: str, base: nnx.Param) -> None:
+    """Store weight `name` as int8 + per-output-channel scale (`<name>_qscale`), each laid
+    out by its logical axes (the int8 weight where the float one was)."""
+    w = base.get_value()
+    axes = tuple(base.get_metadata()["logical_axes"])
+    q, scale = jax.jit(quantize_int8, static_argnums=1)(w, _IN_DIMS[name])
+    sharding = getattr(w, "sharding", None)
+    if isinstance(sharding, NamedSharding) and not isinstance(q, Tracer):
+        q = jax.device_put(q, sharding)
+        out_spec = NamedSharding(sharding.mesh, _out_spec(sharding, _IN_DIMS[name], w.ndim))
+        scale = jax.device_put(scale, out_spec)
+    base.set_value(q)
+    setattr(module, name + "_qscale", nnx.Param(scale, logical_axes=axes[_IN_DIMS[name] :]))
+
+
+def _out_spec(sharding: NamedSharding, in_dims: int, ndim: int) -> PartitionSpec:
+    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    return PartitionSpec(*spec[in_dims:])
 
 
 def _check_same_in_every_layer(model: nnx.Module, cfg: LoraConfig, paths: list[str]) -> None:
@@ -181,6 +208,9 @@ def with_lora(
     a = getattr(module, name + "_lora_a", None)
     if a is None:
         return y
+    qscale = getattr(module, name + "_qscale", None)
+    if qscale is not None:  # y = x W_q of an int8 weight: scale its output channels
+        y = y * qscale[...].astype(y.dtype)
     b = getattr(module, name + "_lora_b")
     xa = jnp.tensordot(x, a[...].astype(x.dtype), axes=a.ndim - 1)  # [B, T, r]
     xa = constrain(xa, (ax.BATCH, ax.SEQ, None), ctx)
@@ -259,6 +289,10 @@ def merge_adapters(model: M) -> M:
     for ad in list(adapters(model)):
         base = getattr(ad.module, ad.name)
         w = base.get_value()
+        qscale = getattr(ad.module, ad.name + "_qscale", None)
+        if qscale is not None:  # an int8 base: dequantised, in the scales' (float) dtype
+            w = dequantize(w, qscale.get_value())
+            delattr(ad.module, ad.name + "_qscale")
         base.set_value((w.astype(jnp.float32) + ad.delta()).astype(w.dtype))
         delattr(ad.module, ad.name + "_lora_a")
         delattr(ad.module, ad.name + "_lora_b")

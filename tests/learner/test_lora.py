@@ -2,6 +2,8 @@
 laid out like their weights, are the only trained leaves (their gradient is the chain rule
 of the full one), switch off for the reference; bad configs name the field."""
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -152,7 +154,7 @@ def _is_var(x):
     return isinstance(x, nnx.Variable)
 
 
-def _get(model, path):
+def _get(model, path) -> Any:
     node = model
     for p in path:
         node = node[int(p)] if p.isdigit() else getattr(node, p)
@@ -216,3 +218,62 @@ def test_scanned_layers_run_the_adapters_and_refuse_uneven_targets():
     scanned = init_model(tiny_config(scan_layers=True), seed=1)
     with pytest.raises(ValueError, match="scan_layers"):
         apply_lora(scanned, LoraConfig(targets=(r"model/layers/0/self_attn/q_proj",)), seed=0)
+
+
+def test_int8_base_is_the_dequantised_model_and_merges():
+    """`quantize_base='int8'`: targeted weights stored as int8 (each within half a scale
+    step of the float weight); the model computes exactly what the dequantised float model
+    computes; merging folds adapters into the dequantised weights; only adapters train."""
+    from jaxrl_llm.models.quant import dequantize
+
+    lora = LoraConfig(rank=4, alpha=8.0, quantize_base="int8")
+    float_model = init_model(CFG, seed=1)
+    model = init_model(CFG, seed=1)
+    apply_lora(model, lora, seed=0)
+    _randomise_b(model)
+    for ad in adapters(model):
+        q = getattr(ad.module, ad.name)
+        scale = getattr(ad.module, ad.name + "_qscale").get_value()
+        w = _get(float_model, ad.path.split("/")).get_value()
+        assert q.get_value().dtype == jnp.int8
+        err = np.abs(np.asarray(dequantize(q.get_value(), scale)) - np.asarray(w))
+        assert (err <= np.asarray(scale) / 2 + 1e-7).all(), ad.path
+        _get(float_model, ad.path.split("/")).set_value(dequantize(q.get_value(), scale))
+    apply_lora(float_model, LoraConfig(rank=4, alpha=8.0), seed=0)
+    for ad, twin in zip(adapters(model), adapters(float_model), strict=True):
+        for suffix in ("_lora_a", "_lora_b"):
+            getattr(twin.module, twin.name + suffix).set_value(
+                ad.a if suffix == "_lora_a" else ad.b
+            )
+    want = np.asarray(float_model(_ids()))
+    np.testing.assert_allclose(model(_ids()), want, rtol=1e-5, atol=1e-5)
+    merged = merge_adapters(model)
+    assert all(x.dtype != jnp.int8 for x in jax.tree.leaves(nnx.state(merged)))
+    np.testing.assert_allclose(merged(_ids()), want, rtol=1e-4, atol=1e-5)
+
+
+def test_int8_base_trains_adapters_only():
+    graphdef, params, frozen, _ = split_trainable(
+        init_model(CFG, seed=1), LoraConfig(rank=4, quantize_base="int8"), seed=0, reference=False
+    )
+    assert any(x.dtype == jnp.int8 for x in jax.tree.leaves(frozen))
+    _, (state, m) = _step(graphdef, params, frozen, 0.1)
+    assert np.isfinite(float(m["actor/pg_loss"])) and float(m["actor/skipped"]) == 0
+    moved = [float(jnp.abs(x).max()) for x in jax.tree.leaves(split_adapters(state.params)[0])]
+    assert max(moved) > 0  # B left zero: the adapters trained on the int8 base
+
+
+def test_planner_counts_the_int8_base():
+    from jaxrl_llm.learner.plan import Workload, abstract_mesh, int8_base_saving, plan_memory
+    from jaxrl_llm.models.lora import state_bytes
+
+    lora = LoraConfig(rank=4, targets=("q_proj", "gate_proj", "o_proj"))
+    int8 = LoraConfig(rank=4, targets=lora.targets, quantize_base="int8")
+    frozen = {}
+    for cfg in (lora, int8):
+        _, _, frozen[cfg], _ = split_trainable(init_model(CFG, seed=1), cfg, seed=0,
+                                               reference=False)  # fmt: skip
+    saved = state_bytes(frozen[lora]) - state_bytes(frozen[int8])
+    assert saved > 0 and int8_base_saving(CFG, abstract_mesh(1, 1, 1), int8) == saved
+    plans = [plan_memory(CFG, (1, 1, 1), Workload(2, 16, lora=c)) for c in (lora, int8)]
+    assert plans[0].terms["params"] - plans[1].terms["params"] == saved
