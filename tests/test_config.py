@@ -17,7 +17,13 @@ from jaxrl_llm.data.sources import SourceConfig
 from jaxrl_llm.learner.rl_config import AlgoConfig, RLConfig
 
 # include-only file, SFT configs
-NOT_RL = {"base.gin", "sft_tiny.gin", "sft_tiny_stage2.gin", "torl_sft_tiny.gin"}
+NOT_RL = {
+    "base.gin",
+    "sft_tiny.gin",
+    "sft_tiny_stage2.gin",
+    "torl_sft_tiny.gin",
+    "search_sft_tiny.gin",
+}
 
 
 @pytest.mark.parametrize(

@@ -122,6 +122,7 @@ REPROS: dict[str, Repro] = {
             ),
         ),
         comparisons=(("search", "no_search"),),
+        prepare="jaxrl_llm.repro.search_stage:prepare_search",
     ),
 }
 

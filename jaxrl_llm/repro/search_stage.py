@@ -1,0 +1,73 @@
+"""The Search-R1 miniature's preparation: one SFT checkpoint that knows the search format.
+
+The shipped tiny model has never seen Search-R1's instruction or tags, so RL from it scores 0
+with or without the tool. Both arms therefore start from one checkpoint fine-tuned
+(``search_sft_tiny.gin``) on demonstrations built from the built-in retrieval task (seed 0's
+invented world): the Search-R1 prompt, then ``<search> SUBJECT </search>``, the block the
+BM25 tool returns for that query (``tools.search``, the same retriever and format RL uses),
+and ``<answer> ANSWER </answer>``. The arms then differ only in RL: with the tool the block
+comes from the retriever; without it nothing answers the search and the model must answer
+alone, which it cannot (the facts are invented). Deviation: SFT trains on the retrieved block
+too (the SFT loader masks only ```output spans); at RL time it is inserted by the tool and
+masked.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from jaxrl_llm.data.tasks import arithmetic, retrieval
+from jaxrl_llm.data.templates import search_r1_prompt
+from jaxrl_llm.repro.specs import Prepared, PrepOptions
+from jaxrl_llm.repro.torl_stage import sft_run
+from jaxrl_llm.tools.search import SEARCH_END, SEARCH_START, make_search_tool
+
+SFT_GIN = "search_sft_tiny.gin"
+N_TRAIN = 1000
+
+
+def demonstrations(task_dir: Path, n_train: int) -> list[dict[str, str]]:
+    """Prompt/response rows: search the question's subject, read the block, answer."""
+    paths = retrieval.write_task(task_dir, n_train=n_train, n_val=0, seed=0)
+    tool = make_search_tool(paths["corpus"])
+    titles = {}
+    for line in paths["corpus"].read_text().splitlines():
+        doc = json.loads(line)
+        titles[doc["id"]] = doc["contents"].split("\n")[0]
+    rows = []
+    for line in paths["train"].read_text().splitlines():
+        q = json.loads(line)
+        call = f"{SEARCH_START} {titles[q['doc_id']]} {SEARCH_END}"
+        block = tool.observe(call)
+        if block is None:
+            raise RuntimeError(f"the search tool ignored {call!r}")
+        rows.append(
+            {
+                "prompt": search_r1_prompt(q["question"]),
+                "response": f"{call}{block}<answer> {q['answer']} </answer>",
+            }
+        )
+    return rows
+
+
+def prepare_search(opts: PrepOptions) -> Prepared:
+    """Writes the demonstrations, fine-tunes one checkpoint, points both arms at it."""
+    data = arithmetic.write_jsonl(
+        demonstrations(opts.out_dir / "search_task", N_TRAIN), opts.out_dir / "search_sft.jsonl"
+    )
+    out = opts.out_dir / "sft"
+    params = [f"SFTConfig.train_file = '{data}'", f"SFTConfig.out_dir = '{out}'"]
+    if opts.prep_steps is not None:
+        params.append(f"SFTConfig.steps = {opts.prep_steps}")
+    t0 = time.perf_counter()
+    last = sft_run([SFT_GIN], params)
+    checkpoint = (f"PolicyConfig.checkpoint = '{out / 'hf'}'",)
+    return Prepared(
+        arm_params={"search": checkpoint, "no_search": checkpoint},
+        notes={
+            "sft_val_loss": round(float(last.get("val/loss", float("nan"))), 4),
+            "sft_s": round(time.perf_counter() - t0, 1),
+        },
+    )
