@@ -190,7 +190,8 @@ def test_planner_counts_the_adapters_apply_lora_makes():
     ids=["tiny-mb4", "tiny-mb8", "small", "small-fsdp2-tensor2", "small-data2-fsdp2"],
 )  # fmt: skip
 def test_lora_plan_within_20_percent_of_xla(mesh_shape, micro_batch, seq_len, micro_batches, rank):
-    from jaxrl_llm.learner.plan import Workload, model_config, plan_memory, xla_step_bytes
+    from jaxrl_llm.learner.plan import Workload, model_config, plan_memory
+    from jaxrl_llm.learner.plan_check import xla_step_bytes
     from jaxrl_llm.models import ModelConfig
 
     small = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,

@@ -14,8 +14,8 @@ from jaxrl_llm.learner.plan import (
     param_bytes,
     plan_memory,
     shard_numel,
-    xla_step_bytes,
 )
+from jaxrl_llm.learner.plan_check import xla_step_bytes
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sharding import build_mesh
 from jaxrl_llm.sharding.rules import TRAIN_RULES
