@@ -160,8 +160,9 @@ class Decoder(nnx.Module):
         with depth. The parameters stay one module per layer (the layout HF I/O, sharding,
         checkpoints and the decode engine read in place); the stack is built inside the
         forward: one extra read and write of the layer weights per forward (and the same for
-        their gradients), small beside the matmuls over B x T tokens it feeds. With `remat`
-        each layer is recomputed in the backward pass, as in the unrolled path.
+        their gradients). With `remat` each layer is recomputed in the backward pass, as in
+        the unrolled path. On XLA:CPU this is slower to compile and to run than the unrolled
+        layers (measured in docs/performance.md), hence off by default.
         """
         graphdef, first = nnx.split(self.layers[0])
         states = [first, *(nnx.split(layer)[1] for layer in self.layers[1:])]
