@@ -39,7 +39,7 @@ class TrainBatch(Generic[Leaf]):
     """Everything an update step reads. All arrays [B, T] unless noted."""
 
     input_ids: Leaf  # int32: prompt + response + padding
-    loss_mask: Leaf  # float32: 1 on model-written response tokens that are trained
+    loss_mask: Leaf  # float32: 1 on trained tokens: model-written (+ tool output if unmasked)
     old_logprobs: Leaf  # float32: trainer's logprobs before the update
     ref_logprobs: Leaf  # float32: frozen reference model (zeros when unused)
     advantages: Leaf  # float32

@@ -34,13 +34,15 @@ LOGIT_CHUNK_MAX = 64
 def pack_sequences(completions: Sequence[Any], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
     """Prompt + response rows, right-padded to `seq_len` (static for the whole run).
 
-    Returns input_ids [B,T], response_mask [B,T] (1 = model token), rollout_logprobs [B,T],
+    Returns input_ids [B,T], response_mask [B,T] (1 = model token), tool_mask [B,T] (1 =
+    token inserted by a tool), rollout_logprobs [B,T] (0 on tool tokens: never sampled),
     response_length [B] (all response tokens, inserted ones included), length [B] (prompt
     + response tokens), truncated [B].
     """
     B = len(completions)
     ids = np.full((B, seq_len), pad_id, np.int32)
     mask = np.zeros((B, seq_len), np.float32)
+    tool = np.zeros((B, seq_len), np.float32)
     logp = np.zeros((B, seq_len), np.float32)
     lengths = np.zeros(B, np.int32)
     totals = np.zeros(B, np.int32)
@@ -54,6 +56,7 @@ def pack_sequences(completions: Sequence[Any], seq_len: int, pad_id: int) -> dic
         ids[b, : len(p)] = p
         ids[b, len(p) : len(p) + len(r)] = r
         mask[b, len(p) : len(p) + len(r)] = c.response_mask
+        tool[b, len(p) : len(p) + len(r)] = 1 - np.asarray(c.response_mask)
         logp[b, len(p) : len(p) + len(r)] = c.logprobs
         lengths[b] = len(r)
         totals[b] = len(p) + len(r)
@@ -61,6 +64,7 @@ def pack_sequences(completions: Sequence[Any], seq_len: int, pad_id: int) -> dic
     return {
         "input_ids": ids,
         "response_mask": mask,
+        "tool_mask": tool,
         "rollout_logprobs": logp,
         "response_length": lengths,
         "length": totals,
@@ -158,11 +162,20 @@ def make_experience_fn(
     All arrays [B, T] unless noted, in and out on the mesh. Per micro-batch (`lax.map`) one
     body runs the policy (old logprobs; skipped with `old_logprobs=False`, the on-policy
     shortcut, leaving zeros), the reference and the critic, each only where the run has it;
-    logprobs are computed on `response_mask` positions. Missing parts of the batch are zeros.
-    `packing` ([B / mb, ...], `learner.packing`): the forwards run on packed rows.
+    logprobs are computed on the positions of `response_mask` (model tokens) or `loss_mask`
+    (trained tokens: tool output too with `mask_tool_output=False`). Missing parts of the
+    batch are zeros. A trained tool token was not sampled, so it has no rollout logprob: the
+    batch's `rollout_logprobs` there are the old ones (a TIS weight of 1), and the rollout
+    mismatch metric reads model tokens only. `packing` ([B / mb, ...], `learner.packing`):
+    the forwards run on packed rows.
     """
     if not old_logprobs and algo.kl_in_reward_coef > 0:
         raise ValueError("a KL penalty in the reward needs the old logprobs (old_logprobs=True)")
+    if not old_logprobs and not algo.mask_tool_output:
+        raise ValueError(
+            "training on tool output (mask_tool_output=False) needs the old logprobs "
+            "(old_logprobs=True): they stand in for the tool tokens' missing rollout logprobs"
+        )
     advantages = advantage_fn(algo, group_size)
 
     def forwards(params, ref_params, critic_params, ids, mask, packing):
@@ -184,13 +197,15 @@ def make_experience_fn(
         mb = min(micro_batch, B)
         split = lambda x: x.reshape(B // mb, mb, T)
         one = lambda x: forwards(params, ref_params, critic_params, *x)
-        outs = jax.lax.map(one, (split(input_ids), split(response_mask), packing))
+        logprob_mask = jnp.maximum(response_mask, loss_mask)
+        outs = jax.lax.map(one, (split(input_ids), split(logprob_mask), packing))
         zeros = jnp.zeros((B, T), jnp.float32)
         old, ref, values = (zeros if x is None else x.reshape(B, T) for x in outs)
         adv, returns, token_rewards = advantages(
             scores, loss_mask, old, ref, None if outs[2] is None else values
         )
-        batch = TrainBatch(input_ids, loss_mask, old, ref, adv, returns, values, rollout_logprobs)
+        behaviour = jnp.where((loss_mask > 0) & (response_mask == 0), old, rollout_logprobs)
+        batch = TrainBatch(input_ids, loss_mask, old, ref, adv, returns, values, behaviour)
         metrics = experience_metrics(batch, token_rewards, has_values=outs[2] is not None)
         if old_logprobs:
             metrics.update(logprob_diff_metrics(old, rollout_logprobs, response_mask))

@@ -97,6 +97,10 @@ class AlgoConfig:
     max_sampling_tries: int = 3
     tis_cap: float | None = None  # truncated importance sampling vs rollout logprobs
     overlong_filter: bool = False  # truncated responses excluded from the loss
+    # Tool output (retrieved passages, interpreter output) inserted into a response is not
+    # the policy's action, so it is masked from the loss (Search-R1, ToRL); False trains on
+    # it too: Search-R1's retrieved-token masking ablation (docs/tools.md).
+    mask_tool_output: bool = True
 
 
 @gin.configurable
@@ -174,6 +178,11 @@ class RLConfig:
             raise ValueError("rollout.tool='search' needs rollout.search_corpus (a jsonl corpus)")
         if a.estimator in ("grpo", "rloo") and self.rollout.n < 2:
             raise ValueError(f"{a.estimator} needs rollout.n >= 2 samples per prompt")
+        if not a.mask_tool_output and self.rollout.tool == "none":
+            log.warning(
+                "AlgoConfig.mask_tool_output = False has no effect with RolloutConfig.tool = "
+                "'none': no tool output is ever inserted into a response"
+            )
         if a.policy_loss == "gspo" and max(a.clip_low, a.clip_high) > 0.01:
             log.warning(
                 "GSPO clips a sequence ratio at (1 - %g, 1 + %g): the paper uses 3e-4 / 4e-4 "

@@ -198,6 +198,8 @@ def _make_experience(
     B = len(samples.completions)
     packing = _packing(cfg, mesh, packed["length"], min(cfg.algo.micro_batch_size, B))
     loss_mask = packed["response_mask"]
+    if not cfg.algo.mask_tool_output:  # the ablation: tool output trained too
+        loss_mask = loss_mask + packed["tool_mask"]
     if cfg.algo.overlong_filter:
         loss_mask = loss_mask * (~packed["truncated"])[:, None]
     rows = lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape))

@@ -31,8 +31,10 @@ from jaxrl_llm.types import Leaf, TrainBatch
 def exactly_on_policy(algo) -> bool:
     """One epoch of one mini-batch and no KL in the reward: the policy step's own logprobs
     (under stop_gradient) are the old logprobs, so the ratio is 1 and the experience pass
-    can skip the old-logprob forward. A KL in the reward needs them before the update."""
-    return algo.ppo_epochs == 1 and algo.mini_batches == 1 and algo.kl_in_reward_coef == 0
+    can skip the old-logprob forward. A KL in the reward needs them before the update, and
+    so does trained tool output (`mask_tool_output=False`: they fill its rollout logprobs)."""
+    once = algo.ppo_epochs == 1 and algo.mini_batches == 1
+    return once and algo.kl_in_reward_coef == 0 and algo.mask_tool_output
 
 
 def _policy_loss_fn(algo):

@@ -107,3 +107,40 @@ def test_kl_in_the_reward_needs_the_old_logprobs(models):
     with pytest.raises(ValueError, match="old logprobs"):
         make_experience_fn(graphdef, None, ALGO, temperature=TEMP, group_size=G, micro_batch=4,
                            old_logprobs=False)  # fmt: skip
+
+
+def test_trained_tool_output_gets_logprobs_and_no_rollout_mismatch(models):
+    """`mask_tool_output=False`: the loss mask covers the tool tokens too, so the pass gives
+    them old logprobs (as on model tokens) and takes those as their rollout logprobs (none
+    was sampled: a TIS weight of 1); the mismatch metric reads model tokens only."""
+    policy = models[0]
+    graphdef, params = nnx.split(policy)
+    ids, response, _, scores, rollout = _rows(2)
+    span = np.zeros((B, T), np.float32)  # every response token, the inserted one included
+    for b, row in enumerate(np.asarray(response)):
+        on = np.flatnonzero(row)
+        span[b, on[0] : on[-1] + 1] = 1
+    tool = span - np.asarray(response)
+    assert tool.sum() == 1  # `_rows` inserts one tool token inside a response
+    algo = AlgoConfig(mask_tool_output=False)
+    fn = make_experience_fn(graphdef, None, algo, temperature=TEMP, group_size=G, micro_batch=B)
+    batch, _, metrics = fn(params, None, None, ids, response, jnp.asarray(span), scores, rollout)
+
+    old = np.asarray(_full_logprobs(policy, ids))
+    close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    close(batch.old_logprobs, old * span)
+    assert np.all(np.asarray(batch.old_logprobs)[tool > 0] < 0)  # computed there, not left 0
+    np.testing.assert_array_equal(batch.loss_mask, span)
+    close(batch.rollout_logprobs, np.where(tool > 0, old, np.asarray(rollout)))
+    adv, _, _ = advantage_fn(algo, G)(scores, jnp.asarray(span), jnp.asarray(old), None, None)
+    close(batch.advantages, adv)
+    diff = np.abs(old - np.asarray(rollout))[np.asarray(response) > 0]
+    close(float(metrics["rollout/logprob_diff/mean"]), diff.mean())
+    close(float(metrics["rollout/logprob_diff/max"]), diff.max())
+
+
+def test_trained_tool_output_needs_the_old_logprobs(models):
+    graphdef = nnx.split(models[0])[0]
+    with pytest.raises(ValueError, match="mask_tool_output=False"):
+        make_experience_fn(graphdef, None, AlgoConfig(mask_tool_output=False), temperature=TEMP,
+                           group_size=G, micro_batch=4, old_logprobs=False)  # fmt: skip

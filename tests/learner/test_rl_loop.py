@@ -255,10 +255,13 @@ def test_export_writes_the_checkpointed_policy(tmp_path):
     assert any(changed)  # training moved the weights
 
 
-def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch):
+@pytest.mark.parametrize("masked", [True, False], ids=["masked", "unmasked"])
+def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch, masked):
     """A scripted policy (`ScriptedEngine`: it searches, then answers) through the real loop,
     search tool and update: every sample makes one search, and the retrieved passages are in
-    the trained rows but masked from the loss, while every model-written token is trained."""
+    the trained rows but masked from the loss (the default), while every model-written token
+    is trained. With `mask_tool_output = False` (the ablation) the passages are trained too,
+    with old logprobs of their own, and the rollout mismatch still reads model tokens only."""
     import jaxrl_llm.rollout as rollout_pkg
     from jaxrl_llm.learner import rl_loop
 
@@ -290,6 +293,7 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch):
         "RolloutConfig.search_k = 1",
         "RolloutConfig.max_new_tokens = 384",
         "RewardConfig.name = 'exact_match'",
+        f"AlgoConfig.mask_tool_output = {masked}",
     )
     records = run_rl(cfg)
     assert (tmp_path / "s" / "data" / "corpus.jsonl").is_file()
@@ -299,16 +303,25 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch):
     ((exp, _, _),) = seen  # (experience, its device metrics, padding share)
     assert exp.rollout.policy_version == 1 and exp.rollout.group_size == cfg.rollout.n
     assert [c.tool_calls for c in exp.rollout.completions] == [1] * len(exp.rollout.completions)
-    batch = exp.batch
-    for ids, loss_mask in zip(np.asarray(batch.input_ids), np.asarray(batch.loss_mask)):
-        trained = tok.decode(ids[loss_mask > 0])
-        assert trained == "".join(turns), trained
-        start = np.flatnonzero(loss_mask)[0]  # first response token
-        end = np.flatnonzero(loss_mask)[-1] + 1
-        masked = tok.decode(ids[start:end][loss_mask[start:end] == 0])
-        assert masked.startswith("\n\n<information>Doc 1(Title: ") and masked.endswith(
+    batch, model_masks = exp.batch, exp.model_mask
+    rows = zip(np.asarray(batch.input_ids), np.asarray(batch.loss_mask), model_masks, strict=True)
+    for ids, loss_mask, model_mask in rows:
+        if masked:
+            np.testing.assert_array_equal(loss_mask, model_mask)
+        start = np.flatnonzero(model_mask)[0]  # first response token
+        end = np.flatnonzero(model_mask)[-1] + 1
+        assert tok.decode(ids[model_mask > 0]) == "".join(turns)
+        passages = tok.decode(ids[start:end][model_mask[start:end] == 0])
+        assert passages.startswith("\n\n<information>Doc 1(Title: ") and passages.endswith(
             "</information>\n\n"
-        ), masked
+        ), passages
+        trained = tok.decode(ids[loss_mask > 0])
+        assert trained == ("".join(turns) if masked else tok.decode(ids[start:end])), trained
+    tool_tokens = (np.asarray(batch.loss_mask) > 0) & (model_masks == 0)
+    assert tool_tokens.any() != masked
+    old = np.asarray(batch.old_logprobs)
+    assert np.all(old[tool_tokens] < 0)  # the trainer's own logprobs on the passages
+    np.testing.assert_array_equal(np.asarray(batch.rollout_logprobs)[tool_tokens], old[tool_tokens])
 
 
 def test_grpo_learns_the_builtin_task_with_a_margin(tmp_path):

@@ -154,6 +154,15 @@ def test_policy_step_equals_the_full_logits_loss(monkeypatch, entropy_coef):
     _assert_same_update(got, want)
 
 
+def test_on_policy_shortcut_is_off_where_the_old_logprobs_are_needed():
+    """The experience pass's old logprobs are needed by a KL in the reward and by trained
+    tool output (they fill its missing rollout logprobs), so neither takes the shortcut."""
+    assert steps.exactly_on_policy(AlgoConfig(mini_batches=1))
+    assert not steps.exactly_on_policy(AlgoConfig(mini_batches=1, kl_in_reward_coef=0.1))
+    assert not steps.exactly_on_policy(AlgoConfig(mini_batches=1, mask_tool_output=False))
+    assert not steps.exactly_on_policy(AlgoConfig(mini_batches=2))
+
+
 @pytest.mark.parametrize("policy_loss", ["ppo", "gspo"])
 def test_on_policy_shortcut_equals_the_full_path(policy_loss):
     """One epoch of one mini-batch: the step's own logprobs (stop_gradient) as the old ones
