@@ -25,6 +25,7 @@ from jaxrl_llm.repro.torl_stage import sft_run
 from jaxrl_llm.tools.search import SEARCH_END, SEARCH_START, make_search_tool
 
 SFT_GIN = "search_sft_tiny.gin"
+ARMS = ("search", "no_search", "search_unmasked")  # all start from the one SFT checkpoint
 N_TRAIN = 1000
 
 
@@ -65,7 +66,7 @@ def prepare_search(opts: PrepOptions) -> Prepared:
     last = sft_run([SFT_GIN], params)
     checkpoint = (f"PolicyConfig.checkpoint = '{out / 'hf'}'",)
     return Prepared(
-        arm_params={"search": checkpoint, "no_search": checkpoint},
+        arm_params={arm: checkpoint for arm in ARMS},
         notes={
             "sft_val_loss": round(float(last.get("val/loss", float("nan"))), 4),
             "sft_s": round(time.perf_counter() - t0, 1),

@@ -110,7 +110,8 @@ REPROS: dict[str, Repro] = {
         name="search-r1",
         claim=(
             "Search-R1 (Jin et al. 2025, arXiv:2503.09516): RL with a search engine in the loop "
-            "beats RL without retrieval on questions that need facts the model lacks."
+            "beats RL without retrieval on questions that need facts the model lacks, and "
+            "masking the retrieved tokens from the loss trains better than training on them."
         ),
         arms=(
             Arm("search", ("search_r1_tiny.gin",), "GRPO with the BM25 search tool"),
@@ -120,8 +121,14 @@ REPROS: dict[str, Repro] = {
                 "the same GRPO, search tags never answered",
                 ("RolloutConfig.tool = 'none'",),
             ),
+            Arm(
+                "search_unmasked",
+                ("search_r1_tiny.gin",),
+                "GRPO with the search tool, the retrieved passages trained on too",
+                ("AlgoConfig.mask_tool_output = False",),
+            ),
         ),
-        comparisons=(("search", "no_search"),),
+        comparisons=(("search", "no_search"), ("search", "search_unmasked")),
         prepare="jaxrl_llm.repro.search_stage:prepare_search",
     ),
 }

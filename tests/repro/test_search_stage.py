@@ -1,5 +1,5 @@
 """Search-R1's preparation: demonstrations from the retrieval task and its real BM25 tool,
-one SFT checkpoint for both arms (SFT replaced by a stand-in: no training)."""
+one SFT checkpoint for every arm (SFT replaced by a stand-in: no training)."""
 
 import json
 
@@ -22,7 +22,7 @@ def test_demonstrations_search_the_subject_and_copy_the_answer(tmp_path):
         assert row["response"].endswith(f"</information>\n\n<answer> {q['answer']} </answer>")
 
 
-def test_both_arms_start_from_one_checkpoint(tmp_path, monkeypatch):
+def test_every_arm_starts_from_one_checkpoint(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(search_stage, "N_TRAIN", 6)
     monkeypatch.setattr(
@@ -32,7 +32,9 @@ def test_both_arms_start_from_one_checkpoint(tmp_path, monkeypatch):
     (params,) = calls
     assert params[2] == "SFTConfig.steps = 2"
     checkpoint = f"PolicyConfig.checkpoint = '{tmp_path / 'sft' / 'hf'}'"
-    assert prepared.params("search", 0) == prepared.params("no_search", 0) == (checkpoint,)
+    arms = [arm.name for arm in get_repro("search-r1").arms]
+    assert arms == ["search", "no_search", "search_unmasked"]
+    assert [prepared.params(arm, 0) for arm in arms] == [(checkpoint,)] * 3
     assert prepared.notes["sft_val_loss"] == 0.25
     assert len((tmp_path / "search_sft.jsonl").read_text().splitlines()) == 6
     assert get_repro("search-r1").prepare_fn() is search_stage.prepare_search
