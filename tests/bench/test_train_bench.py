@@ -17,7 +17,7 @@ from jaxrl_llm.models import CausalLM, ModelConfig
 def test_bench_train_json(capsys):
     B, T = 2, 16
     argv = ["bench", "train", "--checkpoint", "builtin", "--batch", str(B), "--seq-len",
-            str(T), "--repeats", "1"]  # fmt: skip
+            str(T), "--repeats", "1", "--profile"]  # fmt: skip
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["suite"], out["batch"], out["seq_len"]) == ("train", B, T)
@@ -27,10 +27,19 @@ def test_bench_train_json(capsys):
     assert torch_run["tokens_per_s"] == pytest.approx(B * (T - 1) / torch_run["step_s"])
     assert ours["model_flops_per_s"] == pytest.approx(ours["model_flops_per_step"] / ours["step_s"])
     assert out["mfu"] == pytest.approx(ours["model_flops_per_s"] / ceil["matmul_flops"])
-    assert out["speedup_vs_torch"] == pytest.approx(
+    assert torch_run["tokens_per_s_with_adamw"] == pytest.approx(
+        B * (T - 1) / torch_run["step_with_adamw_s"]
+    )
+    assert out["speedup_vs_torch"] == pytest.approx(  # same work: with AdamW on both sides
+        ours["tokens_per_s"] / torch_run["tokens_per_s_with_adamw"]
+    )
+    assert out["speedup_vs_torch_fwd_bwd"] == pytest.approx(
         ours["tokens_per_s"] / torch_run["tokens_per_s"]
     )
     assert ceil["matmul_flops"] > 1e8
+    prof = ours["profile"]  # the step's own source lines carry most of its op time
+    assert prof["mapped_share"] > 0.8 and prof["by_kind"]["matmul"]["ms"] > 0
+    assert any(f["function"].startswith("jaxrl_llm/models/") for f in prof["by_function"])
     scanned = out["train_step_scanned"]
     assert scanned["scan_layers"] and not ours["scan_layers"] and scanned["loss_finite"]
     assert 0 < ours["compile_s"] <= ours["first_call_s"]
