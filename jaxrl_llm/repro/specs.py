@@ -114,16 +114,16 @@ REPROS: dict[str, Repro] = {
             "masking the retrieved tokens from the loss trains better than training on them."
         ),
         arms=(
-            Arm("search", ("search_r1_tiny.gin",), "GRPO with the BM25 search tool"),
+            Arm("search", ("search_r1_tiny_sft.gin",), "GRPO with the BM25 search tool"),
             Arm(
                 "no_search",
-                ("search_r1_tiny.gin",),
+                ("search_r1_tiny_sft.gin",),
                 "the same GRPO, search tags never answered",
                 ("RolloutConfig.tool = 'none'",),
             ),
             Arm(
                 "search_unmasked",
-                ("search_r1_tiny.gin",),
+                ("search_r1_tiny_sft.gin",),
                 "GRPO with the search tool, the retrieved passages trained on too",
                 ("AlgoConfig.mask_tool_output = False",),
             ),
