@@ -1,4 +1,4 @@
-"""`jaxrl-llm repro limr` end to end at toy size: every arm, one seed, two steps."""
+"""`jaxrl-llm repro limr | search-r1` end to end at toy size: every arm, one seed, two steps."""
 
 import json
 
@@ -40,3 +40,21 @@ def test_limr_smoke_runs_every_arm(tmp_path, capsys):
     assert (out / "lim_curves.png").is_file()
     assert "| lim - random | final |" in (out / "summary.md").read_text()
     assert '"out"' in capsys.readouterr().out
+
+
+@pytest.mark.slow  # measured: 88 s on 2 cores (a 2-step SFT stage and 3 arms x 2 RL steps)
+def test_search_r1_smoke_runs_every_arm(tmp_path):
+    out = tmp_path / "search"
+    code = cli.main(
+        ["repro", "search-r1", "--seeds", "1", "--steps", "2", "--prep-steps", "2",
+         "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    result = json.loads((out / "results.json").read_text())
+    assert sorted(result["arms"]) == ["no_search", "search", "search_unmasked"]
+    for arm in result["arms"].values():
+        (run,) = arm["runs"]
+        assert run["seed"] == 0 and run["val_steps"][-1] == 2 and len(run["train_scores"]) == 2
+    assert result["prepared"]["sft_val_loss"] > 0
+    assert len(result["comparisons"]) == 6  # 2 pairs x (final, mean, gain)
+    assert "| search - search_unmasked | final |" in (out / "summary.md").read_text()
