@@ -10,6 +10,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import gin
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from etils.epath import gpath
 from etils.epath import testing as epath_testing
 
 from jaxrl_llm.config import parse_gin, write_resolved_config
@@ -56,8 +58,18 @@ def fake_gcs(root: Path) -> Iterator[None]:
         name: one for name in ("exists", "isdir", "listdir", "makedirs", "mkdir", "open", "remove")
     }
     fake.update(rmtree=one, stat=one, rename=two, replace=two, copy=two, walk=walk, glob=glob)
-    with epath_testing.mock_epath(**fake):
-        yield
+    # As the CLI sets it: gs:// through epath's own (mocked) backend, not TensorFlow's GCS
+    # client. epath reads EPATH_USE_TF once per process (`_is_tf_installed` is cached on the
+    # first path operation, local ones included), so a test that ran earlier with TF
+    # installed and the variable unset left TF's backend chosen, which this mock never
+    # reaches: the cache is cleared on the way in and out.
+    with mock.patch.dict(os.environ, {"EPATH_USE_TF": "false"}):
+        gpath._is_tf_installed.cache_clear()
+        try:
+            with epath_testing.mock_epath(**fake):
+                yield
+        finally:
+            gpath._is_tf_installed.cache_clear()
 
 
 @pytest.fixture
@@ -69,7 +81,6 @@ def bucket(tmp_path, monkeypatch) -> Iterator[Path]:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    monkeypatch.setenv("EPATH_USE_TF", "false")  # as the CLI sets it: the mocked backend
     with fake_gcs(root):
         yield root
     assert not (cwd / "gs:").exists(), "a gs:// path was written as a local folder"

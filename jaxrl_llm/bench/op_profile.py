@@ -21,7 +21,6 @@ import gzip
 import json
 import re
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +50,7 @@ class OpProfile:
         }
 
 
-def profile_call(fn: Callable[..., Any], *args: Any, trace_dir: Path | None = None) -> OpProfile:
+def profile_call(fn: Any, *args: Any, trace_dir: Path | None = None) -> OpProfile:
     """Trace one call of the jitted `fn(*args)` (compiled first, so no compile is traced).
     Arguments `fn` donates are consumed, as by any call."""
     import jax
@@ -73,8 +72,8 @@ def summarise(hlo_text: str, trace_events: list[dict]) -> OpProfile:
     """Group the trace's op self times by the HLO metadata of `hlo_text` (see module doc)."""
     ops = _hlo_ops(hlo_text)
     self_us = _self_times([e for e in trace_events if e.get("ph") == "X"])
-    by_kind: collections.Counter[str] = collections.Counter()
-    by_fn: collections.Counter[tuple[str, str]] = collections.Counter()
+    by_kind: dict[str, float] = collections.defaultdict(float)
+    by_fn: dict[tuple[str, str], float] = collections.defaultdict(float)
     total = mapped = 0.0
     for name, us in self_us.items():
         if name not in ops:
@@ -89,16 +88,16 @@ def summarise(hlo_text: str, trace_events: list[dict]) -> OpProfile:
         total_ms=total,
         mapped_share=mapped / total if total else 0.0,
         by_kind=dict(by_kind),
-        by_function=[(k, f, ms) for (k, f), ms in by_fn.most_common()],
+        by_function=sorted(((k, f, ms) for (k, f), ms in by_fn.items()), key=lambda r: -r[2]),
     )
 
 
-def _self_times(events: list[dict]) -> collections.Counter[str]:
+def _self_times(events: list[dict]) -> dict[str, float]:
     """Per event name, the summed duration minus that of events nested inside it (same thread)."""
     by_thread: dict[Any, list[dict]] = collections.defaultdict(list)
     for e in events:
         by_thread[(e.get("pid"), e.get("tid"))].append(e)
-    out: collections.Counter[str] = collections.Counter()
+    out: dict[str, float] = collections.defaultdict(float)
     for evs in by_thread.values():
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))
         stack: list[list] = []  # [end, name, self]

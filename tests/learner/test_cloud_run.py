@@ -42,7 +42,6 @@ def bucket(tmp_path, monkeypatch) -> Iterator[Path]:
     root.mkdir()
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    monkeypatch.setenv("EPATH_USE_TF", "false")
     register_test_rewards()  # 'digit_fraction', named by TINY_RL_PARAMS
     to_orbax = checkpoint.checkpoint_directory
 
