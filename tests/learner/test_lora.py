@@ -83,16 +83,23 @@ def test_bad_lora_configs_name_the_field():
         apply_lora(init_model(CFG, seed=1), LoraConfig(targets=("qproj",)), seed=0)
 
 
+def _assert_laid_out_by_logical_axes(model, mesh, suffixes: tuple[str, ...]) -> None:
+    """Each targeted weight's variables named `name + suffix` are sharded as their logical
+    axes say under TRAIN_RULES on `mesh`."""
+    for ad in adapters(model):
+        for suffix in suffixes:
+            var = getattr(ad.module, ad.name + suffix)
+            want = logical_sharding(
+                var.get_metadata()["logical_axes"], TRAIN_RULES, mesh, var.shape
+            )
+            assert var.get_value().sharding.is_equivalent_to(want, var.ndim), (ad.path, suffix)
+
+
 def test_adapters_are_laid_out_like_their_weights():
     mesh = build_mesh(data=1, fsdp=2, tensor=4)
     model = init_model(CFG, seed=1, mesh=mesh)
     apply_lora(model, LoraConfig(rank=4), seed=0)
-    for ad in adapters(model):
-        for suffix in ("_lora_a", "_lora_b"):
-            var = getattr(ad.module, ad.name + suffix)
-            axes = var.get_metadata()["logical_axes"]
-            want = logical_sharding(axes, TRAIN_RULES, mesh, var.shape)
-            assert var.get_value().sharding.is_equivalent_to(want, var.ndim), (ad.path, suffix)
+    _assert_laid_out_by_logical_axes(model, mesh, ("_lora_a", "_lora_b"))
     q = next(ad for ad in adapters(model) if ad.path == "model/layers/0/self_attn/q_proj")
     a, b = (getattr(q.module, q.name + suffix) for suffix in ("_lora_a", "_lora_b"))
     assert a.get_metadata()["logical_axes"] == ("embed", None)
@@ -285,11 +292,6 @@ def test_int8_base_is_laid_out_like_the_float_weights():
     model = init_model(CFG, seed=1, mesh=mesh)
     want = np.asarray(model(_ids()))
     apply_lora(model, LoraConfig(rank=4, quantize_base="int8"), seed=0)
-    for ad in adapters(model):
-        for suffix in ("", "_qscale"):
-            var = getattr(ad.module, ad.name + suffix)
-            axes = var.get_metadata()["logical_axes"]
-            spec = logical_sharding(axes, TRAIN_RULES, mesh, var.shape)
-            assert var.get_value().sharding.is_equivalent_to(spec, var.ndim), (ad.path, suffix)
+    _assert_laid_out_by_logical_axes(model, mesh, ("", "_qscale"))
     # B = 0: the base up to int8 rounding (measured 1.6e-3 on logits of magnitude 0.5).
     np.testing.assert_allclose(model(_ids()), want, rtol=0, atol=5e-3)
