@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prep-steps",
         type=int,
         default=None,
-        help="cap on the preparation's own training (LIMR scoring epochs' steps, ToRL SFT steps)",
+        help="cap on the preparation's own training (LIMR scoring epochs' steps, SFT steps)",
     )
     parser.add_argument("--out", default=None, help="output folder (default runs/repro_<name>)")
     parser.add_argument(
