@@ -221,3 +221,16 @@ def test_a_placeholder_left_unset_is_named():
     parse_gin(["torl_grpo_qwen2.5_math_1.5b.gin"])
     with pytest.raises(ValueError, match=r"PolicyConfig.checkpoint = 'SET_CHECKPOINT_PATH'"):
         RLConfig().validate()
+
+
+def test_unmasked_tool_output_without_a_tool_warns(caplog):
+    parse_gin(["torl_tiny_notool.gin"], ["AlgoConfig.mask_tool_output = False"])
+    RLConfig().validate()
+    assert "mask_tool_output = False has no effect" in caplog.text
+    caplog.clear()
+    parse_gin(["search_r1_tiny.gin"], ["AlgoConfig.mask_tool_output = False"])
+    RLConfig().validate()
+    assert "mask_tool_output" not in caplog.text
+    with pytest.raises(ConfigError, match="mask_tool_output"):
+        parse_gin([], ["AlgoConfig.mask_tool_output = 'no'"])
+        AlgoConfig()
