@@ -113,7 +113,7 @@ def test_report_only_redraws_from_results(tmp_path, capsys):
     curves = [
         RunCurve(arm, s, (0, 5), (0.1, 0.1 * (s + 1) + (0.2 if arm == "search" else 0)), (), 1, "r")
         for s in range(3)
-        for arm in ("search", "no_search")
+        for arm in ("search", "no_search", "search_unmasked")
     ]
     result = summarise(repro, curves, Prepared(), steps=5)
     (tmp_path / "results.json").write_text(json.dumps(result))
