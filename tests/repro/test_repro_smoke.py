@@ -2,11 +2,20 @@
 
 import json
 
+import gin
 import pytest
 
 from jaxrl_llm import cli
 from jaxrl_llm.data.tasks import mixed_value
 from jaxrl_llm.repro.limr_stage import COUNTS
+
+
+@pytest.fixture(autouse=True)
+def _no_bindings_left():
+    """A reproduction parses its arms' gin files in this process; their bindings (e.g.
+    search_r1_tiny.gin's `RewardConfig.name`) must not reach later tests' configs."""
+    yield
+    gin.clear_config()
 
 
 def test_unknown_reproduction_is_refused(capsys):

@@ -21,7 +21,9 @@ ROW = {"id": "q1", "prompt": "A side is 3 cm; the perimeter of the square?", "an
 @pytest.fixture
 def on_path(monkeypatch):
     """The example module importable as `example_reward`, as `PYTHONPATH=.` does for a user;
-    spawned reward workers inherit the path."""
+    spawned reward workers inherit the path. The tests build `RewardConfig`s directly, so no
+    binding an earlier test parsed may fill their unset fields."""
+    gin.clear_config()
     monkeypatch.syspath_prepend(str(HERE))
 
 
