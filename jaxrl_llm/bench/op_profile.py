@@ -29,8 +29,8 @@ SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
 @dataclasses.dataclass(frozen=True)
 class OpProfile:
-    """Self time of the traced call's ops, grouped. `mapped_share`: the part of op time whose
-    op was found in the compiled HLO (the rest: runtime events without an HLO op)."""
+    """Self time of the traced call's HLO ops, grouped (runtime events that are no HLO op are
+    left out). `mapped_share`: the part of that time whose op carries a source line."""
 
     total_ms: float
     mapped_share: float
@@ -50,14 +50,14 @@ class OpProfile:
         }
 
 
-def profile_call(fn: Any, *args: Any, trace_dir: Path | None = None) -> OpProfile:
+def profile_call(fn: Any, *args: Any) -> OpProfile:
     """Trace one call of the jitted `fn(*args)` (compiled first, so no compile is traced).
     Arguments `fn` donates are consumed, as by any call."""
     import jax
 
     hlo = fn.lower(*args).compile().as_text()
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(trace_dir or tmp)
+        out = Path(tmp)
         with jax.profiler.trace(str(out)):
             jax.block_until_ready(fn(*args))
         traces = sorted(out.glob("plugins/profile/*/*.trace.json.gz"))
