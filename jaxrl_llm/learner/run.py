@@ -41,6 +41,7 @@ from jaxrl_llm.learner.steps import (
 )
 from jaxrl_llm.metrics.generations import GenerationLog
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer
+from jaxrl_llm.models.lora import int8_weights
 from jaxrl_llm.rewards.config import build_reward_pool
 from jaxrl_llm.rollout.stage import RolloutStage
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
@@ -90,7 +91,12 @@ def build_learner(cfg: RLConfig) -> Learner:
         mesh=mesh,
         rules=TRAIN_RULES,
     )
-    policy = load(src, remat=cfg.policy.remat, scan_layers=cfg.policy.scan_layers)
+    policy = load(
+        src,
+        remat=cfg.policy.remat,
+        scan_layers=cfg.policy.scan_layers,
+        quantize=int8_weights(cfg.policy.lora),  # an int8 LoRA base: quantised as read
+    )
     graphdef, params, frozen, ref_params = lora_lib.split_trainable(
         policy, cfg.policy.lora, seed=cfg.seed, reference=cfg.needs_reference
     )

@@ -31,6 +31,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from jaxrl_llm.models.config import ModelConfig, UnsupportedModelError, as_dtype, merge_token_ids
+from jaxrl_llm.models.quant import quantize_variable
 from jaxrl_llm.models.stop_tokens import GENERATION_CONFIG, StopTokenError, read_stop_token_ids
 from jaxrl_llm.models.transformer import CausalLM, ValueModel
 from jaxrl_llm.sharding.hosts import to_host
@@ -164,6 +165,7 @@ def from_pretrained(
     cls: type[CausalLM] | type[ValueModel] = CausalLM,
     remat: bool = False,
     scan_layers: bool = False,
+    quantize: Callable[[str], int | None] | None = None,
 ) -> CausalLM | ValueModel:
     """Load a Qwen2/Qwen3/Llama safetensors checkpoint into a `CausalLM` (or `ValueModel`).
 
@@ -172,6 +174,9 @@ def from_pretrained(
     The config's `stop_token_ids` come from `generation_config.json` and the chat template.
     With `mesh`, parameters are placed in their `rules` sharding as they are read.
     A `ValueModel` loaded from a policy checkpoint gets a zero-initialised score head.
+    `quantize` (`lora.int8_weights(LoraConfig)`): each weight whose '/'-joined path it maps
+    to input dims is stored as int8 (`quant.quantize_variable`) as soon as it is read, with
+    its scales as `<name>_qscale`, so the float weights are never all resident.
     """
     path = Path(path)
     param_dtype = param_dtype or dtype
@@ -190,6 +195,7 @@ def from_pretrained(
     graphdef, state = nnx.split(abstract)
     target = as_dtype(param_dtype)
     used: set[str] = set()
+    scales: dict[tuple, nnx.Param] = {}
     for var_path, var in nnx.to_flat_state(state):
         hf_name, to_ours, _ = _entry(var_path, cfg)
         if hf_name not in files:
@@ -212,12 +218,19 @@ def from_pretrained(
                 )
             value = to_ours(raw).astype(target)
         var.set_value(_place(value, var.get_metadata().get("logical_axes"), mesh, rules))
+        in_dims = None if quantize is None else quantize("/".join(map(str, var_path)))
+        if in_dims is not None:
+            scales[var_path] = quantize_variable(var, in_dims)
     unused = sorted(n for n in files if n not in used and not _IGNORED.match(n))
     if cls is ValueModel:
         unused = [n for n in unused if n != "lm_head.weight"]
     if unused:
         log.warning("%s: %d tensors not used, e.g. %s", path, len(unused), unused[:5])
-    return nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, state)
+    modules = dict(nnx.iter_modules(model))
+    for var_path, scale in scales.items():
+        setattr(modules[var_path[:-1]], f"{var_path[-1]}_qscale", scale)
+    return model
 
 
 def extra_stop_ids(path: Path, eos_token_id) -> tuple[int, ...]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import gin
@@ -35,10 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.core import Tracer
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_llm.config_checks import Ge, Gt, checked_fields
-from jaxrl_llm.models.quant import dequantize, quantize_int8
+from jaxrl_llm.models.quant import dequantize, quantize_variable
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import (
     TRAIN_RULES,
@@ -116,7 +116,9 @@ def apply_lora(model: nnx.Module, cfg: LoraConfig, *, seed: int, rules: Rules = 
     for module, name, _ in chosen:
         rng, key = jax.random.split(rng)
         base = getattr(module, name)
-        a, b = _new_adapter(base, name, cfg.rank, key, rules)
+        qscale = getattr(module, name + "_qscale", None)  # quantised as it was loaded
+        dtype = (base if qscale is None else qscale).get_value().dtype  # the float dtype
+        a, b = _new_adapter(base, name, cfg.rank, key, rules, dtype)
         setattr(module, name + "_lora_a", a)
         setattr(module, name + "_lora_b", b)
         module.lora_scale = cfg.scale
@@ -127,22 +129,25 @@ def apply_lora(model: nnx.Module, cfg: LoraConfig, *, seed: int, rules: Rules = 
 
 def _quantize_weight(module: nnx.Module, name: str, base: nnx.Param) -> None:
     """Store weight `name` as int8 + per-output-channel scale (`<name>_qscale`), each laid
-    out by its logical axes (the int8 weight where the float one was)."""
-    w = base.get_value()
-    axes = tuple(base.get_metadata()["logical_axes"])
-    q, scale = jax.jit(quantize_int8, static_argnums=1)(w, _IN_DIMS[name])
-    sharding = getattr(w, "sharding", None)
-    if isinstance(sharding, NamedSharding) and not isinstance(q, Tracer):
-        q = jax.device_put(q, sharding)
-        out_spec = NamedSharding(sharding.mesh, _out_spec(sharding, _IN_DIMS[name], w.ndim))
-        scale = jax.device_put(scale, out_spec)
-    base.set_value(q)
-    setattr(module, name + "_qscale", nnx.Param(scale, logical_axes=axes[_IN_DIMS[name] :]))
+    out by its logical axes (the int8 weight where the float one was). A weight that
+    `from_pretrained(quantize=int8_weights(cfg))` already quantised is left as it is."""
+    if getattr(module, name + "_qscale", None) is None:
+        setattr(module, name + "_qscale", quantize_variable(base, _IN_DIMS[name]))
 
 
-def _out_spec(sharding: NamedSharding, in_dims: int, ndim: int) -> PartitionSpec:
-    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
-    return PartitionSpec(*spec[in_dims:])
+def int8_weights(cfg: LoraConfig | None) -> Callable[[str], int | None] | None:
+    """For `hf_io.from_pretrained(quantize=...)`: of a '/'-joined weight path, its input
+    dims when `apply_lora(cfg)` would store it as int8, else None; None without an int8
+    base. Quantising as the checkpoint is read keeps the float weights from ever being
+    resident together (a 7B bf16 base is 15.2 GB, its int8 form 9.0 GB)."""
+    if cfg is None or cfg.quantize_base != "int8":
+        return None
+
+    def select(path: str) -> int | None:
+        name = _adapted_name(cfg, path)
+        return None if name is None else _IN_DIMS[name]
+
+    return select
 
 
 def _check_same_in_every_layer(model: nnx.Module, cfg: LoraConfig, paths: list[str]) -> None:
@@ -174,19 +179,19 @@ def adapter_specs(name: str, shape: tuple[int, ...], axes: tuple, rank: int) -> 
 def adapted_weights(cfg: LoraConfig, paths: Any) -> list[str]:
     """Of '/'-joined parameter paths, those `cfg.targets` gives an adapter (`apply_lora`'s
     choice, for the planner's shapes-only model)."""
-    out = []
-    for path in paths:
-        name = path.rsplit("/", 1)[-1]
-        if name in _IN_DIMS and _matches(cfg, path, name):
-            out.append(path)
-    return out
+    return [path for path in paths if _adapted_name(cfg, path) is not None]
 
 
-def _new_adapter(base: nnx.Param, name: str, rank: int, key, rules: Rules):
+def _adapted_name(cfg: LoraConfig, path: str) -> str | None:
+    """The projection name of a '/'-joined weight path that `cfg.targets` adapts, or None."""
+    name = path.rsplit("/", 1)[-1]
+    return name if name in _IN_DIMS and _matches(cfg, path, name) else None
+
+
+def _new_adapter(base: nnx.Param, name: str, rank: int, key, rules: Rules, dtype):
     shape, axes = base.shape, tuple(base.get_metadata()["logical_axes"])
     (a_shape, a_axes), (b_shape, b_axes) = adapter_specs(name, shape, axes, rank)
     bound = 1.0 / math.sqrt(math.prod(shape[: _IN_DIMS[name]]))
-    dtype = base.get_value().dtype
     a = jax.random.uniform(key, a_shape, jnp.float32, -bound, bound).astype(dtype)
     b = jnp.zeros(b_shape, dtype)
     # Under `nnx.eval_shape` (the planner) values are tracers: nothing to place.
@@ -201,16 +206,16 @@ def _new_adapter(base: nnx.Param, name: str, rank: int, key, rules: Rules):
 def with_lora(
     module: nnx.Module, name: str, x: Array, y: Array, ctx: ShardingContext | None = None
 ) -> Array:
-    """`y` (= x W for the weight `name`) plus the adapter term (alpha / r) (x A) B, when the
-    module has one; `y` unchanged otherwise. x [B, T, in...], y [B, T, out...]. With `ctx`,
-    x A [B, T, r] is kept split by rows only: XLA then gathers the small A rather than
-    re-laying out the activations to match A's fsdp-split input dim."""
-    a = getattr(module, name + "_lora_a", None)
-    if a is None:
-        return y
+    """`y` (= x W for the weight `name`; x W_q for an int8 one, scaled here) plus the adapter
+    term (alpha / r) (x A) B, when the module has one. x [B, T, in...], y [B, T, out...].
+    With `ctx`, x A [B, T, r] is kept split by rows only: XLA then gathers the small A rather
+    than re-laying out the activations to match A's fsdp-split input dim."""
     qscale = getattr(module, name + "_qscale", None)
     if qscale is not None:  # y = x W_q of an int8 weight: scale its output channels
         y = y * qscale[...].astype(y.dtype)
+    a = getattr(module, name + "_lora_a", None)
+    if a is None:
+        return y
     b = getattr(module, name + "_lora_b")
     xa = jnp.tensordot(x, a[...].astype(x.dtype), axes=a.ndim - 1)  # [B, T, r]
     xa = constrain(xa, (ax.BATCH, ax.SEQ, None), ctx)
