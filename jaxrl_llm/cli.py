@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
     "generate": ("jaxrl_llm.rollout.commands", "generate completions from a checkpoint"),
     "serve": ("jaxrl_llm.rollout.server", "serve a checkpoint over JetStream's gRPC API"),
     "bench": ("jaxrl_llm.bench.cli", "benchmarks (rollout, train, rl-step), JSON output"),
-    "plan": ("jaxrl_llm.learner.plan", "memory per device of a run: does it fit, what to change"),
+    "plan": ("jaxrl_llm.learner.plan_cli", "memory per device of a run: fits? what to change"),
     "eval": ("jaxrl_llm.rollout.evaluate", "pass@1, pass@k and maj@k of a checkpoint"),
     "plot": ("jaxrl_llm.metrics.plots", "dashboard PNGs of one or more runs' metrics"),
     "export": ("jaxrl_llm.learner.export", "write a run's policy checkpoint as HF safetensors"),

@@ -1,0 +1,93 @@
+"""`jaxrl-llm plan`: the command, and the single-setting changes it suggests when a run does
+not fit. The memory model itself is `learner.plan`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+from jaxrl_llm.learner.plan import GB, SHAPES, Plan, Workload, model_config, plan_memory
+
+
+def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
+    """Single-setting changes (as gin bindings) and the peak each gives, best first."""
+    d, f, t = mesh_shape
+    options: list[tuple[str, Any, tuple, Workload]] = []
+    if not cfg.remat:
+        options.append(("PolicyConfig.remat=True", cfg.replace(remat=True), mesh_shape, w))
+    rows = d * f
+    if w.micro_batch % rows:  # rows not divisible over the devices are replicated
+        mb = rows * max(w.micro_batch // rows, 1)
+        ww = dataclasses.replace(
+            w, micro_batch=mb, micro_batches=max(w.micro_batches * w.micro_batch // mb, 1)
+        )
+        options.append((f"AlgoConfig.micro_batch_size={mb}", cfg, mesh_shape, ww))
+    elif w.micro_batch > 1:
+        mb = w.micro_batch // 2
+        change = f"AlgoConfig.micro_batch_size={mb}"
+        ww = dataclasses.replace(w, micro_batch=mb, micro_batches=w.micro_batches * 2)
+        options.append((change, cfg, mesh_shape, ww))
+    if d > 1:
+        options.append((f"MeshConfig.data={d // 2} (fsdp={f * 2})", cfg, (d // 2, f * 2, t), w))
+    if f > 1:
+        options.append((f"MeshConfig.tensor={t * 2} (fsdp={f // 2})", cfg, (d, f // 2, t * 2), w))
+    if w.slots > 1:
+        ww = dataclasses.replace(w, slots=w.slots // 2)
+        options.append((f"RolloutConfig.max_slots={w.slots // 2}", cfg, mesh_shape, ww))
+    out = []
+    for change, c, m, ww in options:
+        p = plan_memory(c, m, ww, device_memory=plan.device_memory, **kw)
+        out.append({"change": change, "peak": p.peak, "fits": bool(p.fits)})
+    return sorted(out, key=lambda s: s["peak"])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from jaxrl_llm.config import add_gin_arguments
+
+    add_gin_arguments(parser)
+    parser.add_argument("--devices", type=int, required=True, help="devices in the mesh")
+    parser.add_argument(
+        "--device-memory-gb",
+        type=float,
+        default=None,
+        help="memory per device (default: what the local device reports)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help=f"plan this checkpoint instead: a path or one of {sorted(SHAPES)}",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+
+
+def _local_device_memory() -> float | None:
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    return float(stats["bytes_limit"]) if "bytes_limit" in stats else None
+
+
+def main(args: argparse.Namespace) -> int:
+    from jaxrl_llm.config import parse_gin
+    from jaxrl_llm.learner.rl_config import RLConfig
+    from jaxrl_llm.sharding.mesh import resolve_mesh_shape
+
+    parse_gin(args.gin_file or ["grpo_tiny.gin"], args.gin_param)
+    rl = RLConfig()
+    p = rl.policy
+    checkpoint = args.model or p.checkpoint
+    numerics = dict(dtype=p.dtype, param_dtype=p.param_dtype, remat=p.remat)
+    cfg = model_config(checkpoint, **numerics)
+    m = rl.mesh
+    mesh_shape = resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=args.devices)
+    w = Workload.from_rl_config(rl)
+    memory = args.device_memory_gb * GB if args.device_memory_gb else _local_device_memory()
+    plan = plan_memory(cfg, mesh_shape, w, name=checkpoint, device_memory=memory)
+    if plan.fits is False:
+        plan.suggestions = suggest(cfg, mesh_shape, w, plan, name=checkpoint)
+    if not args.json:
+        print(plan.table())
+    print(json.dumps(plan.to_json()))
+    return 0 if plan.fits is not False else 1
