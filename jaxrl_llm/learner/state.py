@@ -87,7 +87,7 @@ def apply_gradients(
     new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
     metrics = {
         "grad_norm": grad_norm,
-        "update_norm": optax.tree.norm(updates),
+        "update_norm": jnp.where(finite, optax.tree.norm(updates), 0.0),  # what was applied
         "skipped": 1.0 - finite.astype(jnp.float32),
     }
     return new, metrics

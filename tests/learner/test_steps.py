@@ -116,6 +116,20 @@ def test_nan_batch_is_skipped_not_applied():
     assert float(metrics["actor/skipped"]) == 0.0 and int(state.step) == 1
 
 
+def test_a_skipped_update_reports_what_it_applied():
+    """`update_norm` is the norm of the update applied: 0 when skipped, though AdamW's weight
+    decay alone would move the params."""
+    from jaxrl_llm.learner.state import TrainState, apply_gradients
+
+    tx = optax.adamw(1e-2, weight_decay=0.1)
+    state = TrainState.create({"w": jnp.ones(3)}, tx, jax.random.PRNGKey(0))
+    _, m = apply_gradients(state, {"w": jnp.array([1.0, jnp.nan, 0.0])}, tx)
+    assert float(m["skipped"]) == 1.0 and float(m["update_norm"]) == 0.0
+    new, m = apply_gradients(state, {"w": jnp.array([1.0, 2.0, 0.0])}, tx)
+    moved = float(jnp.linalg.norm(new.params["w"] - state.params["w"]))
+    assert float(m["skipped"]) == 0.0 and float(m["update_norm"]) == pytest.approx(moved, rel=1e-5)
+
+
 def test_critic_step_reduces_value_loss():
     critic = init_model(CFG, seed=4, cls=ValueModel)
     tx = optax.adam(1e-2)
