@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _raise_exit(signum: int, _frame: FrameType | None) -> None:
+    print(f"jaxrl-llm: {signal.Signals(signum).name}: stopping", file=sys.stderr, flush=True)
     raise SystemExit(128 + signum)
 
 

@@ -39,18 +39,22 @@ def test_a_terminated_command_removes_its_temporary_files(tmp_path):
         cli.COMMANDS["hold"] = ("hold_cmd", "holds a temporary directory")
         sys.exit(cli.main(["hold", "--dir", {str(scratch)!r}]))
     """)
-    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         held = Path(proc.stdout.readline().strip())
         assert (held / "model.safetensors").exists()
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
+        _, err = proc.communicate(timeout=60)
+        code = proc.returncode
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert code == 128 + signal.SIGTERM
+    assert "SIGTERM: stopping" in err and "Traceback" not in err
     assert not held.exists() and list(scratch.iterdir()) == []
 
 
