@@ -26,6 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="cap on the preparation's own training (LIMR scoring epochs' steps, SFT steps)",
     )
+    parser.add_argument(
+        "--gin_param",
+        action="append",
+        default=[],
+        help="a gin binding for every arm's RL runs, after the arm's own (it wins), e.g. "
+        "'RolloutConfig.n = 8'; repeatable; recorded in results.json",
+    )
     parser.add_argument("--out", default=None, help="output folder (default runs/repro_<name>)")
     parser.add_argument(
         "--report-only",
@@ -57,6 +64,7 @@ def main(args: argparse.Namespace) -> int:
             steps=args.steps,
             out_dir=out,
             prep_steps=args.prep_steps,
+            gin_params=args.gin_param,
         )
     plot_result(result, out / "figure.png")
     tables = markdown_tables(result)

@@ -27,7 +27,9 @@ def markdown_tables(result: dict[str, Any]) -> str:
     lines = [
         f"Greedy validation accuracy, mean over seeds {result['seeds']} [95% bootstrap "
         "interval]; final: at the last step; mean: averaged over the evaluated steps after 0; "
-        "gain: final minus step 0 (points):",
+        "gain: final minus step 0 (points)"
+        + "".join(f"; every run with `{p}`" for p in result.get("gin_params", []))
+        + ":",
         "",
         "| arm | what it trains on | final val accuracy | mean val accuracy | gain | minutes "
         "per run |",

@@ -90,6 +90,24 @@ def seed_params(seed: int, steps: int | None) -> list[str]:
     return params
 
 
+def check_gin_params(repro: Repro, gin_params: Sequence[str]) -> None:
+    """Parse every arm's gin files with `gin_params` and build its `RLConfig`: a wrong name or
+    value is a `ConfigError` now, not after the preparation's minutes of training."""
+    import gin
+
+    from jaxrl_llm.config import parse_gin
+    from jaxrl_llm.learner.rl_config import RLConfig
+
+    if not gin_params:
+        return
+    try:
+        for arm in repro.arms:
+            parse_gin(list(arm.gin_files), [*arm.gin_params, *gin_params])
+            RLConfig()
+    finally:
+        gin.clear_config()
+
+
 def run_repro(
     repro: Repro,
     *,
@@ -97,8 +115,12 @@ def run_repro(
     steps: int | None,
     out_dir: Path,
     prep_steps: int | None = None,
+    gin_params: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Prepares, runs every arm for every seed, writes ``out_dir/results.json``; returns it."""
+    """Prepares, runs every arm for every seed, writes ``out_dir/results.json``; returns it.
+    `gin_params` are added to every RL run after the arm's and the runner's own bindings
+    (so they win), checked against every arm before anything trains."""
+    check_gin_params(repro, gin_params)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     prepare = repro.prepare_fn()
@@ -108,12 +130,17 @@ def run_repro(
     for seed in seeds:  # seed-major: a partial run still holds complete pairs
         for arm in repro.arms:
             run_dir = out_dir / "runs" / f"{arm.name}-seed{seed}"
-            params = [*arm.gin_params, *prepared.params(arm.name, seed), *seed_params(seed, steps)]
+            params = [
+                *arm.gin_params,
+                *prepared.params(arm.name, seed),
+                *seed_params(seed, steps),
+                *gin_params,
+            ]
             log.info("repro %s: arm %s seed %d -> %s", repro.name, arm.name, seed, run_dir)
             t = time.perf_counter()
             records = train_run(arm.gin_files, params, run_dir)
             curves.append(curve_of(arm.name, seed, records, time.perf_counter() - t, run_dir))
-    result = summarise(repro, curves, prepared, steps=steps)
+    result = summarise(repro, curves, prepared, steps=steps, gin_params=gin_params)
     result["timing"] = {
         "prepare_s": round(prep_s, 1),
         "total_s": round(time.perf_counter() - t0, 1),
@@ -123,7 +150,12 @@ def run_repro(
 
 
 def summarise(
-    repro: Repro, curves: Sequence[RunCurve], prepared: Prepared, *, steps: int | None
+    repro: Repro,
+    curves: Sequence[RunCurve],
+    prepared: Prepared,
+    *,
+    steps: int | None,
+    gin_params: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Per-arm intervals of each metric and the paired comparisons, as a JSON-ready dict."""
     by_arm = {
@@ -163,6 +195,7 @@ def summarise(
             "gain": f"{VAL_KEY} at the last step minus at step 0",
         },
         "steps": steps,
+        "gin_params": list(gin_params),  # `--gin_param`: bindings every RL run added
         "seeds": sorted({c.seed for c in curves}),
         "arms": arms,
         "comparisons": comparisons,
@@ -187,5 +220,6 @@ def resummarise(repro: Repro, result: dict[str, Any]) -> dict[str, Any]:
         for run in arm["runs"]
     ]
     prepared = Prepared(notes=result.get("prepared", {}))
-    out = summarise(repro, curves, prepared, steps=result.get("steps"))
+    gin_params = result.get("gin_params", [])
+    out = summarise(repro, curves, prepared, steps=result.get("steps"), gin_params=gin_params)
     return {**out, "timing": result.get("timing", {})}

@@ -122,3 +122,43 @@ def test_report_only_redraws_from_results(tmp_path, capsys):
     assert (tmp_path / "figure.png").is_file() and (tmp_path / "summary.md").is_file()
     with pytest.raises(SystemExit, match=r"needs .*results\.json from an earlier run"):
         cli.main(["repro", "search-r1", "--out", str(tmp_path / "none"), "--report-only"])
+
+
+def test_extra_gin_params_reach_every_run_last(tmp_path, monkeypatch):
+    from jaxrl_llm.repro import runner
+
+    seen = []
+
+    def fake_train_run(gin_files, params, run_dir):
+        seen.append(list(params))
+        return [{"step": 0, "val/test_score": 0.5}, {"step": 1, "val/test_score": 0.75}]
+
+    monkeypatch.setattr(runner, "train_run", fake_train_run)
+    toy = Repro("toy", "a beats b", (Arm("a", ("grpo_tiny.gin",), "a"),
+                                     Arm("b", ("grpo_tiny.gin",), "b")), (("a", "b"),))  # fmt: skip
+    extra = ["RolloutConfig.n = 8", "RLConfig.steps = 3"]
+    result = runner.run_repro(toy, seeds=[0, 1], steps=1, out_dir=tmp_path, gin_params=extra)
+    assert len(seen) == 4 and all(p[-2:] == extra for p in seen)  # after steps = 1: they win
+    assert result["gin_params"] == extra
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert resummarise(toy, saved)["gin_params"] == extra
+    assert "every run with `RolloutConfig.n = 8`;" in report.markdown_tables(result)
+
+
+def test_a_bad_extra_gin_param_stops_before_any_training(tmp_path, monkeypatch, capsys):
+    from jaxrl_llm import cli
+    from jaxrl_llm.repro import runner
+
+    def no_training(*_):
+        raise AssertionError("nothing may train with a bad binding")
+
+    monkeypatch.setattr(runner, "train_run", no_training)
+    runner.check_gin_params(get_repro("search-r1"), ["RolloutConfig.n = 8"])  # fine for each arm
+    out = tmp_path / "bad"
+    argv = ["repro", "search-r1", "--gin_param", "RolloutConfig.nn = 8", "--out", str(out)]
+    assert cli.main(argv) == 2
+    assert "doesn't have a parameter named 'nn'" in capsys.readouterr().err
+    assert not out.exists()
+    argv[3] = "RolloutConfig.n = 0"
+    assert cli.main(argv) == 2
+    assert "RolloutConfig.n = 0: expected int (>= 1)" in capsys.readouterr().err
