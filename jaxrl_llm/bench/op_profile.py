@@ -34,6 +34,7 @@ class OpProfile:
 
     total_ms: float
     mapped_share: float
+    mapped_ops_share: float  # of the timed ops, the fraction with a source line (no timing)
     by_kind: dict[str, float]  # kind -> ms
     by_function: list[tuple[str, str, float]]  # (kind, "file:function", ms), largest first
 
@@ -42,6 +43,7 @@ class OpProfile:
         return {
             "total_ms": round(self.total_ms, 1),
             "mapped_share": round(self.mapped_share, 4),
+            "mapped_ops_share": round(self.mapped_ops_share, 4),
             "by_kind": {k: {"ms": round(v, 1), "share": share(v)} for k, v in self.by_kind.items()},
             "by_function": [
                 {"kind": k, "function": f, "ms": round(ms, 1), "share": share(ms)}
@@ -75,6 +77,7 @@ def summarise(hlo_text: str, trace_events: list[dict]) -> OpProfile:
     by_kind: dict[str, float] = collections.defaultdict(float)
     by_fn: dict[tuple[str, str], float] = collections.defaultdict(float)
     total = mapped = 0.0
+    seen = with_line = 0
     for name, us in self_us.items():
         if name not in ops:
             continue  # runtime bookkeeping (executor, thread pool, Python frames)
@@ -82,11 +85,13 @@ def summarise(hlo_text: str, trace_events: list[dict]) -> OpProfile:
         ms = us / 1e3
         total += ms
         mapped += ms if where else 0.0
+        seen, with_line = seen + 1, with_line + bool(where)
         by_kind[kind] += ms
         by_fn[(kind, where or "?")] += ms
     return OpProfile(
         total_ms=total,
         mapped_share=mapped / total if total else 0.0,
+        mapped_ops_share=with_line / seen if seen else 0.0,
         by_kind=dict(by_kind),
         by_function=sorted(((k, f, ms) for (k, f), ms in by_fn.items()), key=lambda r: -r[2]),
     )

@@ -37,11 +37,12 @@ def test_bench_train_json(capsys):
         ours["tokens_per_s"] / torch_run["tokens_per_s"]
     )
     assert ceil["matmul_flops"] > 1e8
-    # Op time grouped by the source lines that emitted it. How much of it maps depends on the
-    # timing of the tiny model's small ops (0.77 in one full run, above 0.8 in others): only its
-    # range is asserted here; test_op_profile.py checks the mapping on a clear-cut case.
+    # Op time grouped by the source lines that emitted it. The share of *time* that maps moves
+    # with the timing of the tiny model's small ops (0.61-0.89 in three runs); the share of
+    # *ops* that carry a source line does not (0.8654 in each): that one is asserted.
     prof = ours["profile"]
-    assert 0 < prof["mapped_share"] <= 1 and prof["by_kind"]["matmul"]["ms"] > 0
+    assert prof["mapped_ops_share"] > 0.8 and 0 < prof["mapped_share"] <= 1
+    assert prof["by_kind"]["matmul"]["ms"] > 0
     assert any(f["function"].startswith("jaxrl_llm/models/") for f in prof["by_function"])
     scanned = out["train_step_scanned"]
     assert scanned["scan_layers"] and not ours["scan_layers"] and scanned["loss_finite"]
