@@ -10,6 +10,8 @@ BIN := $(VENV)/bin
 BASE_STAMP := $(VENV)/.installed-base
 TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
+# Extra flags for `make train`, e.g. TRAIN_ARGS='--gin_param=RLConfig.steps=2' (.ci/run).
+TRAIN_ARGS ?=
 # The venv's own interpreter, whichever venv this is (pyproject names .venv for editors).
 PYRIGHT := $(BIN)/basedpyright -p pyproject.toml --pythonpath $(BIN)/python
 
@@ -48,7 +50,7 @@ sysdeps:
 	done
 
 train: $(BASE_STAMP) sysdeps
-	$(BIN)/jaxrl-llm train
+	$(BIN)/jaxrl-llm train $(TRAIN_ARGS)
 
 test: $(TEST_STAMP) sysdeps
 	$(BIN)/ruff check .

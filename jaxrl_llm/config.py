@@ -4,8 +4,9 @@ Configs are frozen dataclasses registered with `gin.configurable`; gin files onl
 them. An unknown configurable or parameter fails at parse time, before anything compiles;
 a wrong value fails when its dataclass is built (`config_checks.checked_fields`).
 
-The shipped gin files are package data (`jaxrl_llm/configs/`), so an installed package finds
-them wherever it runs. `--gin_file` takes a path, a shipped file's name (`ppo_tiny.gin`, or
+The shipped gin files live in the repository's top-level `configs/` and are installed as the
+package data `jaxrl_llm.configs` (`pyproject.toml` maps the one to the other, for editable
+and regular installs alike), so an installed package finds them wherever it runs. `--gin_file` takes a path, a shipped file's name (`ppo_tiny.gin`, or
 `ppo_tiny`), or the `configs/ppo_tiny.gin` form the files' header comments print: a path
 that exists is used as given, otherwise its last component is looked up among the shipped
 files.
@@ -14,6 +15,7 @@ files.
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import logging
 import os
 from collections.abc import Sequence
@@ -33,7 +35,7 @@ __all__ = [
     "write_resolved_config",
 ]
 
-CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
+CONFIGS_DIR = Path(str(importlib.resources.files("jaxrl_llm.configs")))
 
 
 def add_gin_arguments(parser: argparse.ArgumentParser) -> None:

@@ -36,7 +36,8 @@ def _copy_sources(dst: Path) -> Path:
     """The package and its metadata outside the repository, so the build writes nothing
     into the working tree."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(REPO / "jaxrl_llm", dst / "jaxrl_llm", ignore=ignore)
+    for package in ("jaxrl_llm", "configs"):
+        shutil.copytree(REPO / package, dst / package, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, dst / name)
     return dst
@@ -89,3 +90,16 @@ def test_pip_install_runs_the_default_from_another_directory(tmp_path):
     )
     assert '"run_dir": "run"' in out
     assert "RLConfig.name = 'grpo_tiny'" in (elsewhere / "run" / "config.gin").read_text()
+
+
+def test_pyproject_lists_every_package():
+    """pyproject.toml names the packages (configs/ is mapped onto `jaxrl_llm.configs`), so a
+    new subpackage left off the list would be missing from every non-editable install."""
+    import tomllib
+
+    import setuptools
+
+    settings = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = setuptools.find_packages(str(REPO), include=["jaxrl_llm*"])
+    assert sorted(settings["packages"]) == sorted([*found, "jaxrl_llm.configs"])
+    assert settings["package-dir"] == {"jaxrl_llm.configs": "configs"}

@@ -1,0 +1,1 @@
+"""The shipped gin configs, installed as package data `jaxrl_llm.configs` (pyproject.toml)."""
