@@ -6,10 +6,10 @@ a wrong value fails when its dataclass is built (`config_checks.checked_fields`)
 
 The shipped gin files live in the repository's top-level `configs/` and are installed as the
 package data `jaxrl_llm.configs` (`pyproject.toml` maps the one to the other, for editable
-and regular installs alike), so an installed package finds them wherever it runs. `--gin_file` takes a path, a shipped file's name (`ppo_tiny.gin`, or
-`ppo_tiny`), or the `configs/ppo_tiny.gin` form the files' header comments print: a path
-that exists is used as given, otherwise its last component is looked up among the shipped
-files.
+and regular installs alike), so an installed package finds them wherever it runs.
+`--gin_file` takes a path, a shipped file's name (`ppo_tiny.gin`, or `ppo_tiny`), or the
+`configs/ppo_tiny.gin` form the files' header comments print: a path that exists is used as
+given, otherwise its last component is looked up among the shipped files.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def test_configs_live_at_the_top_level_and_import_as_package_data():
     import jaxrl_llm
 
     package = Path(jaxrl_llm.__file__).resolve().parent
-    assert CONFIGS_DIR == package.parent / "configs"
+    assert package.parent / "configs" == CONFIGS_DIR
     assert (CONFIGS_DIR / "grpo_tiny.gin").is_file()
     assert not (package / "configs").exists()
 
