@@ -1,11 +1,16 @@
 """Test doubles shipped with the package: tiny configs, reference checkpoints, a scripted
-engine and a dense test reward. Importing this module registers nothing and imports no JAX.
+engine, a dense test reward and float32 tolerances. Importing this module registers nothing
+and imports no JAX.
 
 - `tiny_config()`: the small transformer shape the sharding, state and step tests share.
 - `write_reference_checkpoint`: a random checkpoint built with `transformers` (PyTorch), so
   tests compare our model against an independent implementation (needs the `test` extra).
 - `ScriptedEngine`: the Engine methods `RolloutDriver` calls, emitting fixed text per turn.
 - `register_test_rewards()`: adds the `digit_fraction` reward to the registry, on request.
+- `float32_sum_tolerance`: how far two float32 programs may disagree on one sum.
+- `aggregation_weights`: each token's float64 weight in `aggregate_loss`, the sum's terms.
+- `log_softmax_tolerance`: the float64 log-softmax and how far two float32 programs may
+  disagree on it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,71 @@ LLAMA31_ROPE = {
     # Small, so that the tiny test sequences cross the interpolated band.
     "original_max_position_embeddings": 16,
 }
+
+
+FLOAT32_EPS = float(np.finfo(np.float32).eps)  # 2**-23
+
+
+def float32_sum_tolerance(terms, axis: int = 0, *, roundings: int | None = None) -> np.ndarray:
+    """How far two float32 programs may disagree on ``sum(terms, axis)``:
+    ``roundings * FLOAT32_EPS * sum(|terms|)``, ``roundings`` defaulting to n - 1 for n terms.
+
+    XLA:CPU fuses and orders a sum differently per program and per instruction set (AVX2 vs
+    AVX-512), so a tolerance picked on one host fails on another; this one follows from the
+    terms. ``terms`` are the summands' float64 values (from a float64 reference run). Each
+    program is within ``roundings * u * sum(|terms|)`` of the exact sum, u = eps32 / 2, in any
+    order (Higham 2002, Accuracy and Stability of Numerical Algorithms, §4.2, first order in
+    u); two programs are within twice that. A larger difference is a bug, not rounding.
+    """
+    terms = np.abs(np.asarray(terms, np.float64))
+    n = max(terms.shape[axis] - 1, 1) if roundings is None else roundings
+    return n * FLOAT32_EPS * terms.sum(axis)
+
+
+def aggregation_weights(mask, mode: str, **kwargs: Any) -> np.ndarray:
+    """Each token's weight in ``aggregate_loss(loss, mask, mode, **kwargs)``, in float64.
+
+    The aggregate is linear in ``loss`` (``sum(weights * loss)``), so ``weights * loss`` are the
+    terms a float32 program sums: the input of `float32_sum_tolerance`. Shapes: [B, T] -> [B, T].
+    """
+    import jax
+
+    from jaxrl_llm.algorithms import aggregate_loss
+
+    mask = np.asarray(mask, np.float64)
+    kwargs = {k: None if v is None else float(v) for k, v in kwargs.items()}
+    with jax.enable_x64(True):
+        fn = lambda loss: aggregate_loss(loss, mask, mode, **kwargs)
+        return np.asarray(jax.grad(fn)(np.zeros_like(mask)))
+
+
+def log_softmax_tolerance(
+    logits, temperature: float = 1.0, *, logit_error=0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(log_softmax(x), tolerance)`` in float64 for ``x = logits / temperature`` [..., V]:
+    how far two float32 programs computing ``s - log sum exp s``, ``s = x - max x``, may
+    disagree (`algorithms.token_logprobs`, `jax.nn.log_softmax`).
+
+    Two programs' disagreement, eps per rounding, 2 eps per exp or log (1 ulp each): ``s`` errs
+    by ``eps (|x| + |s|)`` (the division, the subtraction; the max is exact) plus the logits'
+    own ``logit_error`` (e.g. a matmul's, from `float32_sum_tolerance`; the max's error shifts
+    every ``s`` alike, which the result ignores); ``log Z`` by the sum's ``(V - 1) eps``
+    relative error, the terms' (exp's 2 eps and their ``s`` error) and the log's 2 eps; the
+    result by both plus one subtraction.
+    """
+    x = np.asarray(logits, np.float64) / temperature
+    s = x - x.max(-1, keepdims=True)
+    e_x = np.broadcast_to(np.asarray(logit_error, np.float64) / abs(temperature), x.shape)
+    e_s = FLOAT32_EPS * (np.abs(x) + np.abs(s)) + e_x
+    p = np.exp(s) / np.exp(s).sum(-1, keepdims=True)
+    log_z = np.log(np.exp(s).sum(-1, keepdims=True))
+    e_log_z = (
+        (s.shape[-1] - 1) * FLOAT32_EPS
+        + (p * (e_s + 2 * FLOAT32_EPS)).sum(-1, keepdims=True)
+        + 2 * FLOAT32_EPS * log_z
+    )
+    lp = s - log_z
+    return lp, e_s + e_log_z + FLOAT32_EPS * np.abs(lp)
 
 
 def tiny_config(**overrides: Any):

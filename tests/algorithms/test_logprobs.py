@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import jaxrl_llm.algorithms as alg
+from jaxrl_llm.testing import FLOAT32_EPS, float32_sum_tolerance, log_softmax_tolerance
 
 # under jit: one compile per call instead of one per primitive (keeps the suite fast)
 token_logprobs = jax.jit(alg.token_logprobs, static_argnames=("temperature", "chunk_size"))
@@ -16,6 +17,37 @@ def np_log_softmax(x):
     x = x.astype(np.float64)
     m = x.max(-1, keepdims=True)
     return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def _exact_and_bounds(logits, tokens, temperature=1.0, logit_error=0.0):
+    """float64 (logp of ``tokens``, entropy, d(logp + entropy)/d logits) and the bounds on two
+    float32 programs' disagreement on each. With s = x - max x, p = softmax, E = sum p s:
+    H = log Z - E errs by log Z's and E's errors (E: V roundings of p s, each term's p and s
+    errors) and one subtraction; the gradient (1_y - p - p (s - E)) / T by p's error times
+    1 + |s| + |E|, p times s's and E's errors, and 8 roundings of the backward per element."""
+    lp, e_lp = log_softmax_tolerance(logits, temperature, logit_error=logit_error)
+    s, p = lp - lp.max(-1, keepdims=True), np.exp(lp)
+    e_p = p * (e_lp + 2 * FLOAT32_EPS)  # exp: 2 eps more
+    mean_s = (p * s).sum(-1, keepdims=True)
+    e_mean_s = float32_sum_tolerance(p * s, -1, roundings=s.shape[-1])[..., None]
+    e_mean_s += (e_p * np.abs(s) + p * e_lp).sum(-1, keepdims=True)
+    ent = -lp.max(-1) - mean_s[..., 0]  # log Z - E
+    e_ent = e_lp.min(-1) + e_mean_s[..., 0] + FLOAT32_EPS * np.abs(ent)  # e_lp >= log Z's error
+    one_hot = np.eye(s.shape[-1])[np.asarray(tokens)]
+    grad = (one_hot - p - p * (s - mean_s)) / temperature
+    size = 1 + np.abs(s) + np.abs(mean_s)
+    e_grad = e_p * size + p * (e_lp + e_mean_s) + 8 * FLOAT32_EPS * (one_hot + p * size)
+    pick = lambda a: np.take_along_axis(a, np.asarray(tokens)[..., None], -1)[..., 0]
+    return (pick(lp), ent, grad), (pick(e_lp), e_ent, e_grad / temperature)
+
+
+def _assert_within(pairs, tol, name):
+    """Each pair (float32 programs, float64 values) is within the bound, and the bound is
+    rounding: below 1e-4 of the values' scale (the last pair's second), so a 1e-3 bug fails."""
+    assert np.max(tol) < 1e-4 * max(1.0, np.max(np.abs(pairs[-1][1]))), name
+    for got, want in pairs:
+        err = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+        np.testing.assert_array_less(err, tol + 1e-30, err_msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +95,12 @@ def test_chunked_gradients_equal_unchunked(batch):
 
     grad = jax.jit(jax.grad(objective), static_argnums=1)
     g_full, g_chunk = grad(logits, None), grad(logits, 3)
-    np.testing.assert_allclose(g_chunk, g_full, rtol=1e-5, atol=1e-6)
+    # Two float32 programs (sums over V in other orders): within the bound of each other and
+    # of the float64 gradient w (1_y - p - p (s - E)).
+    (_, _, exact), (_, _, tol) = _exact_and_bounds(*batch)
+    w = np.asarray(w, np.float64)[..., None]
+    pairs = ((g_chunk, g_full), (g_chunk, w * exact), (g_full, w * exact))
+    _assert_within(pairs, np.abs(w) * tol, "grad")
 
 
 def test_gradient_sign_raises_chosen_token(batch):
@@ -157,14 +194,31 @@ def test_head_logprobs_equal_the_full_logits_path(chunk_size):
 
     got = jax.jit(head)(hidden, w)
     want = _full_head(hidden, w, tokens, mask, 0.7)
-    for g, e in zip(got, want):
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    # Two float32 programs (the logits' D-sum and the V-sums in other orders): within the
+    # bound of each other and of float64, the logits' error carried into the log-softmax.
+    h64, w64, m64 = (np.asarray(x, np.float64) for x in (hidden, w, mask))
+    terms = h64[..., None] * w64  # [B, T, D, V]
+    exact, tols = _exact_and_bounds(h64 @ w64, tokens, 0.7, float32_sum_tolerance(terms, -2))
+    for name, g, e, x, tol in zip(("logp", "entropy"), got, want, exact, tols):
+        _assert_within(((g, e), (g, x * m64), (e, x * m64)), tol * m64, name)
         assert np.all(np.asarray(g)[np.asarray(mask) == 0] == 0)
     full = lambda h, w: _full_head(h, w, tokens, mask, 0.7)
     g_chunk = jax.jit(jax.grad(objective(head), argnums=(0, 1)))(hidden, w)
     g_full = jax.grad(objective(full), argnums=(0, 1))(hidden, w)
-    for g, e in zip(g_chunk, g_full):
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    # d/dh = G w^T (a sum over V), d/dw = h^T G (over the masked positions: adding the others'
+    # exact zeros rounds nothing), G = c * grad with c = weights * mask.
+    c = np.linspace(-1.0, 2.0, tokens.size).reshape(tokens.shape)[..., None] * m64[..., None]
+    grad_g, e_g = c * exact[2], np.abs(c) * tols[2]
+    e_h = float32_sum_tolerance(grad_g[..., None, :] * w64, -1) + e_g @ np.abs(w64.T)
+    d_h = (grad_g @ w64.T, e_h)
+    on = m64 > 0
+    d_w = (
+        np.einsum("btd,btv->dv", h64, grad_g),
+        float32_sum_tolerance(h64[on][:, :, None] * grad_g[on][:, None], roundings=on.sum() - 1)
+        + np.einsum("btd,btv->dv", np.abs(h64), e_g),
+    )
+    for name, a, b, (x, tol) in zip(("d_hidden", "d_w"), g_chunk, g_full, (d_h, d_w)):
+        _assert_within(((a, b), (a, x), (b, x)), tol, name)
 
 
 def test_head_logprobs_entropy_modes():

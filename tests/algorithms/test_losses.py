@@ -11,6 +11,7 @@ from hypothesis import given, settings
 
 import jaxrl_llm.algorithms as alg
 from jaxrl_llm.algorithms import loss_normalizer, resolve
+from jaxrl_llm.testing import FLOAT32_EPS, aggregation_weights, float32_sum_tolerance
 
 # Values are checked under jit: one compile per test instead of one per primitive (fast suite).
 # Eager execution of the same code is covered by test_verl_parity.py.
@@ -95,9 +96,12 @@ def test_ratio_one_gives_minus_aggregated_advantage(seed, mode):
     adv = jnp.asarray(rng.normal(size=(4, 6)).astype(np.float32))
     mask = jnp.asarray((rng.random((4, 6)) < 0.7).astype(np.float32))
     expected = -aggregate_loss(adv, mask, mode)
+    # Each token's loss is -A exactly (ratio 1); the programs differ in summation order only.
+    tol = float32_sum_tolerance((aggregation_weights(mask, mode) * np.asarray(adv)).ravel(),
+                                roundings=adv.size - 1 + 3)  # fmt: skip
     for fn in (policy_loss, gspo_policy_loss):
         loss, m = fn(logp, logp, adv, mask, agg=mode)
-        np.testing.assert_allclose(loss, expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(loss, expected, rtol=0, atol=tol)
         assert float(m["pg_clipfrac"]) == 0.0
 
 
@@ -142,7 +146,29 @@ def test_policy_loss_accumulation_equals_full_batch(mode):
         return grad_fn(w, x, old, adv, mask), sum(micro)
 
     full, acc = full_and_accumulated(w)
-    np.testing.assert_allclose(acc, full, rtol=1e-5, atol=1e-6)
+    # Two float32 programs (summation orders), so a bound from the terms: every ratio sits
+    # inside the clip range (both programs take the unclipped gradient), where token t adds
+    # c_t A_t rho_t sigma(-z_t) x_t, z = x . w (c: aggregation weights). Its value rounds 6
+    # times; rho and sigma(-z) carry a relative error (units of u) of the log-ratio's abs
+    # error (log_sigmoid 2 ulp of |logp|, the subtraction, z's 3 roundings of |x| . |w|), of
+    # exp's 0.7 ulp and of sigma(-z) = exp(-z - softplus(-z)); the sum: n - 1 roundings.
+    x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    z, logp = x64 @ w64, -np.logaddexp(0, -(x64 @ w64))
+    log_ratio = logp - np.asarray(old, np.float64)
+    on = np.asarray(mask) > 0
+    assert np.all(np.abs(np.abs(log_ratio[on]) - np.log1p(0.2 * np.sign(log_ratio[on]))) > 1e-3)
+    c = aggregation_weights(mask, mode) * np.asarray(adv, np.float64)[:, None]
+    terms = (c * np.exp(log_ratio) * np.exp(logp - z))[..., None] * x64  # sigma(-z) = p e^-z
+    rel = 5 * np.abs(logp) + np.abs(log_ratio) + np.abs(z) + 6 * np.abs(x64) @ np.abs(w64) + 8
+    n = c.size
+    tol = float32_sum_tolerance(terms.reshape(n, 3), roundings=n - 1 + 6)
+    tol += FLOAT32_EPS * (np.abs(terms) * rel[..., None]).reshape(n, 3).sum(0)
+    with jax.enable_x64(True):
+        f64 = lambda a: jnp.asarray(np.asarray(a, np.float64))
+        exact = np.asarray(jax.grad(loss_fn)(*map(f64, (w, x, old, adv, mask))))
+    assert tol.max() < 1e-4  # far below a bug's size (1e-3)
+    for got, want in ((acc, full), (acc, exact), (full, exact)):
+        np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want), tol)
 
 
 def test_gspo_hand_values_and_gradient():
