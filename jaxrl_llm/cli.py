@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     installed = _exit_cleanly_on_sigterm()
     try:
         code = getattr(module, main_fn)(args)
-    except ConfigError as e:  # a wrong gin file or value: the message says which, no traceback
+    except ConfigError as e:  # a wrong gin value, path or checkpoint: the message says which
         print(f"jaxrl-llm {name}: configuration error: {e}", file=sys.stderr)
         return 2
     finally:

@@ -17,6 +17,10 @@ Types are checked by pydantic (`TypeAdapter`, strict: no "1e-5" strings for floa
 reads) or a tuple of the allowed values; either applies to the value when it is not None.
 A class's own `__post_init__` (cross-field rules) runs after the checks. This module sits
 below every config (it imports no other jaxrl_llm module), so any layer can use it.
+
+Every field says what it means in its metadata, `documented(default, "What it does.")`; the
+ranges stay on the class (`field_ranges`), so `config_reference` renders both into
+docs/config.md.
 """
 
 from __future__ import annotations
@@ -31,16 +35,50 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 
 from annotated_types import Ge, Gt, Interval, Le, Lt
 
-__all__ = ["ConfigError", "Ge", "Gt", "Interval", "Le", "Lt", "checked_fields"]
+__all__ = [
+    "ConfigError",
+    "Ge",
+    "Gt",
+    "Interval",
+    "Le",
+    "Lt",
+    "checked_fields",
+    "describe_range",
+    "documented",
+    "field_doc",
+    "field_ranges",
+]
 
 T = TypeVar("T")
 Bound = Ge | Gt | Le | Lt | Interval
 Range = Bound | tuple  # a bound, or the allowed values
 _BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+_RANGES = "__checked_ranges__"  # the class attribute `checked_fields` stores its ranges in
+_DOC = "doc"  # the metadata key of a field's description
 
 
 class ConfigError(ValueError):
     """A gin file, binding or config value is wrong (unknown key, bad value, missing file)."""
+
+
+def documented(
+    default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = dataclasses.MISSING
+) -> Any:
+    """A dataclass field with a default (or a `factory`, e.g. a nested config class; neither:
+    required) and `doc`, what it means to a user, kept in the field's metadata."""
+    if not doc.strip():
+        raise TypeError("documented(...): give the field a description, doc='...'")
+    return dataclasses.field(default=default, default_factory=factory, metadata={_DOC: doc})
+
+
+def field_doc(field: dataclasses.Field) -> str:
+    """The description `documented` gave `field` ("" when it has none)."""
+    return field.metadata.get(_DOC, "")
+
+
+def field_ranges(cls: type) -> dict[str, Range]:
+    """The ranges `checked_fields` declared on `cls` (field name -> bound or allowed values)."""
+    return dict(getattr(cls, _RANGES, {}))
 
 
 def checked_fields(**ranges: Range) -> Callable[[type[T]], type[T]]:
@@ -58,6 +96,7 @@ def checked_fields(**ranges: Range) -> Callable[[type[T]], type[T]]:
         for name, rng in ranges.items():
             if not isinstance(rng, Bound | tuple):
                 raise TypeError(f"checked_fields {cls.__name__}.{name}: {rng!r} is not a range")
+        setattr(cls, _RANGES, dict(ranges))
         own_post_init = cls.__dict__.get("__post_init__")
 
         def __post_init__(self) -> None:
@@ -98,7 +137,7 @@ def _field_checks(cls: type, name: str, rng: Range | None) -> tuple[str, Callabl
         raise TypeError(f"{cls.__name__}.{name}: annotation cannot be resolved: {e}") from e
     field_type = next(f.type for f in dataclasses.fields(cls) if f.name == name)
     written = field_type if isinstance(field_type, str) else _type_name(hint)
-    expected = written + (f" ({_describe_range(rng)})" if rng is not None else "")
+    expected = written + (f" ({describe_range(rng)})" if rng is not None else "")
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
 
         def check_instance(value: Any) -> Any:
@@ -134,7 +173,8 @@ def _split_optional(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-def _describe_range(rng: Range) -> str:
+def describe_range(rng: Range) -> str:
+    """A range in words: "> 0 and <= 1", "one of 'constant', 'cosine'"."""
     if isinstance(rng, tuple):
         return "one of " + ", ".join(repr(v) for v in rng)
     parts = [f"{sign} {getattr(rng, key)}" for key, sign in _BOUNDS if hasattr(rng, key)]

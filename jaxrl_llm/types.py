@@ -1,6 +1,6 @@
 """Records passed between the stages of an RL step; no stage mutates another's record.
 
-    rollout stage  -> `Rollout`     (samples, scores, in global-batch order)
+    rollout stage  -> `Rollout`     (`Completion`s, scores, in global-batch order)
     experience     -> `Experience`  (the rollout + packed rows + `TrainBatch` + summaries)
     update         <- `TrainBatch`  (as [M, mb, T] micro-batches)
 
@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Generic
+from typing import Any, Generic
 
 import jax
 import numpy as np
+from jax.core import Tracer
 from jaxtyping import Bool, Float, Int
 from typing_extensions import TypeVar  # `default=` (PEP 696) before Python 3.13
-
-if TYPE_CHECKING:
-    from jaxrl_llm.rollout.driver import Completion
 
 # The leaves of a pytree record (`TrainBatch`, `learner.state.TrainState`): `jax.Array` on
 # the mesh (the default), `np.ndarray` on the host (`Experience.batch`), `jax.ShapeDtypeStruct`
@@ -34,9 +32,15 @@ Leaf = TypeVar("Leaf", default=jax.Array)
 
 
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainBatch(Generic[Leaf]):
-    """Everything an update step reads. All arrays [B, T] unless noted."""
+    """Everything an update step reads: arrays [B, T], or [M, mb, T] as micro-batches.
+
+    Built by keyword only: seven fields are float32 arrays of one shape, so a positional
+    swap would pass every other check. Each array's dtype and shape are checked when the
+    record is built from arrays (`check_train_batch`); JAX also rebuilds it from tracers,
+    abstract values or shardings, which pass unchecked.
+    """
 
     input_ids: Leaf  # int32: prompt + response + padding
     loss_mask: Leaf  # float32: 1 on trained tokens: model-written (+ tool output if unmasked)
@@ -47,14 +51,63 @@ class TrainBatch(Generic[Leaf]):
     old_values: Leaf  # float32 (zeros without a critic)
     rollout_logprobs: Leaf  # float32: the engine's logprobs (mismatch / TIS)
 
+    def __post_init__(self) -> None:
+        check_train_batch(self)
+
+
+def check_train_batch(batch: TrainBatch[Any]) -> None:
+    """`input_ids` int32, every other field float32, all of `input_ids`' shape (rank >= 2).
+    Leaves that are not concrete arrays or `jax.ShapeDtypeStruct`s are skipped."""
+    shape: tuple[int, ...] | None = None
+    for field in dataclasses.fields(batch):
+        x = getattr(batch, field.name)
+        if isinstance(x, Tracer) or not isinstance(
+            x, np.ndarray | jax.Array | jax.ShapeDtypeStruct
+        ):
+            continue
+        want = np.dtype(np.int32 if field.name == "input_ids" else np.float32)
+        shape = tuple(x.shape) if shape is None else shape
+        if x.dtype != want or len(x.shape) < 2 or tuple(x.shape) != shape:
+            raise ValueError(
+                f"TrainBatch.{field.name} is {x.dtype}{list(x.shape)}; expected {want} of "
+                f"the shape {list(shape)} [B, T] or [M, mb, T] (input_ids int32, every "
+                "other field float32; pass the fields by name)"
+            )
+
+
+FINISH_REASONS = ("eos", "stop", "length", "prompt_too_long")
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One sample as the rollout driver finished it (`rollout.completions.LiveSample`).
+    Its arrays are [response] over the sample's response tokens, the model's and those
+    inserted by tools (a length of its own), but `prompt_ids`: its prompt's tokens."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: Int[np.ndarray, " prompt"]
+    token_ids: Int[np.ndarray, " response"]  # int32
+    # float32, under the sampled distribution; 0 on inserted tokens
+    logprobs: Float[np.ndarray, " response"]
+    # float32, log_softmax of raw logits; 0 on inserted tokens; None unless the request
+    # asked (`SamplingParams.raw_logprobs`)
+    raw_logprobs: Float[np.ndarray, " response"] | None
+    response_mask: Int[np.ndarray, " response"]  # int32: 1 = model token, 0 = tool output
+    finish_reason: str  # one of FINISH_REASONS
+    text: str
+    stop_string: str | None = None
+    tool_calls: int = 0
+    error: str | None = None
+
 
 @dataclasses.dataclass(frozen=True)
 class Rollout:
     """One step's scored samples in global-batch order: sample b belongs to prompt b // G.
 
-    Each completion (`rollout.driver.Completion`) carries the sample's token ids, its
-    response mask (0 on tool output: not the model's, never trained), the engine's logprobs,
-    finish reason, stop string and tool-call count.
+    Each `Completion` carries the sample's token ids, its response mask (0 on tool output:
+    not the model's, never trained), the engine's logprobs, finish reason, stop string and
+    tool-call count.
     """
 
     completions: tuple[Completion, ...]  # [B]

@@ -1,7 +1,9 @@
-"""The command line's process behaviour: a SIGTERM runs the command's cleanups on the way out."""
+"""The command line's process behaviour: a SIGTERM runs the command's cleanups on the way out;
+a bad path ends a command with one line and exit 2."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,7 +11,11 @@ import textwrap
 import threading
 from pathlib import Path
 
+import gin
+import pytest
+
 from jaxrl_llm import cli
+from jaxrl_llm.assets import builtin_checkpoint
 
 # A command that holds a temporary directory (as `bench train` holds its 0.5B checkpoint)
 # and waits to be stopped.
@@ -84,3 +90,74 @@ def test_a_command_started_off_the_main_thread_leaves_signals_alone():
     thread.start()
     thread.join()
     assert result == [False]
+
+
+@pytest.fixture
+def clean_gin():
+    yield
+    gin.clear_config()
+
+
+def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (argv, the start of the one line on stderr)."""
+    missing = tmp / "missing"
+    corrupt = tmp / "corrupt"
+    shutil.copytree(builtin_checkpoint(), corrupt)
+    (corrupt / "tokenizer.json").write_text("{not json")
+    run = ["--run_dir", str(tmp / "run"), "--gin_param"]
+    return {
+        "train_data_file": (
+            ["train", *run, f"DataConfig.train_file = '{missing}.jsonl'"],
+            f"jaxrl-llm train: configuration error: DataConfig.train_file = '{missing}.jsonl': "
+            "no such file or folder; expected a prompt file (.jsonl, .json, .parquet, .arrow) "
+            "or a Hugging Face dataset folder; fix the path",
+        ),
+        "train_checkpoint": (
+            ["train", *run, f"PolicyConfig.checkpoint = '{missing}'"],
+            f"jaxrl-llm train: configuration error: PolicyConfig.checkpoint = '{missing}': "
+            "no such folder; expected a Hugging Face checkpoint folder",
+        ),
+        "generate_checkpoint": (
+            ["generate", "--checkpoint", str(missing)],
+            f"jaxrl-llm generate: configuration error: --checkpoint '{missing}': no such folder",
+        ),
+        "generate_tokenizer": (
+            ["generate", "--checkpoint", str(corrupt)],
+            f"jaxrl-llm generate: configuration error: --checkpoint '{corrupt}': "
+            "tokenizer.json is not valid JSON",
+        ),
+        "export_run": (
+            ["export", "--run", str(missing), "--out", str(tmp / "out")],
+            f"jaxrl-llm export: configuration error: --run '{missing}': no such folder; "
+            "expected a jaxrl-llm run directory",
+        ),
+    }
+
+
+BAD_INPUTS = ("train_data_file", "train_checkpoint", "generate_checkpoint")
+BAD_INPUTS += ("generate_tokenizer", "export_run")
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_a_bad_path_ends_the_command_with_one_line(tmp_path, capsys, clean_gin, case):
+    argv, line = _bad_inputs(tmp_path)[case]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(line), err[-1]
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_a_missing_checkpoint_ends_the_process_without_a_traceback(tmp_path):
+    """In its own process (`python -m jaxrl_llm.cli`, as the entry point): exit 2, one line."""
+    missing = tmp_path / "missing"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxrl_llm.cli", "generate", "--checkpoint", str(missing)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"jaxrl-llm generate: configuration error: --checkpoint '{missing}': no such folder; "
+        "expected a Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json) "
+        "or 'builtin'; fix the path"
+    ]

@@ -22,7 +22,7 @@ from etils.epath import gpath
 from etils.epath import testing as epath_testing
 
 from jaxrl_llm.config import parse_gin, write_resolved_config
-from jaxrl_llm.data.sources import SourceConfig, read_records
+from jaxrl_llm.data.sources import DataSourceError, SourceConfig, read_records
 from jaxrl_llm.learner.checkpoint import Checkpointer, checkpoint_directory
 from jaxrl_llm.metrics import MetricsConfig, MetricsWriter, read_metrics
 
@@ -101,7 +101,7 @@ def test_data_files_and_folders_read_from_gcs(bucket):
         records = list(read_records(SourceConfig(path, format=fmt)))
         assert [r.row for r in records] == rows, path
         assert records[0].source.startswith(PREFIX)
-    with pytest.raises(FileNotFoundError, match=r"gs://d/missing\.jsonl"):
+    with pytest.raises(DataSourceError, match=r"'gs://d/missing\.jsonl': no such file"):
         list(read_records(SourceConfig("gs://d/missing.jsonl")))
 
 

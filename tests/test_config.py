@@ -206,7 +206,8 @@ def test_a_range_on_a_missing_field_fails_at_definition():
 def test_gspo_with_ppo_clip_ranges_warns(caplog):
     parse_gin(["grpo_tiny.gin"], ["AlgoConfig.policy_loss = 'gspo'"])
     RLConfig().validate()
-    assert "GSPO clips a sequence ratio" in caplog.text
+    assert "policy_loss 'gspo' clips its ratio at (1 - 0.2, 1 + 0.2)" in caplog.text
+    assert "its paper uses 0.0003 / 0.0004" in caplog.text
     caplog.clear()
     parse_gin(
         ["grpo_tiny.gin"],
@@ -217,7 +218,7 @@ def test_gspo_with_ppo_clip_ranges_warns(caplog):
         ],
     )
     RLConfig().validate()
-    assert "GSPO" not in caplog.text
+    assert "'gspo'" not in caplog.text
 
 
 def test_a_placeholder_left_unset_is_named():

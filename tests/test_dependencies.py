@@ -1,5 +1,6 @@
 """Dependencies point one way (docs/architecture.md): read every module's imports with `ast`
-(function-level imports included) and check the package layers and the absence of cycles.
+(function-level imports and those under `if TYPE_CHECKING:` included) and check the package
+layers and the absence of cycles.
 And the heavy ones stay out of training: no TensorFlow or seqio in a training run."""
 
 import ast
@@ -7,6 +8,7 @@ import collections
 import os
 import subprocess
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,10 @@ import pytest
 import jaxrl_llm
 
 ROOT = Path(jaxrl_llm.__file__).parent
-# Building blocks never reach up into the stages that assemble them.
+# Building blocks, and the stage records (`types.py`), never reach up into the stages that
+# assemble them.
 LOWER = {"algorithms", "models", "sharding", "rewards", "tools", "data"}
+LOWER |= {"types", "cpu_devices", "assets"}
 UPPER = {"learner", "rollout", "metrics", "bench"}
 
 
@@ -24,19 +28,26 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _imports(source: str, modules: Collection[str], filename: str = "<source>") -> set[str]:
+    """The jaxrl_llm modules `source` imports, wherever the import stands (a name imported
+    from a package counts as its submodule when it is one)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jaxrl_llm"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                out.add(sub if sub in modules else node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in modules)
+    return out
+
+
 def _import_graph() -> dict[str, set[str]]:
-    """module -> the jaxrl_llm modules it imports (a name imported from a package counts as
-    its submodule when it is one)."""
+    """module -> the jaxrl_llm modules it imports."""
     modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
     graph: dict[str, set[str]] = collections.defaultdict(set)
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jaxrl_llm"):
-                for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    graph[name].add(sub if sub in modules else node.module)
-            elif isinstance(node, ast.Import):
-                graph[name].update(a.name for a in node.names if a.name in modules)
+        graph[name] |= _imports(path.read_text(), modules, str(path))
     return graph
 
 
@@ -45,14 +56,29 @@ def _package(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def test_lower_packages_never_import_the_stages_above_them():
-    wrong = sorted(
+def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
         f"{src} imports {dst}"
-        for src, dsts in _import_graph().items()
+        for src, dsts in graph.items()
         for dst in dsts
         if _package(src) in LOWER and _package(dst) in UPPER
     )
-    assert wrong == []
+
+
+def test_lower_packages_never_import_the_stages_above_them():
+    assert _layer_violations(_import_graph()) == []
+
+
+def test_the_layer_check_sees_types_importing_a_stage_for_the_type_checker():
+    """`types.py` named `rollout.driver.Completion` under `if TYPE_CHECKING:` once (a record
+    owned by a stage above it): such an import is a layer violation all the same."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from jaxrl_llm.rollout.driver import Completion\n"
+    )
+    graph = {"jaxrl_llm.types": _imports(source, {"jaxrl_llm.rollout.driver"})}
+    assert _layer_violations(graph) == ["jaxrl_llm.types imports jaxrl_llm.rollout.driver"]
 
 
 def test_no_import_cycles_between_modules():

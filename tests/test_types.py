@@ -1,15 +1,17 @@
-"""Stage records: a `Rollout` checks its shapes, selects and concatenates whole groups."""
+"""Stage records: a `Rollout` checks its shapes, selects and concatenates whole groups; a
+`TrainBatch` is built by keyword from arrays of its dtypes."""
 
 import dataclasses
 
+import jax
 import numpy as np
 import pytest
 
-from jaxrl_llm.types import Rollout
+from jaxrl_llm.types import Rollout, TrainBatch
 
 
 @dataclasses.dataclass(frozen=True)
-class _Sample:  # the fields of rollout.driver.Completion that a Rollout reads
+class _Sample:  # the fields of types.Completion that a Rollout reads
     prompt_ids: tuple
     token_ids: tuple
 
@@ -43,3 +45,27 @@ def test_mismatched_shapes_are_refused():
         dataclasses.replace(r, group_size=3)
     with pytest.raises(ValueError, match="scores"):
         dataclasses.replace(r, scores=np.zeros(3, np.float32))
+
+
+def _train_batch(shape=(2, 3), **changes):
+    fields = {f.name: np.zeros(shape, np.float32) for f in dataclasses.fields(TrainBatch)}
+    return TrainBatch(**{**fields, "input_ids": np.zeros(shape, np.int32), **changes})
+
+
+def test_train_batch_is_built_by_keyword_from_arrays_of_its_dtypes_and_one_shape():
+    arrays = [np.zeros((2, 3), np.int32)] + [np.zeros((2, 3), np.float32)] * 7
+    with pytest.raises(TypeError):
+        TrainBatch(*arrays)  # pyright: ignore[reportCallIssue]
+    with pytest.raises(ValueError, match=r"input_ids is float32\[2, 3\]; expected int32"):
+        _train_batch(input_ids=np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"TrainBatch\.loss_mask is int32"):
+        _train_batch(loss_mask=np.zeros((2, 3), np.int32))  # ids and mask swapped, say
+    with pytest.raises(ValueError, match=r"TrainBatch.advantages is float32\[2, 4\]"):
+        _train_batch(advantages=np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"TrainBatch.input_ids is int32\[6\]"):
+        _train_batch(shape=(6,))
+    _train_batch(shape=(1, 2, 3))  # micro-batches [M, mb, T]
+    jax.jit(lambda b: b)(_train_batch())  # rebuilt from tracers and abstract values inside
+    spec = jax.ShapeDtypeStruct((2, 3), np.float32)
+    with pytest.raises(ValueError, match=r"TrainBatch\.input_ids is float32"):
+        TrainBatch(**{f.name: spec for f in dataclasses.fields(TrainBatch)})

@@ -7,7 +7,8 @@ The public functions take the arrays each method needs. Their registered adapter
 verl's ``AdvantageEstimator``: ``grpo``, ``rloo``, ``reinforce_plus_plus``,
 ``reinforce_plus_plus_baseline``, ``gae``) share one token-level call,
 ``fn(token_rewards[B, T], response_mask[B, T], *, values=None, **hparams)
--> (advantages[B, T], returns[B, T])``, so the learner can switch method by name.
+-> (advantages[B, T], returns[B, T])``, so the learner can switch method by name; each is
+registered with what it needs from the run (a critic, a minimum group size).
 """
 
 from __future__ import annotations
@@ -188,6 +189,10 @@ def gae_advantages(
 
 # ----------------------------------------------------------------------------------------------
 # Registered token-level adapters: fn(token_rewards, response_mask, *, values=None, ...).
+# Each registration declares what the method needs from the run (`registry.Capabilities`):
+# GRPO and RLOO need a group (rollout.n >= 2: a lone sample is its own baseline, advantage
+# 0); GAE reads a critic's values. REINFORCE++'s baseline variant keeps a lone sample's
+# score (verl), so it runs with n = 1.
 
 
 def _scores(token_rewards: Array, response_mask: Array) -> Array:
@@ -199,7 +204,7 @@ def _on_tokens(seq_adv: Array, response_mask: Array) -> tuple[Array, Array]:
     return adv, adv
 
 
-@register("advantage", "grpo")
+@register("advantage", "grpo", min_group_size=2)
 def grpo_token_advantages(
     token_rewards: Array,
     response_mask: Array,
@@ -217,7 +222,7 @@ def grpo_token_advantages(
     )
 
 
-@register("advantage", "rloo")
+@register("advantage", "rloo", min_group_size=2)
 def rloo_token_advantages(
     token_rewards: Array,
     response_mask: Array,
@@ -258,7 +263,7 @@ def reinforce_pp_baseline_token_advantages(
     return reinforce_pp_advantages(token_rewards, response_mask, baseline_group_size=group_size)
 
 
-@register("advantage", "gae")
+@register("advantage", "gae", needs_critic=True, reads=("values",))
 def gae_token_advantages(
     token_rewards: Array,
     response_mask: Array,

@@ -91,7 +91,7 @@ def policy_loss(
     return loss, metrics
 
 
-@register("policy_loss", "gspo")
+@register("policy_loss", "gspo", paper_clip=(3e-4, 4e-4))
 def gspo_policy_loss(
     logprobs: Array,
     old_logprobs: Array,

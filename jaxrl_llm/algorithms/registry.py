@@ -9,10 +9,15 @@ Example::
 
     adv_fn = resolve("advantage", "grpo", group_size=8)       # at start-up
     advantages, returns = adv_fn(token_rewards, response_mask)  # inside the jitted step
+
+What an option needs from the rest of the run (a critic, a group of samples per prompt) is
+a :class:`Capabilities` record registered with the function, and the config asks
+:func:`capabilities`, never the name: a new estimator that needs a critic gets one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -25,30 +30,68 @@ KINDS = ("advantage", "policy_loss", "kl", "loss_agg")
 _TABLES: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
 
 
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a registered function needs from the run, declared at its registration.
+
+    needs_critic: the run builds and trains a value model whose values the function reads
+        (verl's ``need_critic``); ``RLConfig.uses_critic`` is this flag.
+    min_group_size: the fewest samples per prompt (``rollout.n``) the method is defined for;
+        a leave-one-out or group-normalised baseline of one sample is the sample itself, so
+        GRPO and RLOO would give every sample advantage 0.
+    reads: the optional inputs (keyword arguments) the function reads, e.g. ``("values",)``;
+        checked against its signature at registration.
+    paper_clip: ``(clip_low, clip_high)`` of a policy loss's paper where PPO's 0.2 does not
+        fit (GSPO clips a sequence ratio, which stays near 1, at 3e-4 / 4e-4); the config
+        warns when a run clips far wider.
+    """
+
+    needs_critic: bool = False
+    min_group_size: int = 1
+    reads: tuple[str, ...] = ()
+    paper_clip: tuple[float, float] | None = None
+
+
+_CAPABILITIES: dict[str, dict[str, Capabilities]] = {kind: {} for kind in KINDS}
+
+
 def _table(kind: str) -> dict[str, Callable[..., Any]]:
     if kind not in _TABLES:
         raise ValueError(f"unknown option kind {kind!r}; kinds are: {', '.join(KINDS)}")
     return _TABLES[kind]
 
 
-def register(kind: str, *names: str) -> Callable[[F], F]:
-    """Decorator: register a function under one or more names (aliases) of ``kind``.
+def register(kind: str, *names: str, **capabilities: Any) -> Callable[[F], F]:
+    """Decorator: register a function under one or more names (aliases) of ``kind``, with
+    its :class:`Capabilities` given as keywords (``needs_critic=True``, ``min_group_size=2``).
 
-    Registering a different function under a taken name is an error (two modules silently
-    fighting over a name is worse than a crash at import).
+    Registering a different function, or the same one with other capabilities, under a taken
+    name is an error (two modules silently fighting over a name is worse than a crash at
+    import); so is a ``reads`` entry the function has no parameter for.
     """
     if not names:
         raise ValueError("register needs at least one name")
-    table = _table(kind)
+    table, caps = _table(kind), Capabilities(**capabilities)
 
     def decorator(fn: F) -> F:
+        unread = [r for r in caps.reads if r not in inspect.signature(fn).parameters]
+        if unread:
+            raise ValueError(f"{kind} {names[0]!r} declares reads={unread} but takes no such input")
         for name in names:
-            if name in table and table[name] is not fn:
+            if name in table and (table[name] is not fn or _CAPABILITIES[kind][name] != caps):
                 raise ValueError(f"{kind} {name!r} is already registered to {table[name]!r}")
+        for name in names:
             table[name] = fn
+            _CAPABILITIES[kind][name] = caps
         return fn
 
     return decorator
+
+
+def unregister(kind: str, name: str) -> None:
+    """Remove ``name`` (a test's temporary option); unknown names are an error."""
+    lookup(kind, name)
+    del _TABLES[kind][name], _CAPABILITIES[kind][name]
 
 
 def available(kind: str) -> tuple[str, ...]:
@@ -62,6 +105,13 @@ def lookup(kind: str, name: str) -> Callable[..., Any]:
     if name not in table:
         raise ValueError(f"unknown {kind} {name!r}; choose one of: {', '.join(available(kind))}")
     return table[name]
+
+
+def capabilities(kind: str, name: str) -> Capabilities:
+    """The :class:`Capabilities` ``name`` was registered with (a ValueError lists the
+    choices if there is no such name)."""
+    lookup(kind, name)
+    return _CAPABILITIES[kind][name]
 
 
 def resolve(kind: str, name: str, /, **kwargs: Any) -> Callable[..., Any]:

@@ -39,4 +39,4 @@ def bench_checkpoint(name: str, tmp: Path) -> Path:
 
     if name in PRESETS:
         return write_random_checkpoint(name, tmp)
-    return resolve_checkpoint(name)
+    return resolve_checkpoint(name, "--checkpoint", tokenizer=False)  # prompts are token ids

@@ -64,7 +64,8 @@ Approximations, stated: all prompts are prefilled at one bucket width (the run m
 buckets); tool outputs inserted into a response are counted as decoded tokens (the run
 appends them in one call, so this is generous to the baseline); with DAPO dynamic sampling
 a step may generate several times and the baseline counts once. Configs with a critic
-(estimator 'gae') are refused: the baseline has no critic forward or update.
+(`RLConfig.uses_critic`: an estimator registered with needs_critic, e.g. 'gae') are refused:
+the baseline has no critic forward or update.
 """
 
 from __future__ import annotations
@@ -363,7 +364,10 @@ def main(args: argparse.Namespace) -> int:
         parse_gin(files, [*args.gin_param, *overrides])
         cfg = RLConfig()
         if cfg.uses_critic:
-            raise SystemExit("bench rl-step: estimator 'gae' has a critic the baseline lacks")
+            raise SystemExit(
+                f"bench rl-step: estimator {cfg.algo.estimator!r} trains a critic, which the "
+                "baseline lacks"
+            )
         records, compile_s, wall = run_steps(cfg, clock)
         summary = summarize(records, compile_s)
         shape = step_shape(cfg, records)

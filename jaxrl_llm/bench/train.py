@@ -73,7 +73,10 @@ def bench_jax(
     ids = jnp.asarray(_ids(cfg.vocab_size, batch, seq_len))[None]
     f = lambda v: jnp.full(ids.shape, v, jnp.float32)
     mask = f(1.0).at[..., 0].set(0.0)
-    tb = TrainBatch(ids, mask, f(-3.0), f(-3.0), f(0.5), f(0.5), f(0.0), f(-3.0))
+    tb = TrainBatch(
+        input_ids=ids, loss_mask=mask, old_logprobs=f(-3.0), ref_logprobs=f(-3.0),
+        advantages=f(0.5), returns=f(0.5), old_values=f(0.0), rollout_logprobs=f(-3.0),
+    )  # fmt: skip
     with CompileClock() as clock:
         t0 = time.perf_counter()
         state, m = step(state, tb)  # compiles
@@ -166,7 +169,8 @@ def main(args: argparse.Namespace) -> int:
         "speedup_vs_torch": None
         if torch_run is None
         else ours["tokens_per_s"] / torch_run["tokens_per_s_with_adamw"],
-        # Our whole step vs PyTorch's forward + backward alone (the ratio sessions 4-6 quoted).
+        # Our whole step vs PyTorch's forward + backward alone (the ratio that the entries of
+        # docs/performance.md before 5d5a95f quote).
         "speedup_vs_torch_fwd_bwd": None
         if torch_run is None
         else ours["tokens_per_s"] / torch_run["tokens_per_s"],

@@ -76,8 +76,11 @@ def bench_steps(path: Path, lengths: np.ndarray, T: int, prompt: int, repeats: i
     t = np.arange(T)[None, None, :]
     mask = jnp.asarray(((t >= prompt) & (t < lengths[None, :, None])).astype(np.float32))
     f = lambda v: jnp.full(mask.shape, v, jnp.float32) * mask
-    tb = TrainBatch(jnp.asarray(ids, jnp.int32), mask, f(-3.0), f(-3.0), f(0.5), f(0.5),
-                    f(0.0), f(-3.0))  # fmt: skip
+    tb = TrainBatch(
+        input_ids=jnp.asarray(ids, jnp.int32), loss_mask=mask, old_logprobs=f(-3.0),
+        ref_logprobs=f(-3.0), advantages=f(0.5), returns=f(0.5), old_values=f(0.0),
+        rollout_logprobs=f(-3.0),
+    )  # fmt: skip
     packing = packing_layout(lengths, B, T)
     holder = {"state": state}
 

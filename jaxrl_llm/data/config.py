@@ -6,13 +6,16 @@ import dataclasses
 
 import gin
 
-from jaxrl_llm.config_checks import Ge, checked_fields
+from jaxrl_llm.config_checks import Ge, checked_fields, documented
+from jaxrl_llm.data.tasks import BUILTIN_TASKS
+from jaxrl_llm.data.templates import TEMPLATES
 
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 @checked_fields(
-    builtin_task=("arithmetic", "retrieval"),
+    builtin_task=tuple(BUILTIN_TASKS),
+    template=TEMPLATES,
     max_prompt_length=Ge(1),
     prompts_per_step=Ge(1),
     val_size=Ge(0),
@@ -21,16 +24,42 @@ from jaxrl_llm.config_checks import Ge, checked_fields
 class DataConfig:
     """Prompts. With no `train_file`, the built-in arithmetic task is generated."""
 
-    train_file: str | None = None
-    val_file: str | None = None
-    builtin_task: str = "arithmetic"  # with no train_file: 'arithmetic' | 'retrieval'
-    prompt_key: str | None = None  # None: try prompt / question / problem
-    answer_key: str | None = None  # None: try answer / solution / ground_truth
-    template: str = "chat"
-    system_prompt: str | None = None
-    max_prompt_length: int = 160
-    prompts_per_step: int = 8
-    val_size: int = 64
-    builtin_train_size: int = 2000
-    builtin_levels: tuple[int, ...] = (1, 2, 3, 4)
-    seed: int = 0
+    train_file: str | None = documented(
+        None, "Training prompts, a jsonl or parquet file; None: the built-in task `builtin_task`."
+    )
+    val_file: str | None = documented(
+        None,
+        "Validation prompts (jsonl or parquet), all scored at each validation; None with a "
+        "`train_file`: no validation.",
+    )
+    builtin_task: str = documented(
+        "arithmetic", "The generated task used when `train_file` is None."
+    )
+    prompt_key: str | None = documented(
+        None, "Column holding the prompt; None: the first of prompt, question, problem."
+    )
+    answer_key: str | None = documented(
+        None,
+        "Column holding the reference answer; None: the first of answer, solution, ground_truth.",
+    )
+    template: str = documented(
+        "chat",
+        "How an example becomes the prompt text: 'raw' as it is, 'chat' through the "
+        "tokenizer's chat template, 'torl' / 'search_r1' with ToRL's or Search-R1's "
+        "instruction.",
+    )
+    system_prompt: str | None = documented(
+        None, "System message put first in every prompt (replaces ToRL's for 'torl'); None: none."
+    )
+    max_prompt_length: int = documented(
+        160, "Longest prompt in tokens: longer ones are dropped (counted and logged)."
+    )
+    prompts_per_step: int = documented(
+        8, "Prompts per training step; each is sampled `RolloutConfig.n` times."
+    )
+    val_size: int = documented(64, "Validation problems the built-in task generates.")
+    builtin_train_size: int = documented(2000, "Training problems the built-in task generates.")
+    builtin_levels: tuple[int, ...] = documented(
+        (1, 2, 3, 4), "Difficulty levels of the built-in arithmetic task's problems."
+    )
+    seed: int = documented(0, "Seed of the prompt shuffle and of the built-in task's problems.")

@@ -13,8 +13,8 @@ import jax
 from jaxrl_llm.data.config import DataConfig
 from jaxrl_llm.data.examples import FieldMap
 from jaxrl_llm.data.pipeline import PipelineConfig, build_prompt_pipeline
-from jaxrl_llm.data.sources import SourceConfig
-from jaxrl_llm.data.tasks import arithmetic
+from jaxrl_llm.data.sources import SourceConfig, require_source
+from jaxrl_llm.data.tasks import builtin_task
 
 log = logging.getLogger(__name__)
 
@@ -26,18 +26,21 @@ class PromptData:
     corpus: Path | None = None  # the built-in retrieval task's corpus
 
 
+def check_data_files(d: DataConfig) -> None:
+    """Raise `DataSourceError` (a `ConfigError`) naming the field when `train_file` or
+    `val_file` is set to a path that does not exist: a run checks this before loading a model."""
+    for field, path in (("train_file", d.train_file), ("val_file", d.val_file)):
+        if path is not None:
+            require_source(path, f"DataConfig.{field}")
+
+
 def prompt_data(d: DataConfig, tokenizer: Any, run_dir: Path) -> PromptData:
     """Train and validation pipelines; the built-in task is written to run_dir/data first."""
+    check_data_files(d)
     train_file, val_file, corpus = d.train_file, d.val_file, None
-    if train_file is None and d.builtin_task == "retrieval":
-        from jaxrl_llm.data.tasks import retrieval
-
-        paths = retrieval.write_task(
-            run_dir / "data", n_train=d.builtin_train_size, n_val=d.val_size, seed=d.seed
-        )
-        train_file, val_file, corpus = str(paths["train"]), str(paths["val"]), paths["corpus"]
-    elif train_file is None:
-        paths = arithmetic.write_splits(
+    if train_file is None:
+        task = builtin_task(d.builtin_task)
+        paths = task.write(
             run_dir / "data",
             n_train=d.builtin_train_size,
             n_val=d.val_size,
@@ -45,6 +48,8 @@ def prompt_data(d: DataConfig, tokenizer: Any, run_dir: Path) -> PromptData:
             levels=d.builtin_levels,
         )
         train_file, val_file = str(paths["train"]), str(paths["val"])
+        corpus_key = task.supplies.get("search_corpus")  # the retrieval task's corpus
+        corpus = paths[corpus_key] if corpus_key else None
     fields = FieldMap(
         prompt=(d.prompt_key,) if d.prompt_key else FieldMap().prompt,
         answer=(d.answer_key,) if d.answer_key else FieldMap().answer,

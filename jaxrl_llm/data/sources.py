@@ -22,15 +22,17 @@ like a local one (with ``gcsfs``/``s3fs`` installed; ``pip install 'jaxrl-llm[gc
 
 A row that cannot be parsed (bad JSON, bad UTF-8, not an object) comes out as a ``RawRecord``
 with ``row=None`` and an ``error``; deciding whether that skips or raises is the caller's job
-(see ``jaxrl_llm.data.examples``). A file that cannot be read at all (a JSON array with a
-syntax error, a missing file) raises ``ValueError`` / ``FileNotFoundError`` at once, before
-any training starts.
+(see ``jaxrl_llm.data.examples``). A source that cannot be read at all (a missing file, a JSON
+array with a syntax error, an unknown suffix, a folder without the split) raises
+``DataSourceError`` at once, before any training starts: a ``ConfigError``, so the command
+line ends with its one-line message (exit 2), not a traceback.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -38,11 +40,15 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from jaxrl_llm.config_checks import checked_fields
+from jaxrl_llm.config_checks import ConfigError, checked_fields
 
 FORMATS = ("auto", "jsonl", "json", "parquet", "arrow", "hf", "tfds")
 _FILE_SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
 _WHITESPACE = re.compile(r"\s*")
+
+
+class DataSourceError(ConfigError):
+    """A data source that cannot be read at all: missing, or not in the format it claims."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,22 +99,36 @@ def detect_format(config: SourceConfig) -> str:
         return "hf"
     fmt = _FILE_SUFFIXES.get(path.suffix.lower())
     if fmt is None:
-        raise ValueError(
+        raise DataSourceError(
             f"cannot tell the format of {config.path!r} from its suffix; set format= to one of "
             f"{FORMATS[1:]}"
         )
     return fmt
 
 
+def require_source(path: str, field: str = "data source") -> None:
+    """Raises ``DataSourceError`` naming ``field`` (the config field, or the ``--flag``, that
+    gave ``path``) unless ``path`` is an existing file or folder."""
+    if epath.Path(path).exists():
+        return
+    given = f"{field} {path!r}" if field.startswith("--") else f"{field} = {path!r}"
+    relative = "://" not in path and not os.path.isabs(path)
+    where = f" (relative to {os.getcwd()})" if relative else ""
+    raise DataSourceError(
+        f"{given}: no such file or folder{where}; expected a prompt file "
+        f"({', '.join(_FILE_SUFFIXES)}) or a Hugging Face dataset folder; fix the path"
+    )
+
+
 def read_records(config: SourceConfig) -> Iterator[RawRecord]:
     """Yields every row of the source described by ``config``, in file order."""
+    if config.format != "tfds":
+        require_source(config.path)
     fmt = detect_format(config)
     if fmt == "tfds":
         yield from read_tfds(config.path, split=config.split, data_dir=config.data_dir)
         return
     path = epath.Path(config.path)
-    if not path.exists():
-        raise FileNotFoundError(f"data source not found: {path}")
     if fmt == "hf":
         yield from read_hf_folder(path, split=config.split)
     else:
@@ -155,8 +175,8 @@ def read_jsonl(path: epath.PathLike) -> Iterator[RawRecord]:
 def read_json_array(path: epath.PathLike) -> Iterator[RawRecord]:
     """A JSON array of objects, decoded one element at a time to know each one's line.
 
-    A syntax error anywhere makes the rest of an array unreadable, so it raises ``ValueError``
-    with the line and column rather than skipping.
+    A syntax error anywhere makes the rest of an array unreadable, so it raises
+    ``DataSourceError`` with the line and column rather than skipping.
     """
     text = epath.Path(path).read_text(encoding="utf-8")
     decoder = json.JSONDecoder()
@@ -164,10 +184,10 @@ def read_json_array(path: epath.PathLike) -> Iterator[RawRecord]:
     def skip(pos: int) -> int:
         return _WHITESPACE.match(text, pos).end()
 
-    def fail(pos: int, message: str) -> ValueError:
+    def fail(pos: int, message: str) -> DataSourceError:
         line = text.count("\n", 0, pos) + 1
         column = pos - text.rfind("\n", 0, pos)
-        return ValueError(f"{path}:{line}:{column}: {message}")
+        return DataSourceError(f"{path}:{line}:{column}: {message}")
 
     pos = skip(0)
     if not text.startswith("[", pos):
@@ -248,7 +268,7 @@ def hf_data_files(folder: epath.PathLike, split: str) -> list[tuple[epath.Path, 
     if dict_meta.exists():
         splits = json.loads(dict_meta.read_text())["splits"]
         if split not in splits:
-            raise ValueError(f"{folder}: no split {split!r}; it has {splits}")
+            raise DataSourceError(f"{folder}: no split {split!r}; it has {splits}")
         return hf_data_files(folder / split, split)
     state = folder / "state.json"
     if state.exists():
@@ -268,7 +288,9 @@ def hf_data_files(folder: epath.PathLike, split: str) -> list[tuple[epath.Path, 
         if split_re.match(p.name) or any(split_re.match(d) for d in p.relative_to(folder).parts)
     ]
     if not chosen:
-        raise ValueError(f"{folder}: no data files for split {split!r} among {len(files)} files")
+        raise DataSourceError(
+            f"{folder}: no data files for split {split!r} among {len(files)} files"
+        )
     return [(p, _FILE_SUFFIXES[p.suffix.lower()]) for p in chosen]
 
 

@@ -9,20 +9,21 @@ Logprobs come from the trunk's hidden states and the LM head on the masked posit
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jaxtyping import Bool, Float, Int
 
 from jaxrl_llm.algorithms import head_logprobs, kl_shaped_rewards, outcome_token_rewards
 from jaxrl_llm.algorithms.logprobs import EntropyMode
 from jaxrl_llm.algorithms.masked import masked_max, masked_mean, masked_min
 from jaxrl_llm.algorithms.registry import resolve_declared
 from jaxrl_llm.learner.packing import Packing, pack, unpack
-from jaxrl_llm.types import TrainBatch
+from jaxrl_llm.types import Completion, TrainBatch
 
 # float32 logits per chunk of `head_logprobs`: [rows, chunk, V] stays under 2**25 floats
 # (128 MiB), and a chunk is at most LOGIT_CHUNK_MAX positions per row, so the chunks past
@@ -31,14 +32,23 @@ LOGITS_PER_CHUNK = 1 << 25
 LOGIT_CHUNK_MAX = 64
 
 
-def pack_sequences(completions: Sequence[Any], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
-    """Prompt + response rows, right-padded to `seq_len` (static for the whole run).
+@dataclasses.dataclass(frozen=True)
+class SequenceRows:
+    """One sample per row on the host, prompt then response, right-padded to T = seq_len:
+    the rows the experience pass and the `TrainBatch` are built from."""
 
-    Returns input_ids [B,T], response_mask [B,T] (1 = model token), tool_mask [B,T] (1 =
-    token inserted by a tool), rollout_logprobs [B,T] (0 on tool tokens: never sampled),
-    response_length [B] (all response tokens, inserted ones included), length [B] (prompt
-    + response tokens), truncated [B].
-    """
+    input_ids: Int[np.ndarray, "B T"]  # int32, pad_id past the sample's end
+    response_mask: Float[np.ndarray, "B T"]  # 1 on model-written tokens
+    tool_mask: Float[np.ndarray, "B T"]  # 1 on tokens a tool inserted
+    rollout_logprobs: Float[np.ndarray, "B T"]  # the engine's; 0 on tool tokens (not sampled)
+    response_length: Int[np.ndarray, " B"]  # all response tokens, inserted ones included
+    length: Int[np.ndarray, " B"]  # prompt + response tokens
+    truncated: Bool[np.ndarray, " B"]  # finished for its token budget ("length")
+
+
+def pack_sequences(completions: Sequence[Completion], seq_len: int, pad_id: int) -> SequenceRows:
+    """Prompt + response rows [B, T], right-padded to T = `seq_len` (static for the whole
+    run), one sample per row: the `SequenceRows` of `completions` [B]."""
     B = len(completions)
     ids = np.full((B, seq_len), pad_id, np.int32)
     mask = np.zeros((B, seq_len), np.float32)
@@ -61,15 +71,15 @@ def pack_sequences(completions: Sequence[Any], seq_len: int, pad_id: int) -> dic
         lengths[b] = len(r)
         totals[b] = len(p) + len(r)
     truncated = np.asarray([c.finish_reason == "length" for c in completions])
-    return {
-        "input_ids": ids,
-        "response_mask": mask,
-        "tool_mask": tool,
-        "rollout_logprobs": logp,
-        "response_length": lengths,
-        "length": totals,
-        "truncated": truncated,
-    }
+    return SequenceRows(
+        input_ids=ids,
+        response_mask=mask,
+        tool_mask=tool,
+        rollout_logprobs=logp,
+        response_length=lengths,
+        length=totals,
+        truncated=truncated,
+    )
 
 
 def shift_right(x: jax.Array) -> jax.Array:
@@ -205,7 +215,10 @@ def make_experience_fn(
             scores, loss_mask, old, ref, None if outs[2] is None else values
         )
         behaviour = jnp.where((loss_mask > 0) & (response_mask == 0), old, rollout_logprobs)
-        batch = TrainBatch(input_ids, loss_mask, old, ref, adv, returns, values, behaviour)
+        batch = TrainBatch(
+            input_ids=input_ids, loss_mask=loss_mask, old_logprobs=old, ref_logprobs=ref,
+            advantages=adv, returns=returns, old_values=values, rollout_logprobs=behaviour,
+        )  # fmt: skip
         metrics = experience_metrics(batch, token_rewards, has_values=outs[2] is not None)
         if old_logprobs:
             metrics.update(logprob_diff_metrics(old, rollout_logprobs, response_mask))

@@ -108,7 +108,7 @@ def export_policy(
     safetensors (`fmt='merged'`; a LoRA run's adapters folded in) or, for a LoRA run, a
     PEFT adapter folder (`fmt='peft'`)."""
     from jaxrl_llm.assets import resolve_checkpoint
-    from jaxrl_llm.config import parse_gin
+    from jaxrl_llm.config import ConfigError, parse_gin
     from jaxrl_llm.learner.checkpoint import Checkpointer
     from jaxrl_llm.learner.lora import split_trainable
     from jaxrl_llm.learner.rl_config import RLConfig
@@ -117,20 +117,26 @@ def export_policy(
 
     run_dir = epath.Path(run_dir)
     if not (run_dir / "config.gin").is_file():
-        raise FileNotFoundError(f"{run_dir} has no config.gin: not a jaxrl-llm run directory")
+        what = "no config.gin in it" if run_dir.is_dir() else "no such folder"
+        raise ConfigError(
+            f"--run {str(run_dir)!r}: {what}; expected a jaxrl-llm run directory (the run_dir "
+            "of `jaxrl-llm train`, with config.gin and checkpoints/); fix the path"
+        )
     parse_gin([], [(run_dir / "config.gin").read_text()])  # gin's own reader is local-only
     cfg = RLConfig()
-    ckpt = Checkpointer(run_dir / "checkpoints")
-    step = ckpt.latest_step() if step is None else step
-    if step is None or step not in ckpt.all_steps():
-        raise FileNotFoundError(
-            f"no complete checkpoint {'' if step is None else step} in {ckpt.directory} "
-            f"(have {ckpt.all_steps()})"
-        )
     lora = cfg.policy.lora
     if fmt == "peft" and lora is None:
-        raise ValueError(f"--format peft: {run_dir} is not a LoRA run (PolicyConfig.lora = None)")
-    src = resolve_checkpoint(cfg.policy.checkpoint)
+        raise ConfigError(f"--format peft: {run_dir} is not a LoRA run (PolicyConfig.lora = None)")
+    field = f"{run_dir / 'config.gin'}: PolicyConfig.checkpoint"
+    src = resolve_checkpoint(cfg.policy.checkpoint, field, tokenizer=fmt != "peft")
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    steps = ckpt.all_steps()
+    step = ckpt.latest_step() if step is None else step
+    if step is None or step not in steps:
+        ckpt.close()
+        flag = f"--step {step}: no complete checkpoint" if step is not None else "no checkpoint"
+        fix = f"pass --step with one of {steps}" if steps else "export after the first save"
+        raise ConfigError(f"--run {str(run_dir)!r}: {flag} in {ckpt.directory}; {fix}")
     model = from_pretrained(src, dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype)
     graphdef, params, frozen, _ = split_trainable(model, lora, seed=cfg.seed, reference=False)
     raw = _unwrap_variables(ckpt.restore_raw(step)["policy"]["params"])

@@ -10,7 +10,7 @@ import dataclasses
 import gin
 import optax
 
-from jaxrl_llm.config_checks import Ge, Gt, Interval, checked_fields
+from jaxrl_llm.config_checks import Ge, Gt, Interval, checked_fields, documented
 
 
 @gin.configurable
@@ -27,17 +27,24 @@ from jaxrl_llm.config_checks import Ge, Gt, Interval, checked_fields
     max_grad_norm=Ge(0),
 )
 class OptimConfig:
-    """AdamW hyperparameters. `decay`: 'constant' | 'cosine' | 'linear' after warmup."""
+    """AdamW hyperparameters: linear warmup, then a constant, cosine or linear decay."""
 
-    lr: float = 1e-6
-    warmup_steps: int = 0
-    decay: str = "constant"
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.01
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0  # 0: no clipping
+    lr: float = documented(1e-6, "Peak learning rate, reached at the end of warmup.")
+    warmup_steps: int = documented(0, "Optimizer steps of linear warmup from 0 to `lr`.")
+    decay: str = documented(
+        "constant", "How the learning rate falls after warmup, down to `lr * min_lr_ratio`."
+    )
+    min_lr_ratio: float = documented(
+        0.0, "Final learning rate as a fraction of `lr` (cosine and linear decay only)."
+    )
+    weight_decay: float = documented(0.01, "AdamW's decoupled weight decay.")
+    b1: float = documented(0.9, "Adam's decay rate of the first moment (gradient mean).")
+    b2: float = documented(0.999, "Adam's decay rate of the second moment (squared gradient).")
+    eps: float = documented(1e-8, "Adam's epsilon, added to the second moment's square root.")
+    max_grad_norm: float = documented(
+        1.0,
+        "Clip gradients to this global norm (the norm is logged before clipping); 0: no clipping.",
+    )
 
 
 def learning_rate_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:

@@ -65,7 +65,11 @@ def xla_step_bytes(cfg, mesh, w: Workload, algo=None, optim=None) -> dict[str, i
     rows = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
     shape = (w.micro_batches, w.micro_batch, w.seq_len)
     f = lambda dt: jax.ShapeDtypeStruct(shape, dt, sharding=rows)
-    batch = TrainBatch(f(jnp.int32), *[f(jnp.float32)] * 7)
+    g = lambda: f(jnp.float32)
+    batch = TrainBatch(
+        input_ids=f(jnp.int32), loss_mask=g(), old_logprobs=g(), ref_logprobs=g(),
+        advantages=g(), returns=g(), old_values=g(), rollout_logprobs=g(),
+    )  # fmt: skip
     step = make_policy_step(graphdef, tx, algo or AlgoConfig(), 1.0)
     ma = step.lower(state, batch, None, *frozen).compile().memory_analysis()
     if ma is None:

@@ -12,7 +12,7 @@ import time
 
 import gin
 
-from jaxrl_llm.config_checks import Ge, Gt, Interval, checked_fields
+from jaxrl_llm.config_checks import Ge, Gt, Interval, checked_fields, documented
 from jaxrl_llm.data.config import DataConfig
 from jaxrl_llm.learner.optim import OptimConfig
 from jaxrl_llm.models.lora import LoraConfig
@@ -28,30 +28,50 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 @checked_fields()
 class PolicyConfig:
-    checkpoint: str = "builtin"  # HF folder or 'builtin'
-    critic_checkpoint: str | None = None  # None: the critic starts from the policy trunk
-    dtype: str = "float32"  # compute dtype
-    param_dtype: str = "float32"  # master weights
-    rollout_dtype: str | None = None  # e.g. 'bfloat16' rollout weights; None = same params
-    remat: bool = False
-    # The layers of the trainer's forwards as one lax.scan (`ModelConfig.scan_layers`): compile
-    # time independent of depth; slower to compile and run on XLA:CPU (docs/performance.md).
-    scan_layers: bool = False
-    # Several samples per row in the trainer's forwards (`learner.packing`): less padding,
-    # same losses; False keeps one right-padded sample per row.
-    pack_sequences: bool = True
-    # Low-rank adapters on a frozen base (`models.lora`, docs/lora.md): only they are
-    # trained, checkpointed and synced to the rollout. None: full-parameter training.
-    lora: LoraConfig | None = None
+    """The policy model: its checkpoint, dtypes, how its forwards run, LoRA."""
+
+    checkpoint: str = documented(
+        "builtin", "The policy to train: a Hugging Face folder, or 'builtin' for the tiny model."
+    )
+    critic_checkpoint: str | None = documented(
+        None, "The critic's starting weights (GAE only); None: the policy's trunk."
+    )
+    dtype: str = documented("float32", "Compute dtype of the forwards, e.g. 'bfloat16'.")
+    param_dtype: str = documented("float32", "Dtype of the trained (master) weights.")
+    rollout_dtype: str | None = documented(
+        None, "Dtype of the rollout's copy of the weights, e.g. 'bfloat16'; None: the same weights."
+    )
+    remat: bool = documented(
+        False, "Recompute each layer's activations in the backward pass: less memory, more time."
+    )
+    scan_layers: bool = documented(
+        False,
+        "Run the trainer's layers as one lax.scan: compile time independent of depth; slower "
+        "to compile and run on CPU (docs/performance.md).",
+    )
+    pack_sequences: bool = documented(
+        True,
+        "Pack several samples per row in the trainer's forwards: less padding, same losses; "
+        "False: one right-padded sample per row.",
+    )
+    lora: LoraConfig | None = documented(
+        None,
+        "Train low-rank adapters on a frozen base (docs/lora.md): `PolicyConfig.lora = "
+        "@LoraConfig()`; None: full-parameter training.",
+    )
 
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 @checked_fields(data=Ge(-1), fsdp=Ge(-1), tensor=Ge(-1))  # -1: the devices left over
 class MeshConfig:
-    data: int = 1
-    fsdp: int = -1
-    tensor: int = 1
+    """Device mesh of the trainer: its data, fsdp and tensor axes (one of them may be -1)."""
+
+    data: int = documented(1, "Devices on the data-parallel axis; -1: the devices left over.")
+    fsdp: int = documented(
+        -1, "Devices the parameters and optimizer state are split over; -1: the devices left over."
+    )
+    tensor: int = documented(1, "Devices on the tensor-parallel axis; -1: the devices left over.")
 
 
 @gin.configurable
@@ -72,58 +92,114 @@ class MeshConfig:
     tis_cap=Gt(0),
 )
 class AlgoConfig:
-    """Algorithm options, named as in verl. estimator: grpo | rloo | gae | reinforce_plus_plus."""
+    """Algorithm options, named as in verl (docs/algorithms.md)."""
 
-    estimator: str = "grpo"
-    policy_loss: str = "ppo"  # 'ppo' (clipped) | 'gspo'
-    loss_agg: str = "token-mean"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip_c: float | None = 3.0
-    norm_by_std: bool = True
-    gamma: float = 1.0
-    lam: float = 1.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_kind: str = "low_var_kl"
-    kl_in_reward_coef: float = 0.0
-    kl_in_reward_kind: str = "k1"
-    entropy_coef: float = 0.0
-    ppo_epochs: int = 1
-    mini_batches: int = 1  # optimizer updates per epoch
-    micro_batch_size: int = 16  # sequences per forward/backward
-    value_clip: float | None = 0.5
-    dynamic_sampling: bool = False  # DAPO: drop all-equal groups, refill
-    max_sampling_tries: int = 3
-    tis_cap: float | None = None  # truncated importance sampling vs rollout logprobs
-    overlong_filter: bool = False  # truncated responses excluded from the loss
-    # Tool output (retrieved passages, interpreter output) inserted into a response is not
-    # the policy's action, so it is masked from the loss (Search-R1, ToRL); False trains on
-    # it too: Search-R1's retrieved-token masking ablation (docs/tools.md).
-    mask_tool_output: bool = True
+    estimator: str = documented(
+        "grpo",
+        "Advantage estimator: 'grpo', 'rloo', 'reinforce_plus_plus', "
+        "'reinforce_plus_plus_baseline' or 'gae' (trains a critic).",
+    )
+    policy_loss: str = documented(
+        "ppo", "Policy loss: 'ppo' (clipped token ratio) or 'gspo' (clipped sequence ratio)."
+    )
+    loss_agg: str = documented(
+        "token-mean",
+        "How token losses become one number: 'token-mean', 'seq-mean-token-sum', "
+        "'seq-mean-token-mean' or 'seq-mean-token-sum-norm'.",
+    )
+    clip_low: float = documented(0.2, "The ratio is clipped below at 1 - clip_low.")
+    clip_high: float = documented(
+        0.2, "The ratio is clipped above at 1 + clip_high (DAPO's clip-higher raises it)."
+    )
+    dual_clip_c: float | None = documented(
+        3.0,
+        "Dual-clip PPO: for a negative advantage A, a token's loss is capped at c * |A|; "
+        "None: off.",
+    )
+    norm_by_std: bool = documented(
+        True, "GRPO divides advantages by the group's reward std; False: Dr. GRPO's unscaled."
+    )
+    gamma: float = documented(1.0, "Discount factor (GAE, REINFORCE++).")
+    lam: float = documented(1.0, "GAE's lambda.")
+    use_kl_loss: bool = documented(
+        False, "Add a KL penalty to the reference policy to the loss (keeps a reference copy)."
+    )
+    kl_loss_coef: float = documented(0.001, "Weight of the KL loss.")
+    kl_loss_kind: str = documented(
+        "low_var_kl",
+        "KL estimator of the loss: 'k1' ('kl'), 'abs', 'k2' ('mse') or 'k3' ('low_var_kl').",
+    )
+    kl_in_reward_coef: float = documented(
+        0.0, "Weight of a KL penalty subtracted from the reward; 0: off."
+    )
+    kl_in_reward_kind: str = documented("k1", "KL estimator of the reward penalty (as above).")
+    entropy_coef: float = documented(
+        0.0, "Weight of an entropy bonus in the loss; 0: off (entropy is still logged)."
+    )
+    ppo_epochs: int = documented(1, "Passes over each step's samples.")
+    mini_batches: int = documented(
+        1, "Optimizer updates per epoch; must divide prompts_per_step x n."
+    )
+    micro_batch_size: int = documented(
+        16, "Sequences per forward/backward; gradients of a mini-batch are accumulated."
+    )
+    value_clip: float | None = documented(
+        0.5, "The critic's value is clipped to within this of its old value; None: off."
+    )
+    dynamic_sampling: bool = documented(
+        False, "DAPO: drop groups whose rewards are all equal and sample more prompts to refill."
+    )
+    max_sampling_tries: int = documented(
+        3, "Most rollout batches a step draws while dynamic sampling refills."
+    )
+    tis_cap: float | None = documented(
+        None,
+        "Truncated importance sampling: weight the loss by the trainer/rollout probability "
+        "ratio, capped here; None: off.",
+    )
+    overlong_filter: bool = documented(
+        False, "Leave responses cut at the token budget out of the loss."
+    )
+    # Tool output is not the policy's action, so Search-R1 and ToRL mask it from the loss.
+    mask_tool_output: bool = documented(
+        True,
+        "Mask tool output inserted into a response from the loss; False trains on it too "
+        "(Search-R1's masking ablation, docs/tools.md).",
+    )
 
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 @checked_fields(steps=Ge(0), eval_every=Ge(0), save_every=Ge(0))
 class RLConfig:
-    name: str = "grpo_tiny"
-    run_dir: str | None = None  # None: runs/<name>-<timestamp>
-    steps: int = 20
-    eval_every: int = 5
-    save_every: int = 5
-    seed: int = 0
-    log_generations: int = 8  # samples per step written as text (metrics/generations.py)
-    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
-    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
-    data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
-    algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
-    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
-    # Both default to OptimConfig's bindings; give the critic its own with a gin scope:
-    # `RLConfig.critic_optim = @critic/OptimConfig()` and `critic/OptimConfig.lr = 1e-5`.
-    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
-    critic_optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    """An RL run: its length and schedule, composed of one config per concern."""
+
+    name: str = documented("grpo_tiny", "Run name, used in the default run directory.")
+    run_dir: str | None = documented(
+        None, "Where checkpoints, metrics and samples go; None: `runs/<name>-<timestamp>`."
+    )
+    steps: int = documented(20, "Training steps.")
+    eval_every: int = documented(
+        5, "Steps between validations (also before the first and after the last); 0: none."
+    )
+    save_every: int = documented(5, "Steps between checkpoints (and at the last step); 0: none.")
+    seed: int = documented(0, "Seed of the model state, sampling and the critic.")
+    log_generations: int = documented(
+        8, "Samples per step written out as text for reading (metrics/generations.py)."
+    )
+    policy: PolicyConfig = documented(doc="The policy model.", factory=PolicyConfig)
+    mesh: MeshConfig = documented(doc="The trainer's device mesh.", factory=MeshConfig)
+    data: DataConfig = documented(doc="The prompts.", factory=DataConfig)
+    rollout: RolloutConfig = documented(doc="How responses are sampled.", factory=RolloutConfig)
+    algo: AlgoConfig = documented(doc="Advantages, losses and updates.", factory=AlgoConfig)
+    reward: RewardConfig = documented(doc="How responses are scored.", factory=RewardConfig)
+    optim: OptimConfig = documented(doc="The policy's optimizer.", factory=OptimConfig)
+    critic_optim: OptimConfig = documented(
+        doc="The critic's optimizer (GAE). Like `optim` it reads the `OptimConfig.*` bindings; "
+        "give the critic its own with a gin scope: `RLConfig.critic_optim = "
+        "@critic/OptimConfig()` and `critic/OptimConfig.lr = 1e-5`.",
+        factory=OptimConfig,
+    )
 
     def resolved_run_dir(self) -> str:
         if self.run_dir:
@@ -132,7 +208,12 @@ class RLConfig:
 
     @property
     def uses_critic(self) -> bool:
-        return self.algo.estimator == "gae"
+        """Whether the run builds and trains a critic: the estimator's registered
+        `needs_critic` (`algorithms.registry.Capabilities`), so an estimator added later that
+        reads values gets one without this class knowing its name."""
+        from jaxrl_llm.algorithms import registry
+
+        return registry.capabilities("advantage", self.algo.estimator).needs_critic
 
     @property
     def needs_reference(self) -> bool:
@@ -150,7 +231,10 @@ class RLConfig:
         return self.seq_len + 1
 
     def validate(self) -> None:
+        """Cross-field rules, asked of the registries (what an estimator, loss, tool or
+        built-in task needs is registered with it), before any model loads."""
         from jaxrl_llm.algorithms import registry
+        from jaxrl_llm.tools.factory import NO_TOOL
 
         _refuse_placeholders(self, "RLConfig")
         a = self.algo
@@ -165,31 +249,48 @@ class RLConfig:
         mini = batch // a.mini_batches
         if mini % a.micro_batch_size and a.micro_batch_size < mini:
             raise ValueError(f"mini-batch {mini} not divisible by {a.micro_batch_size=}")
-        if ":" not in self.rollout.tool and self.rollout.tool not in ("none", "python", "search"):
+        _check_tool_settings(self)
+        group = registry.capabilities("advantage", a.estimator).min_group_size
+        if self.rollout.n < group:
             raise ValueError(
-                f"rollout.tool must be 'none', 'python' or 'search', got {self.rollout.tool!r}"
+                f"estimator {a.estimator!r} needs rollout.n >= {group} samples per prompt (a "
+                f"lone sample is its own group baseline), got rollout.n = {self.rollout.n}"
             )
-        if self.data.builtin_task not in ("arithmetic", "retrieval"):
-            raise ValueError(f"data.builtin_task {self.data.builtin_task!r} is not a built-in task")
-        if self.rollout.tool == "search" and not (
-            self.rollout.search_corpus
-            or (self.data.train_file is None and self.data.builtin_task == "retrieval")
-        ):
-            raise ValueError("rollout.tool='search' needs rollout.search_corpus (a jsonl corpus)")
-        if a.estimator in ("grpo", "rloo") and self.rollout.n < 2:
-            raise ValueError(f"{a.estimator} needs rollout.n >= 2 samples per prompt")
-        if not a.mask_tool_output and self.rollout.tool == "none":
+        if not a.mask_tool_output and self.rollout.tool == NO_TOOL:
             log.warning(
                 "AlgoConfig.mask_tool_output = False has no effect with RolloutConfig.tool = "
                 "'none': no tool output is ever inserted into a response"
             )
-        if a.policy_loss == "gspo" and max(a.clip_low, a.clip_high) > 0.01:
+        paper_clip = registry.capabilities("policy_loss", a.policy_loss).paper_clip
+        # 25x: GSPO's paper range (4e-4) stretched to 0.01; PPO's 0.2 is 500x.
+        if paper_clip and max(a.clip_low, a.clip_high) > 25 * max(paper_clip):
             log.warning(
-                "GSPO clips a sequence ratio at (1 - %g, 1 + %g): the paper uses 3e-4 / 4e-4 "
-                "(AlgoConfig.clip_low / clip_high); 0.2 almost never clips (docs/algorithms.md)",
+                "policy_loss %r clips its ratio at (1 - %g, 1 + %g): its paper uses %g / %g "
+                "(AlgoConfig.clip_low / clip_high); a range this wide almost never clips "
+                "(docs/algorithms.md)",
+                a.policy_loss,
                 a.clip_low,
                 a.clip_high,
+                *paper_clip,
             )
+
+
+def _check_tool_settings(cfg: RLConfig) -> None:
+    """The `RolloutConfig` fields the tool requires (`tools.factory.BuiltinTool.requires`)
+    are set, or stood in for by the built-in task's files (`data.tasks.BuiltinTask.supplies`:
+    the retrieval task writes the search tool's corpus) when there is no train_file."""
+    from jaxrl_llm.data.tasks import builtin_task
+    from jaxrl_llm.tools.factory import missing_requirement
+
+    r, d = cfg.rollout, cfg.data
+    settings = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+    supplied = builtin_task(d.builtin_task).supplies
+    if d.train_file is None:
+        for field in supplied:
+            settings[field] = settings[field] or f"data.builtin_task {d.builtin_task!r}"
+    problem = missing_requirement(r.tool, settings)
+    if problem:
+        raise ValueError(problem)
 
 
 def _refuse_placeholders(cfg: object, where: str) -> None:

@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.config import write_resolved_config
+from jaxrl_llm.data.pipeline import PromptIterator
 from jaxrl_llm.learner.experience import (
     all_equal_groups,
     pack_sequences,
@@ -34,11 +35,14 @@ from jaxrl_llm.learner.packing import (
 )
 from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.run import Learner, Run, build_run, device_state
+from jaxrl_llm.learner.state import TrainState
 from jaxrl_llm.metrics import MetricsWriter
 from jaxrl_llm.metrics.health import HealthMonitor
 from jaxrl_llm.metrics.plots import write_dashboard
 from jaxrl_llm.metrics.progress import bar, summary_line
 from jaxrl_llm.metrics.samples import record_step_samples
+from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rollout.stage import RolloutStage
 from jaxrl_llm.sharding import hosts
 from jaxrl_llm.types import Experience, Rollout
 
@@ -85,9 +89,9 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
             if stop_after is not None and step >= stop_after:
                 break
         if state.step >= cfg.steps:
-            lr = run.learner
-            model = nnx.merge(lr.graphdef, lr.policy_params())
-            export_final(model, run_dir, cfg.policy.checkpoint, tokenizer=lr.tokenizer)
+            learner = run.learner
+            model = nnx.merge(learner.graphdef, learner.policy_params())
+            export_final(model, run_dir, cfg.policy.checkpoint, tokenizer=learner.tokenizer)
     finally:
         writer.close()
         run.ckpt.close()
@@ -99,15 +103,15 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
 def train_step(run: Run, step: int) -> dict[str, float]:
     """One RL step as data flow; returns its metrics (`timing/*` per phase). Device metrics
     stay on the device until the step's one transfer at the end (`_fetch`)."""
-    cfg, lr = run.cfg, run.learner
+    cfg, learner = run.cfg, run.learner
     t0 = time.perf_counter()
-    samples, metrics = _collect(cfg, step, run.prompts, run.rollout, run.reward, lr)
+    samples, metrics = _collect(cfg, step, run.prompts, run.rollout, run.reward, learner)
     # Generation and rewards; the weight hand-over is timed apart (timing/weight_sync).
     metrics["timing/rollout"] = time.perf_counter() - t0 - metrics["timing/weight_sync"]
     same = all_equal_groups(samples.scores, cfg.rollout.n)
     metrics["batch/all_equal_groups_frac"] = float(same.mean())
     t1 = time.perf_counter()
-    exp, device, padding = _make_experience(cfg, lr, samples)
+    exp, device, padding = _make_experience(cfg, learner, samples)
     metrics.update(_experience_metrics(exp))
     metrics["perf/experience_padding_frac"] = padding
     # The phase timers' one barrier: the update consumes exp.batch, so waiting for it costs
@@ -116,7 +120,8 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     jax.block_until_ready(exp.batch)
     metrics["timing/experience"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    updates, metrics["perf/padding_frac"] = _update(cfg, lr, step, exp)
+    policy, critic, updates, metrics["perf/padding_frac"] = _update(cfg, learner, step, exp)
+    learner.state.policy, learner.state.critic = policy, critic
     # The step's one transfer; the update's metrics come out of its last program, so the
     # transfer also ends the update's timer (no separate wait on the params).
     metrics.update(_fetch({**{k: [v] for k, v in device.items()}, **updates}))
@@ -144,8 +149,16 @@ def _refresh_dashboard(run_dir: os.PathLike) -> None:
         log.warning("dashboard not refreshed: %s", e)
 
 
-def _collect(cfg, step, it, rollout, reward, lr: Learner):
-    """Rollouts and rewards for one step; DAPO dynamic sampling refills all-equal groups."""
+def _collect(
+    cfg: RLConfig,
+    step: int,
+    prompts: PromptIterator,
+    rollout: RolloutStage,
+    reward: RewardPool,
+    learner: Learner,
+) -> tuple[Rollout, dict[str, float]]:
+    """Rollouts and rewards for one step, with the learner's current policy, and their
+    metrics; DAPO dynamic sampling refills all-equal groups."""
     n = cfg.rollout.n
     want = cfg.data.prompts_per_step
     mixed: list[Rollout] = []  # groups with a learning signal
@@ -153,12 +166,12 @@ def _collect(cfg, step, it, rollout, reward, lr: Learner):
     tries = dropped = 0
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
-    params = jax.block_until_ready(rollout.sync_weights(lr.policy_params()))
+    params = jax.block_until_ready(rollout.sync_weights(learner.policy_params()))
     metrics["timing/weight_sync"] = time.perf_counter() - t0
     metrics["weight_sync/bytes"] = float(rollout.last_sync_bytes)
     while True:
         tries += 1
-        batch = next(it)
+        batch = next(prompts)
         got = rollout.generate(params, batch, step, tries, reward)  # the whole batch, scored
         if tries == 1:
             metrics.update(rollout.env_metrics(got))
@@ -187,42 +200,44 @@ def _collect(cfg, step, it, rollout, reward, lr: Learner):
 
 
 def _make_experience(
-    cfg, lr: Learner, samples: Rollout
+    cfg: RLConfig, learner: Learner, samples: Rollout
 ) -> tuple[Experience, dict[str, Any], float]:
     """Rows on the host; they go to the mesh once (over ("data", "fsdp"),
     `hosts.put_batch`) for the experience pass, and the `TrainBatch` stays there. Returns
     the experience, its device metrics and the padding share of its forwards."""
-    pad = lr.tokenizer.pad_token_id
-    packed = pack_sequences(samples.completions, cfg.seq_len, 0 if pad is None else pad)
-    state, mesh = lr.state, lr.mesh
+    pad = learner.tokenizer.pad_token_id
+    seqs = pack_sequences(samples.completions, cfg.seq_len, 0 if pad is None else pad)
+    state, mesh = learner.state, learner.mesh
     B = len(samples.completions)
-    packing = _packing(cfg, mesh, packed["length"], min(cfg.algo.micro_batch_size, B))
-    loss_mask = packed["response_mask"]
+    packing = _packing(cfg, mesh, seqs.length, min(cfg.algo.micro_batch_size, B))
+    loss_mask = seqs.response_mask
     if not cfg.algo.mask_tool_output:  # the ablation: tool output trained too
-        loss_mask = loss_mask + packed["tool_mask"]
+        loss_mask = loss_mask + seqs.tool_mask
     if cfg.algo.overlong_filter:
-        loss_mask = loss_mask * (~packed["truncated"])[:, None]
+        loss_mask = loss_mask * (~seqs.truncated)[:, None]
     rows = lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape))
     critic = state.critic.params if state.critic is not None else None
-    batch, sequence_rewards, metrics = lr.experience_fn(
-        lr.policy_params(), lr.ref_params, critic,
-        rows(packed["input_ids"]), rows(packed["response_mask"]), rows(loss_mask),
-        rows(samples.scores), rows(packed["rollout_logprobs"]), _put_packing(mesh, packing),
+    batch, sequence_rewards, metrics = learner.experience_fn(
+        learner.policy_params(), learner.ref_params, critic,
+        rows(seqs.input_ids), rows(seqs.response_mask), rows(loss_mask),
+        rows(samples.scores), rows(seqs.rollout_logprobs), _put_packing(mesh, packing),
     )  # fmt: skip
     exp = Experience(
         rollout=samples,
         batch=batch,
-        model_mask=packed["response_mask"],
-        response_length=packed["response_length"],
-        length=packed["length"],
-        truncated=packed["truncated"],
+        model_mask=seqs.response_mask,
+        response_length=seqs.response_length,
+        length=seqs.length,
+        truncated=seqs.truncated,
         sequence_rewards=sequence_rewards,
         has_values=critic is not None,
     )
-    return exp, metrics, padding_fraction(packed["length"], packing, cfg.seq_len)
+    return exp, metrics, padding_fraction(seqs.length, packing, cfg.seq_len)
 
 
-def _packing(cfg, mesh, lengths: np.ndarray, micro_batch: int) -> Packing[np.ndarray] | None:
+def _packing(
+    cfg: RLConfig, mesh: Mesh, lengths: np.ndarray, micro_batch: int
+) -> Packing[np.ndarray] | None:
     """The packed rows of micro-batches of `micro_batch` consecutive samples, or None when
     the run does not pack (`PolicyConfig.pack_sequences`) or packing would not pay."""
     if not cfg.policy.pack_sequences:
@@ -234,7 +249,7 @@ def _packing(cfg, mesh, lengths: np.ndarray, micro_batch: int) -> Packing[np.nda
     return packing if worth_packing(packing, micro_batch) else None
 
 
-def _put_packing(mesh, packing: Packing[np.ndarray] | None) -> Packing | None:
+def _put_packing(mesh: Mesh, packing: Packing[np.ndarray] | None) -> Packing | None:
     """On the mesh, its rows (axis 1) split like the micro-batches'."""
     put = lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape, 1))
     return None if packing is None else jax.tree.map(put, packing)
@@ -257,12 +272,15 @@ def _experience_metrics(exp: Experience) -> dict[str, float]:
 
 
 def _update(
-    cfg, lr: Learner, step: int, exp: Experience
-) -> tuple[dict[str, list[jax.Array]], float]:
-    """ppo_epochs x mini_batches updates; each mini-batch is cut from the batch on the mesh
-    as [M, mb, T] (`lr.micro_batches`) and packed (`_packing`). Returns each metric's values,
-    one per update, and the padding share of the updates' forwards."""
-    a, state, mesh, batch = cfg.algo, lr.state, lr.mesh, exp.batch
+    cfg: RLConfig, learner: Learner, step: int, exp: Experience
+) -> tuple[TrainState, TrainState | None, dict[str, list[jax.Array]], float]:
+    """ppo_epochs x mini_batches updates of the learner's policy (and critic); each
+    mini-batch is cut from the batch on the mesh as [M, mb, T] (`learner.micro_batches`) and
+    packed (`_packing`). Returns the updated policy and critic states (the steps donate the
+    ones they are given: the caller puts these in their place), each metric's values, one
+    per update, and the padding share of the updates' forwards."""
+    a, mesh, batch = cfg.algo, learner.mesh, exp.batch
+    policy, critic = learner.state.policy, learner.state.critic
     B = batch.input_ids.shape[0]
     positions = 0
     mini = B // a.mini_batches
@@ -274,20 +292,20 @@ def _update(
         order = rng.permutation(B).astype(np.int32)
         for k in range(a.mini_batches):
             rows = hosts.put_batch(order[k * mini : (k + 1) * mini], replicated)
-            mb = lr.micro_batches(batch, rows)
+            mb = learner.micro_batches(batch, rows)
             lengths = exp.length[order[k * mini : (k + 1) * mini]]
             packing = _packing(cfg, mesh, lengths, min(a.micro_batch_size, mini))
             positions += forward_positions(lengths.size, packing, cfg.seq_len)
             packing = _put_packing(mesh, packing)
-            if lr.critic_step is not None:
-                state.critic, cm = lr.critic_step(state.critic, mb, packing)
+            if learner.critic_step is not None:
+                critic, cm = learner.critic_step(critic, mb, packing)
                 _append(out, cm)
-            state.policy, pm = lr.policy_step(state.policy, mb, packing, lr.frozen)
+            policy, pm = learner.policy_step(policy, mb, packing, learner.frozen)
             _append(out, pm)
             progress.update()
     progress.close()
-    out["actor/lr_step"] = [state.policy.step]
-    return out, 1.0 - a.ppo_epochs * float(exp.length.sum()) / positions
+    out["actor/lr_step"] = [policy.step]
+    return policy, critic, out, 1.0 - a.ppo_epochs * float(exp.length.sum()) / positions
 
 
 def _append(out: dict[str, list[jax.Array]], metrics: dict[str, jax.Array]) -> None:

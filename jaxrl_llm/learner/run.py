@@ -26,7 +26,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_llm.assets import resolve_checkpoint
-from jaxrl_llm.data.prompts import PromptData, prompt_data
+from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.data.pipeline import PromptIterator
+from jaxrl_llm.data.prompts import PromptData, check_data_files, prompt_data
 from jaxrl_llm.learner import lora as lora_lib
 from jaxrl_llm.learner.checkpoint import Checkpointer
 from jaxrl_llm.learner.experience import make_experience_fn
@@ -43,6 +45,7 @@ from jaxrl_llm.metrics.generations import GenerationLog
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer
 from jaxrl_llm.models.lora import int8_weights
 from jaxrl_llm.rewards.config import build_reward_pool
+from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rollout.stage import RolloutStage
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
 
@@ -83,7 +86,7 @@ class Learner:
 def build_learner(cfg: RLConfig) -> Learner:
     """Load the policy (and critic) straight into the training layout; build the steps."""
     mesh = build_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-    src = resolve_checkpoint(cfg.policy.checkpoint)
+    src = resolve_checkpoint(cfg.policy.checkpoint, "PolicyConfig.checkpoint")
     load = functools.partial(
         from_pretrained,
         dtype=cfg.policy.dtype,
@@ -106,7 +109,11 @@ def build_learner(cfg: RLConfig) -> Learner:
     state = RunState(TrainState.create(params, tx, jax.random.PRNGKey(cfg.seed)), None)
     critic_step = critic_graphdef = None
     if cfg.uses_critic:
-        critic_src = resolve_checkpoint(cfg.policy.critic_checkpoint or cfg.policy.checkpoint)
+        critic_src = resolve_checkpoint(
+            cfg.policy.critic_checkpoint or cfg.policy.checkpoint,
+            "PolicyConfig.critic_checkpoint",
+            tokenizer=False,
+        )
         critic = load(critic_src, cls=ValueModel)
         critic_graphdef, critic_params = nnx.split(critic)
         ctx_ = make_optimizer(cfg.critic_optim, updates)
@@ -142,9 +149,9 @@ class Run:
     run_dir: epath.Path  # local or a URI (gs://)
     learner: Learner
     data: PromptData
-    prompts: Any  # the train pipeline's iterator (its state is checkpointed)
+    prompts: PromptIterator  # the train pipeline's iterator (its state is checkpointed)
     rollout: RolloutStage
-    reward: Any  # RewardPool
+    reward: RewardPool
     ckpt: Checkpointer
     resumed: bool
     generations: GenerationLog  # each step's samples as text (run_dir/generations/)
@@ -152,17 +159,23 @@ class Run:
     scratch: tempfile.TemporaryDirectory | None = None
 
 
+class RunDirInUseError(ConfigError, FileExistsError):
+    """The run directory holds another run's checkpoints and `--resume` was not given."""
+
+
 def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
     """Models, data, rollout stage, reward pool and checkpointer; with `resume`, the latest
     checkpoint restored (a run directory with checkpoints and no `resume` is an error)."""
     cfg.validate()
+    check_data_files(cfg.data)  # a wrong path fails before the model loads
     run_dir = epath.Path(cfg.resolved_run_dir())
     ckpt = Checkpointer(run_dir / "checkpoints")
     step0 = ckpt.latest_step()
     if step0 is not None and not resume:
         ckpt.close()
-        raise FileExistsError(
-            f"{run_dir} already has checkpoints; pass --resume or choose another run_dir"
+        raise RunDirInUseError(
+            f"run_dir {run_dir} already has checkpoints (step {step0}): pass --resume to "
+            "continue that run, or choose another run_dir (--run_dir / RLConfig.run_dir)"
         )
     learner = build_learner(cfg)
     data_root, scratch = _data_root(run_dir)

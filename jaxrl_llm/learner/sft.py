@@ -24,7 +24,8 @@ from flax import nnx
 
 from jaxrl_llm.algorithms import token_logprobs
 from jaxrl_llm.assets import resolve_checkpoint
-from jaxrl_llm.config_checks import Ge, Interval, checked_fields
+from jaxrl_llm.config_checks import Ge, Interval, checked_fields, documented
+from jaxrl_llm.data.sources import require_source
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
@@ -49,23 +50,43 @@ log = logging.getLogger(__name__)
 class SFTConfig:
     """Supervised fine-tuning settings (built-in arithmetic task unless `train_file`)."""
 
-    checkpoint: str = "builtin"
-    out_dir: str = "runs/sft"
-    train_file: str | None = None  # jsonl with prompt / response; None = built-in task
-    n_train: int = 20000
-    n_val: int = 256
-    levels: tuple[int, ...] = (1, 2, 3, 4)
-    tool_fraction: float = 0.5
-    # System message on tool-style examples; None: no cue, so the model learns to choose
-    # between reasoning and the tool by itself (what RL then sharpens).
-    tool_system_prompt: str | None = None
-    steps: int = 2000
-    batch_size: int = 32
-    micro_batches: int = 1
-    seq_len: int = 192
-    eval_every: int = 200
-    seed: int = 0
-    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)  # configs/sft_tiny.gin
+    checkpoint: str = documented(
+        "builtin", "Model to fine-tune: a Hugging Face folder, or 'builtin' for the tiny model."
+    )
+    out_dir: str = documented(
+        "runs/sft", "Output folder: sft_metrics.jsonl, and the trained model in HF form in hf/."
+    )
+    train_file: str | None = documented(
+        None,
+        "A jsonl of prompt / response pairs (its first `n_val` rows validate); None: the "
+        "built-in arithmetic task.",
+    )
+    n_train: int = documented(20000, "Training examples the built-in task generates.")
+    n_val: int = documented(256, "Validation examples, whose loss is tracked.")
+    levels: tuple[int, ...] = documented(
+        (1, 2, 3, 4), "Difficulty levels of the built-in task's problems."
+    )
+    tool_fraction: float = documented(
+        0.5, "Fraction of built-in examples solved with the Python tool rather than in words."
+    )
+    # None leaves no cue, so the model learns to choose between reasoning and the tool by
+    # itself (what RL then sharpens).
+    tool_system_prompt: str | None = documented(
+        None, "System message on the tool-style examples; None: none."
+    )
+    steps: int = documented(2000, "Optimizer steps.")
+    batch_size: int = documented(32, "Sequences per optimizer step.")
+    micro_batches: int = documented(
+        1, "Gradient-accumulation chunks per step; must divide `batch_size`."
+    )
+    seq_len: int = documented(
+        192, "Tokens per training row; longer examples are dropped (counted and logged)."
+    )
+    eval_every: int = documented(200, "Steps between validation losses (and at the last step).")
+    seed: int = documented(0, "Seed of the built-in task, the batch order and the model state.")
+    optim: OptimConfig = documented(
+        doc="The optimizer; bind `OptimConfig.*` (configs/sft_tiny.gin does).", factory=OptimConfig
+    )
 
 
 def builtin_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
@@ -171,9 +192,11 @@ def make_train_step(graphdef, tx):
 def run_sft(cfg: SFTConfig | None = None) -> dict[str, float]:
     """Train, evaluate the validation NLL every `eval_every` steps, export HF to out_dir."""
     cfg = cfg or SFTConfig()
+    if cfg.train_file:
+        require_source(cfg.train_file, "SFTConfig.train_file")
+    src = resolve_checkpoint(cfg.checkpoint, "SFTConfig.checkpoint")
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    src = resolve_checkpoint(cfg.checkpoint)
     tokenizer = load_tokenizer(src)
     model = from_pretrained(src)
     if cfg.train_file:

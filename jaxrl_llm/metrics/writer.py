@@ -27,7 +27,7 @@ import gin
 import jax
 from etils import epath
 
-from jaxrl_llm.config_checks import checked_fields
+from jaxrl_llm.config_checks import checked_fields, documented
 from jaxrl_llm.metrics.tensorboard import summary_writer
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,14 @@ def _scalar(v: Any) -> float | None:
 class MetricsConfig:
     """Where metrics go besides metrics.jsonl: `MetricsConfig.wandb_project = "my-rl"`."""
 
-    tensorboard: bool = True
-    wandb_project: str | None = None  # None: no W&B
-    wandb_entity: str | None = None  # None: W&B's default entity for the API key
-    wandb_name: str | None = None  # None: the run directory's name
+    tensorboard: bool = documented(True, "Also write TensorBoard event files to the run directory.")
+    wandb_project: str | None = documented(
+        None, "Weights & Biases project to log to (needs `pip install wandb`); None: no W&B."
+    )
+    wandb_entity: str | None = documented(
+        None, "W&B entity (user or team); None: W&B's default entity for the API key."
+    )
+    wandb_name: str | None = documented(None, "W&B run name; None: the run directory's name.")
 
 
 class MetricsWriter:

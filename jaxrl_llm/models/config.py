@@ -22,7 +22,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxrl_llm.config_checks import Ge, Gt, checked_fields
+from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields
 
 SUPPORTED_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
@@ -33,7 +33,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 ATTENTION_IMPLS = ("auto", "xla", "splash")  # `ModelConfig.attention`
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(ConfigError):
     """The checkpoint asks for an architecture or option this package does not implement."""
 
 

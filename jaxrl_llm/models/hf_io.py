@@ -30,6 +30,7 @@ from jax.sharding import Mesh
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.models.config import ModelConfig, UnsupportedModelError, as_dtype, merge_token_ids
 from jaxrl_llm.models.quant import quantize_variable
 from jaxrl_llm.models.stop_tokens import GENERATION_CONFIG, StopTokenError, read_stop_token_ids
@@ -50,8 +51,11 @@ INDEX_FILE = "model.safetensors.index.json"
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, incomplete, corrupt, or does not fit the config."""
+class CheckpointError(ConfigError):
+    """A checkpoint is missing, incomplete, corrupt, or does not fit the config.
+
+    A `ConfigError`: the command line ends with its message (exit 2), not a traceback.
+    """
 
 
 Transform = Callable[[np.ndarray], np.ndarray]
@@ -101,6 +105,48 @@ def _entry(path: tuple, cfg: ModelConfig) -> tuple[str, Transform, Transform]:
     if leaf.endswith("_bias"):  # o_bias, gate_bias, up_bias, down_bias
         return f"{prefix}.{leaf[: -len('_bias')]}_proj.bias", ident, ident
     raise KeyError(f"no Hugging Face name for parameter {'/'.join(names)}")
+
+
+def check_checkpoint(path: str | os.PathLike, field: str, *, tokenizer: bool = True) -> None:
+    """Fail now, naming `field` (the config field or flag that gave `path`), unless `path` is
+    a folder with a `config.json` and (with `tokenizer`) a readable tokenizer file, so a wrong
+    path ends a command before any model loads rather than deep inside the load."""
+    path = Path(path)
+    where = f"{field} {str(path)!r}" if field.startswith("--") else f"{field} = {str(path)!r}"
+    expected = "expected a Hugging Face checkpoint folder (config.json, *.safetensors"
+    expected += ", tokenizer.json) or 'builtin'" if tokenizer else ") or 'builtin'"
+    if not path.is_dir():
+        what = "is a file, not a folder" if path.exists() else "no such folder"
+        raise CheckpointError(f"{where}: {what}; {expected}; fix the path")
+    if not (path / "config.json").is_file():
+        raise CheckpointError(
+            f"{where}: no config.json in it; {expected}; point it at the folder holding config.json"
+        )
+    if tokenizer:
+        _check_tokenizer_files(path, where)
+
+
+# A tokenizer folder needs one of these; without any, transformers builds an empty tokenizer
+# (only the special tokens) and every prompt encodes to nothing.
+_VOCAB_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")
+
+
+def _check_tokenizer_files(path: Path, where: str) -> None:
+    copy = "copy tokenizer.json and tokenizer_config.json again from the model it came from"
+    tok = path / "tokenizer.json"
+    if tok.is_file():
+        try:
+            json.loads(tok.read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(
+                f"{where}: tokenizer.json is not valid JSON ({e}); expected the file a "
+                f"tokenizer's save_pretrained writes; {copy}"
+            ) from e
+    elif not any((path / name).is_file() for name in _VOCAB_FILES):
+        raise CheckpointError(
+            f"{where}: no tokenizer.json (nor {', '.join(_VOCAB_FILES[1:])}) in it; expected "
+            f"the tokenizer saved beside the weights; {copy}"
+        )
 
 
 def read_config(path: str | os.PathLike) -> dict:
@@ -322,6 +368,7 @@ def load_tokenizer(path: str | os.PathLike):
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"tokenizer directory {str(path)!r} does not exist")
+    _check_tokenizer_files(path, f"cannot load a tokenizer from {str(path)!r}")
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
@@ -331,6 +378,7 @@ def load_tokenizer(path: str | os.PathLike):
 __all__ = [
     "CheckpointError",
     "UnsupportedModelError",
+    "check_checkpoint",
     "from_pretrained",
     "load_tokenizer",
     "read_config",

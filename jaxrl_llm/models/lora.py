@@ -37,7 +37,7 @@ from flax import nnx
 from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding
 
-from jaxrl_llm.config_checks import Ge, Gt, checked_fields
+from jaxrl_llm.config_checks import Ge, Gt, checked_fields, documented
 from jaxrl_llm.models.quant import dequantize, quantize_variable
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import (
@@ -68,10 +68,16 @@ class LoraConfig:
     `quantize_base = 'int8'`: the adapted (frozen) weights are stored as int8 with one
     scale per output channel (`models.quant`)."""
 
-    rank: int = 16
-    alpha: float = 32.0
-    targets: tuple[str, ...] = ALL_PROJECTIONS
-    quantize_base: str = "none"
+    rank: int = documented(16, "Rank r of each adapter (A is [in, r], B is [r, out]).")
+    alpha: float = documented(32.0, "Scale of the adapter term: the update is (alpha / rank) A B.")
+    targets: tuple[str, ...] = documented(
+        ALL_PROJECTIONS,
+        "Weights that get an adapter: projection names (matched in every layer) or regular "
+        "expressions over weight paths such as 'model/layers/0/self_attn/q_proj'.",
+    )
+    quantize_base: str = documented(
+        "none", "'int8': store the frozen adapted weights as int8, one scale per output channel."
+    )
 
     def __post_init__(self):
         if not self.targets:

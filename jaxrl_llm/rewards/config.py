@@ -15,22 +15,40 @@ from typing import Any
 
 import gin
 
-from jaxrl_llm.config_checks import Ge, Gt, checked_fields
+from jaxrl_llm.config_checks import Ge, Gt, checked_fields, documented
 
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 @checked_fields(timeout_s=Gt(0), workers=Ge(1))
 class RewardConfig:
-    name: str = "math"  # used when `weights` is None
-    weights: dict[str, Any] | None = None  # {reward: weight | (weight, options)}
-    correct: float = 1.0
-    incorrect: float = 0.0
-    code_failure_penalty: float = 0.0
-    timeout_s: float = 5.0
-    workers: int = 2
-    # A batch where more than this fraction of samples made the reward raise stops the run.
-    max_error_frac: float = 0.5
+    """How samples are scored: which rewards, their weights and scores, the worker pool."""
+
+    name: str = documented(
+        "math",
+        "The reward, a registered name or 'package.module:function'; used when `weights` is None.",
+    )
+    weights: dict[str, Any] | None = documented(
+        None,
+        "Several rewards, summed: {reward: weight}, or {reward: (weight, {option: value})} "
+        "for that reward's own options; None: `name` alone.",
+    )
+    correct: float = documented(1.0, "Score of a correct answer (offered to every reward).")
+    incorrect: float = documented(
+        0.0, "Score of a wrong or missing answer, and of a sample whose reward timed out or raised."
+    )
+    code_failure_penalty: float = documented(
+        0.0, "Added when a response's code run failed (ToRL uses -0.5); 0: off."
+    )
+    timeout_s: float = documented(
+        5.0, "Seconds a sample's scoring may take before it scores `incorrect`."
+    )
+    workers: int = documented(2, "Worker processes that score samples in parallel.")
+    max_error_frac: float = documented(
+        0.5,
+        "A fraction in [0, 1]: a batch where more samples than this made the reward raise "
+        "stops the run.",
+    )
 
     def __post_init__(self):
         if not 0.0 <= self.max_error_frac <= 1.0:

@@ -11,11 +11,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what checkers see; at run time `__getattr__` imports on first use
-    from jaxrl_llm.rollout.completions import Completion, pad_completions
+    from jaxrl_llm.rollout.completions import pad_completions
     from jaxrl_llm.rollout.driver import RolloutDriver, generate
     from jaxrl_llm.rollout.engine import Engine
     from jaxrl_llm.rollout.records import DecodeState, ParamsRef, Prefix
     from jaxrl_llm.rollout.sampling import SamplingParams, sample_tokens
+    from jaxrl_llm.types import Completion
 
 _EXPORTS = {
     "Engine": "jaxrl_llm.rollout.engine",
@@ -23,7 +24,7 @@ _EXPORTS = {
     "Prefix": "jaxrl_llm.rollout.records",
     "DecodeState": "jaxrl_llm.rollout.records",
     "RolloutDriver": "jaxrl_llm.rollout.driver",
-    "Completion": "jaxrl_llm.rollout.completions",
+    "Completion": "jaxrl_llm.types",
     "generate": "jaxrl_llm.rollout.driver",
     "pad_completions": "jaxrl_llm.rollout.completions",
     "SamplingParams": "jaxrl_llm.rollout.sampling",

@@ -1,4 +1,5 @@
-"""A sample on the host: `LiveSample` while the driver generates it, `Completion` once done.
+"""A sample on the host: `LiveSample` while the driver generates it, `Completion` (a stage
+record, `types.py`) once done.
 
 `LiveSample` gathers the tokens a slot sampled from the engine's step records (`absorb`)
 and searches its current turn for stop strings incrementally (`find_stop`): only the text
@@ -17,29 +18,9 @@ import numpy as np
 
 from jaxrl_llm.rollout.records import StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams
+from jaxrl_llm.types import Completion
 
-FINISH_REASONS = ("eos", "stop", "length", "prompt_too_long")
 _STOP_CONTEXT = 4  # tokens of look-back per stop-string character
-
-
-@dataclasses.dataclass
-class Completion:
-    """One sample. Arrays are [T] over response tokens (model and inserted)."""
-
-    prompt_index: int
-    sample_index: int
-    prompt_ids: np.ndarray
-    token_ids: np.ndarray  # int32
-    logprobs: np.ndarray  # float32, under the sampled distribution; 0 on inserted tokens
-    # float32, log_softmax of raw logits; 0 on inserted tokens; None unless the request
-    # asked (`SamplingParams.raw_logprobs`)
-    raw_logprobs: np.ndarray | None
-    response_mask: np.ndarray  # int32, 1 = model token, 0 = inserted (tool output)
-    finish_reason: str  # one of FINISH_REASONS
-    text: str
-    stop_string: str | None = None
-    tool_calls: int = 0
-    error: str | None = None
 
 
 @dataclasses.dataclass
@@ -108,7 +89,7 @@ class LiveSample:
         return first, stop
 
     def completion(self, reason: str, text: str, stop: str | None = None) -> Completion:
-        """The finished record: `reason` one of FINISH_REASONS, `text` the response's."""
+        """The finished record: `reason` one of `types.FINISH_REASONS`, `text` the response's."""
         return Completion(
             prompt_index=self.prompt_index,
             sample_index=self.sample_index,

@@ -6,7 +6,7 @@ import dataclasses
 
 import gin
 
-from jaxrl_llm.config_checks import Ge, Interval, checked_fields
+from jaxrl_llm.config_checks import Ge, Interval, checked_fields, documented
 
 
 @gin.configurable
@@ -24,20 +24,40 @@ from jaxrl_llm.config_checks import Ge, Interval, checked_fields
     val_temperature=Ge(0),
 )
 class RolloutConfig:
-    n: int = 8  # samples per prompt (G)
-    max_new_tokens: int = 96
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    # 'none' | 'python' (ToRL) | 'search' (Search-R1) | 'package.module:factory' (docs/tools.md)
-    tool: str = "none"
-    max_tool_calls: int = 2  # tool turns per sample (Search-R1's max turns)
-    search_corpus: str | None = None  # jsonl corpus; None with the built-in retrieval task
-    search_k: int = 3
-    max_slots: int = 64  # concurrent decode slots
-    steps_per_call: int = 8
-    val_temperature: float = 0.0  # greedy validation
+    """How an RL run samples its responses: sampling settings, the tool, engine sizes."""
+
+    n: int = documented(8, "Samples per prompt (the group size G of GRPO and RLOO).")
+    max_new_tokens: int = documented(
+        96, "Token budget of a response, tool output inserted into it included."
+    )
+    temperature: float = documented(1.0, "Sampling temperature of training rollouts; 0: greedy.")
+    top_k: int = documented(0, "Sample among the k most likely tokens only; 0: no top-k filter.")
+    top_p: float = documented(
+        1.0, "Nucleus sampling: the smallest set of tokens with this much probability; 1: off."
+    )
+    stop: tuple[str, ...] = documented(
+        (), "Strings that end a sample when they appear in its text (kept in the output)."
+    )
+    tool: str = documented(
+        "none",
+        "The tool a response may call: 'none', 'python' (ToRL's code interpreter), 'search' "
+        "(Search-R1's retriever) or your own factory as 'package.module:factory' "
+        "(docs/tools.md).",
+    )
+    max_tool_calls: int = documented(2, "Tool turns allowed per sample (Search-R1's max turns).")
+    search_corpus: str | None = documented(
+        None,
+        "The 'search' tool's corpus, a jsonl file; None only with the built-in retrieval task, "
+        "which writes its own.",
+    )
+    search_k: int = documented(3, "Passages the 'search' tool returns per query.")
+    max_slots: int = documented(
+        64, "Samples decoded at the same time by the rollout engine (its batch of slots)."
+    )
+    steps_per_call: int = documented(
+        8, "Decode steps per device call between the host's checks for stop strings and tools."
+    )
+    val_temperature: float = documented(0.0, "Sampling temperature at validation; 0: greedy.")
 
     def __post_init__(self):
         from jaxrl_llm.tools.factory import check_tool_name

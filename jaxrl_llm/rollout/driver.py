@@ -48,13 +48,13 @@ from typing import Any
 import jax
 import numpy as np
 
-# `FINISH_REASONS` and `pad_completions` stay importable from here (redundant aliases).
-from jaxrl_llm.rollout.completions import FINISH_REASONS as FINISH_REASONS
-from jaxrl_llm.rollout.completions import Completion, LiveSample
-from jaxrl_llm.rollout.completions import pad_completions as pad_completions
+from jaxrl_llm.rollout.completions import LiveSample
+from jaxrl_llm.rollout.completions import pad_completions as pad_completions  # importable here
 from jaxrl_llm.rollout.engine import Engine
 from jaxrl_llm.rollout.records import DecodeState, Prefix, StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_seed
+from jaxrl_llm.types import FINISH_REASONS as FINISH_REASONS  # importable from here too
+from jaxrl_llm.types import Completion
 
 log = logging.getLogger(__name__)
 

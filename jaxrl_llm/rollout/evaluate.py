@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxrl_llm.config import add_gin_arguments, parse_gin
 from jaxrl_llm.data.examples import FieldMap
+from jaxrl_llm.data.sources import require_source
 from jaxrl_llm.metrics.pass_at_k import majority_answer, pass_at_k
 from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
 
@@ -74,7 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N problems")
     parser.add_argument("--template", default="chat")
     parser.add_argument("--system-prompt", default=None)
-    parser.add_argument("--tool", choices=("none", "python"), default="none")
+    from jaxrl_llm.tools.factory import BUILTIN_TOOLS, NO_TOOL
+
+    # The built-ins that need no further setting (search needs a corpus this command lacks).
+    tools = tuple(name for name, tool in BUILTIN_TOOLS.items() if not tool.requires)
+    parser.add_argument("--tool", choices=tools, default=NO_TOOL)
     parser.add_argument("--n", type=int, default=1, help="samples per problem")
     parser.add_argument("--k", type=int, nargs="*", default=None, help="k values (default n)")
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -136,6 +141,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
     if args.preset and args.data in (None, "builtin"):
         raise ValueError(f"--preset {args.preset} reads a file: pass it with --data PATH")
+    if args.data not in (None, "builtin") and not args.data.startswith("tfds:"):
+        require_source(args.data, "--data")
 
 
 def _prompts(args: argparse.Namespace, tokenizer):

@@ -82,13 +82,13 @@ def load_sampling_model(args: argparse.Namespace) -> SamplingModel:
     from jaxrl_llm.models import CausalLM, from_pretrained, load_tokenizer
     from jaxrl_llm.sharding import SAMPLE_RULES, build_mesh
 
+    path = resolve_checkpoint(args.checkpoint, "--checkpoint")
     sizes = parse_mesh(args.mesh)
     devices = jax.local_devices()
     if -1 not in sizes:  # a mesh of fixed size takes the first devices (e.g. 1,1,1: one chip)
         devices = devices[: max(1, math.prod(sizes))]
     mesh = build_mesh(*sizes, devices=devices)
     dtype = resolve_dtype(args.dtype)
-    path = resolve_checkpoint(args.checkpoint)
     model = from_pretrained(path, dtype=dtype, mesh=mesh, rules=SAMPLE_RULES)
     assert isinstance(model, CausalLM)  # from_pretrained's default cls
     return SamplingModel(path, model, load_tokenizer(path), mesh, dtype)

@@ -160,12 +160,10 @@ class RolloutStage:
         m["env/tool_calls/mean"] = float(calls.mean())
         m["env/number_of_actions/mean"] = float(calls.mean())
         m["env/ratio_of_valid_action"] = float(np.mean(calls > 0))
-        if getattr(self.tool, "name", None) == "python":
-            from jaxrl_llm.tools.python_tool import is_error_output, output_blocks
+        from jaxrl_llm.tools.protocol import ReportsMetrics
 
-            blocks = [b for c in comps for b in output_blocks(c.text)]
-            ok = [not is_error_output(b) for b in blocks]
-            m["env/code_success_rate"] = float(np.mean(ok)) if ok else 0.0
+        if isinstance(self.tool, ReportsMetrics):  # e.g. the Python tool's code success rate
+            m.update(self.tool.response_metrics([c.text for c in comps]))
         return m
 
     def validate(self, params, val, reward, correct: float) -> dict[str, float]:

@@ -1,32 +1,96 @@
-"""The tool a rollout uses, from its config name: `build_tool`.
+"""The tool a rollout uses, from its config name: `build_tool`, over a table of built-ins.
 
-`RolloutConfig.tool` is "none", a built-in ("python": ToRL's code interpreter, "search":
-Search-R1's BM25 retriever) or the import path of a factory, "package.module:factory".
-A factory takes no arguments and returns an object with the `Tool` contract
-(`tools/protocol.py`); its own settings come from gin (make it `@gin.configurable`) or
-from its module. The object is checked here, at start-up, so a wrong factory fails before
-any model loads. See docs/tools.md.
+`RolloutConfig.tool` is a built-in's name (`BUILTIN_TOOLS`: "none", "python": ToRL's code
+interpreter, "search": Search-R1's BM25 retriever) or the import path of a factory,
+"package.module:factory". A factory takes no arguments and returns an object with the `Tool`
+contract (`tools/protocol.py`); its own settings come from gin (make it `@gin.configurable`)
+or from its module. The object is checked here, at start-up, so a wrong factory fails before
+any model loads. What a built-in needs from the config (`BuiltinTool.requires`) is declared
+in its entry, so validation asks the table rather than comparing names. See docs/tools.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from jaxrl_llm.tools.protocol import Tool
 
-BUILTIN_TOOLS = ("none", "python", "search")
+NO_TOOL = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltinTool:
+    """A built-in tool: how to build it and what it needs from `RolloutConfig`.
+
+    `build` takes, as keywords, the `RolloutConfig` fields it declares (`search_corpus`,
+    `search_k`, ...) and returns the tool (None: no tool). `requires` maps the fields that
+    must be set (not None or empty) to what they hold, for the error that names a missing one.
+    """
+
+    build: Callable[..., Tool | None]
+    summary: str
+    requires: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _no_tool() -> None:
+    return None
+
+
+def _python_tool() -> Tool:
+    from jaxrl_llm.tools.python_tool import PythonTool
+
+    return PythonTool()
+
+
+def _search_tool(*, search_corpus: str | Path, search_k: int = 3) -> Tool:
+    from jaxrl_llm.tools.search import make_search_tool
+
+    return make_search_tool(search_corpus, k=search_k)
+
+
+BUILTIN_TOOLS: dict[str, BuiltinTool] = {
+    NO_TOOL: BuiltinTool(_no_tool, "no tool (the default)"),
+    "python": BuiltinTool(_python_tool, "ToRL's code interpreter, in the sandbox"),
+    "search": BuiltinTool(
+        _search_tool,
+        "Search-R1's BM25 retriever",
+        requires={"search_corpus": "a jsonl corpus"},
+    ),
+}
+
+
+def builtin_tool(name: str) -> BuiltinTool | None:
+    """The built-in `name` names, None for a "module:factory" path; a clear error for a
+    name that is neither."""
+    if ":" in name:
+        return None
+    if name not in BUILTIN_TOOLS:
+        raise ValueError(
+            f"rollout.tool = {name!r}: expected one of {', '.join(BUILTIN_TOOLS)} or an import "
+            "path 'package.module:factory'"
+        )
+    return BUILTIN_TOOLS[name]
 
 
 def check_tool_name(name: str) -> None:
     """A clear error for a name that is neither a built-in nor a "module:factory" path."""
-    if name not in BUILTIN_TOOLS and ":" not in name:
-        raise ValueError(
-            f"rollout.tool = {name!r}: expected one of {BUILTIN_TOOLS} or an import path "
-            "'package.module:factory'"
-        )
+    builtin_tool(name)
+
+
+def missing_requirement(name: str, settings: Mapping[str, Any]) -> str | None:
+    """The error for the first field built-in `name` requires that `settings` (RolloutConfig
+    field -> value) leaves unset, e.g. "rollout.tool='search' needs rollout.search_corpus (a
+    jsonl corpus)"; None when nothing is missing or `name` is a plug-in path."""
+    spec = builtin_tool(name)
+    for field, what in (spec.requires if spec else {}).items():
+        if settings.get(field) in (None, ""):
+            return f"rollout.tool={name!r} needs rollout.{field} ({what})"
+    return None
 
 
 def build_tool(
@@ -34,20 +98,15 @@ def build_tool(
 ) -> Tool | None:
     """The tool `name` refers to (None for "none"). `search_corpus`/`search_k`: the
     built-in search tool's corpus (jsonl) and passages per query."""
-    check_tool_name(name)
-    if name == "none":
-        return None
-    if name == "python":
-        from jaxrl_llm.tools.python_tool import PythonTool
-
-        return PythonTool()
-    if name == "search":
-        from jaxrl_llm.tools.search import make_search_tool
-
-        if search_corpus is None:
-            raise ValueError("rollout.tool='search' needs rollout.search_corpus (a jsonl corpus)")
-        return make_search_tool(search_corpus, k=search_k)
-    return _plugin_tool(name)
+    spec = builtin_tool(name)
+    if spec is None:
+        return _plugin_tool(name)
+    settings = {"search_corpus": search_corpus, "search_k": search_k}
+    problem = missing_requirement(name, settings)
+    if problem:
+        raise ValueError(problem)
+    declared = inspect.signature(spec.build).parameters
+    return spec.build(**{k: v for k, v in settings.items() if k in declared})
 
 
 def resolve_import_path(spec: str, setting: str) -> Callable[..., Any]:

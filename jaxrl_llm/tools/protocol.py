@@ -31,6 +31,16 @@ class Tool(Protocol):
     def observe(self, text: str) -> str | None: ...
 
 
+@runtime_checkable
+class ReportsMetrics(Protocol):
+    """Optional beside `Tool`: a tool that reads its own results back from the finished
+    responses (the Python tool: the share of its runs that succeeded). The rollout stage
+    logs whatever it returns with the step's `env/*` metrics, so what a tool measures is
+    decided by the tool, not by its name."""
+
+    def response_metrics(self, responses: Sequence[str]) -> dict[str, float]: ...
+
+
 def observe_many(tool: Tool, texts: Sequence[str], *, max_workers: int = 16) -> list[str | None]:
     """`tool.observe` over `texts` concurrently; results in input order."""
     if len(texts) <= 1:

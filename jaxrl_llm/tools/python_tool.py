@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import re
+from collections.abc import Sequence
 
 from jaxrl_llm.tools.executor import PythonExecutor
 from jaxrl_llm.tools.sandbox import resolve_backend, run_python
@@ -130,6 +131,12 @@ class PythonTool:
         return None if code is None else self._observation(run_python(code, config=self.config))
 
     __call__ = observe
+
+    def response_metrics(self, responses: Sequence[str]) -> dict[str, float]:
+        """`env/code_success_rate`: the share of output blocks in `responses` that show a
+        clean run (`is_error_output`), 0 with no block (`protocol.ReportsMetrics`)."""
+        ok = [not is_error_output(b) for r in responses for b in output_blocks(r)]
+        return {"env/code_success_rate": float(sum(ok) / len(ok)) if ok else 0.0}
 
     def submit(self, text: str) -> concurrent.futures.Future[str | None]:
         """A future of `observe(text)` (None resolved immediately when there is no call)."""

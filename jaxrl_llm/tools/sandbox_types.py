@@ -10,7 +10,7 @@ import sysconfig
 
 import gin
 
-from jaxrl_llm.config_checks import Ge, Gt, checked_fields
+from jaxrl_llm.config_checks import Ge, Gt, checked_fields, documented
 
 BACKENDS = ("auto", "bwrap", "subprocess", "sandbox_fusion")
 SITE_PACKAGES = "site-packages"
@@ -49,22 +49,40 @@ class SandboxConfig:
     `SandboxConfig.import_paths = ("site-packages",)`, `SandboxConfig.backend = "bwrap"`.
     """
 
-    timeout_s: float = 10.0
-    memory_mb: int = 1024
-    backend: str = "auto"
-    max_output_bytes: int = 64 * 1024
-    kill_output_bytes: int = 8 * 1024 * 1024
-    max_processes: int = 32
-    max_file_mb: int = 16
-    max_open_files: int = 256
-    tmp_mb: int = 64
-    # Read-only directories added to sys.path inside the sandbox, e.g. a site-packages with
-    # numpy/sympy for ToRL-style code; "site-packages" stands for this environment's own
-    # (its purelib and platlib). The project itself is never needed.
-    import_paths: tuple[str, ...] = ()
-    # Per-run uids when bubblewrap runs as root: uid_base + slot, slot < max concurrent runs.
-    uid_base: int = 1_000_000
-    sandbox_fusion_url: str = "http://127.0.0.1:8080"
+    timeout_s: float = documented(
+        10.0, "Wall-clock seconds a run may take before its whole process group is killed."
+    )
+    memory_mb: int = documented(1024, "Address-space limit of the code's processes, in MiB.")
+    backend: str = documented(
+        "auto",
+        "How code runs: 'bwrap' (bubblewrap namespaces), 'subprocess' (rlimits only, weaker: "
+        "opt in explicitly), 'sandbox_fusion' (an HTTP server), 'auto' ('bwrap' when it works "
+        "here, else refuse).",
+    )
+    max_output_bytes: int = documented(
+        64 * 1024, "Bytes kept of each of stdout and stderr (head and tail)."
+    )
+    kill_output_bytes: int = documented(
+        8 * 1024 * 1024, "Total output in bytes beyond which the run is killed."
+    )
+    max_processes: int = documented(32, "Processes and threads the code may have at once.")
+    max_file_mb: int = documented(16, "Largest file the code may write, in MiB.")
+    max_open_files: int = documented(256, "File descriptors the code may have open.")
+    tmp_mb: int = documented(
+        64, "Size in MiB of the private /tmp (also the working directory and $HOME)."
+    )
+    import_paths: tuple[str, ...] = documented(
+        (),
+        "Read-only directories added to the code's sys.path, e.g. one with numpy and sympy "
+        "for ToRL-style code; 'site-packages' stands for this environment's own.",
+    )
+    uid_base: int = documented(
+        1_000_000,
+        "First of the per-run user ids when bubblewrap runs as root (uid_base + slot).",
+    )
+    sandbox_fusion_url: str = documented(
+        "http://127.0.0.1:8080", "Address of the SandboxFusion server (backend 'sandbox_fusion')."
+    )
 
     def __post_init__(self):
         if isinstance(self.import_paths, list):  # gin writes lists as lists

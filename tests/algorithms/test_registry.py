@@ -1,4 +1,5 @@
-"""Registry: lookup by name, clear errors, keyword validation at resolve time."""
+"""Registry: lookup by name, clear errors, keyword validation at resolve time, and the
+capabilities registered with each function (what the config asks instead of the name)."""
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +57,8 @@ def test_register_a_new_option_then_remove_it():
         assert "zero_for_test" in available("kl")
         np.testing.assert_array_equal(resolve("kl", "zero_for_test")(one := jnp.ones(2), one), 0.0)
     finally:
-        del registry._TABLES["kl"]["zero_for_test"]
+        registry.unregister("kl", "zero_for_test")
+    assert "zero_for_test" not in available("kl")
 
 
 def test_resolve_declared_binds_only_the_options_each_function_takes():
@@ -70,3 +72,74 @@ def test_resolve_declared_binds_only_the_options_each_function_takes():
     assert gspo.keywords == {"clip_low": 0.1}
     with pytest.raises(ValueError, match="unknown advantage 'grp0'"):
         registry.resolve_declared("advantage", "grp0", **options)
+
+
+def test_builtin_estimators_declare_what_they_need():
+    table = {
+        name: (caps.needs_critic, caps.min_group_size, caps.reads)
+        for name in available("advantage")
+        for caps in [registry.capabilities("advantage", name)]
+    }
+    assert table == {
+        "gae": (True, 1, ("values",)),
+        "grpo": (False, 2, ()),
+        "rloo": (False, 2, ()),
+        "reinforce_plus_plus": (False, 1, ()),
+        "reinforce_plus_plus_baseline": (False, 1, ()),
+    }
+    assert registry.capabilities("policy_loss", "gspo").paper_clip == (3e-4, 4e-4)
+    assert registry.capabilities("policy_loss", "ppo").paper_clip is None
+    with pytest.raises(ValueError, match="unknown advantage 'grp0'"):
+        registry.capabilities("advantage", "grp0")
+
+
+def test_capabilities_are_checked_at_registration():
+    with pytest.raises(ValueError, match=r"reads=\['values'\] but takes no such input"):
+        register("advantage", "no_values_for_test", reads=("values",))(lambda r, m: (r, r))
+    with pytest.raises(TypeError, match="needs_critc"):
+        register("advantage", "typo_for_test", needs_critc=True)
+    gae = lookup("advantage", "gae")
+    with pytest.raises(ValueError, match="already registered"):
+        register("advantage", "gae")(gae)  # same function, other capabilities
+    assert "no_values_for_test" not in available("advantage")
+
+
+@pytest.fixture
+def critic_estimator():
+    """A temporary estimator that reads a critic's values and needs groups of 4."""
+
+    @register(
+        "advantage", "critic_for_test", needs_critic=True, min_group_size=4, reads=("values",)
+    )
+    def centred_values(token_rewards, response_mask, *, values=None):
+        adv = (token_rewards - values) * response_mask
+        return adv, adv
+
+    yield "critic_for_test"
+    registry.unregister("advantage", "critic_for_test")
+
+
+def test_a_new_estimator_that_needs_a_critic_gets_one(critic_estimator):
+    from jaxrl_llm.learner.rl_config import AlgoConfig, RLConfig, RolloutConfig
+
+    cfg = RLConfig(algo=AlgoConfig(estimator=critic_estimator), rollout=RolloutConfig(n=4))
+    assert cfg.uses_critic
+    cfg.validate()
+    assert not RLConfig(algo=AlgoConfig(estimator="grpo")).uses_critic
+    assert RLConfig(algo=AlgoConfig(estimator="gae")).uses_critic
+
+
+def test_the_registered_min_group_size_is_enforced(critic_estimator):
+    from jaxrl_llm.learner.rl_config import AlgoConfig, RLConfig, RolloutConfig
+
+    few = RLConfig(algo=AlgoConfig(estimator=critic_estimator), rollout=RolloutConfig(n=2))
+    with pytest.raises(
+        ValueError, match=r"estimator 'critic_for_test' needs rollout.n >= 4 .* rollout.n = 2"
+    ):
+        few.validate()
+    lone = RLConfig(algo=AlgoConfig(estimator="rloo"), rollout=RolloutConfig(n=1))
+    with pytest.raises(ValueError, match=r"estimator 'rloo' needs rollout.n >= 2"):
+        lone.validate()
+    RLConfig(
+        algo=AlgoConfig(estimator="reinforce_plus_plus"), rollout=RolloutConfig(n=1)
+    ).validate()

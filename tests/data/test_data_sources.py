@@ -1,13 +1,18 @@
 """Sources and field mapping: formats, line numbers, malformed rows, strict mode."""
 
 import json
+import os
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.data.config import DataConfig
 from jaxrl_llm.data.examples import FieldMap, MalformedRowError, load_examples, normalize_row
-from jaxrl_llm.data.sources import SourceConfig, read_records
+from jaxrl_llm.data.prompts import check_data_files
+from jaxrl_llm.data.sources import DataSourceError, SourceConfig, read_records, require_source
 
 BAD_JSONL_LINES = [
     '{"id": "a", "prompt": "1+1?", "answer": "2"}',  # 1 ok
@@ -151,5 +156,20 @@ def test_unknown_suffix_and_missing_file(tmp_path):
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match="cannot tell the format"):
         load_examples(SourceConfig(str(tmp_path / "x.csv")))
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(DataSourceError, match=r"data source = '.*nope\.jsonl': no such file"):
         load_examples(SourceConfig(str(tmp_path / "nope.jsonl")))
+
+
+def test_a_missing_data_file_is_a_config_error_naming_its_field(tmp_path, monkeypatch):
+    missing = str(tmp_path / "missing.jsonl")
+    for field in ("train_file", "val_file"):
+        message = (
+            rf"^DataConfig\.{field} = '{re.escape(missing)}': no such file or folder; expected "
+            r"a prompt file \(\.jsonl, \.json, \.parquet, \.arrow\) or a Hugging Face dataset "
+            r"folder; fix the path$"
+        )
+        with pytest.raises(ConfigError, match=message):  # the command line's exit-2 error
+            check_data_files(DataConfig(**{field: missing}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataSourceError, match=rf"relative to {re.escape(os.getcwd())}\)"):
+        require_source("data/train.jsonl", "--data")

@@ -134,7 +134,10 @@ def test_packed_experience_equals_unpacked(models, estimator):
 
 def _batch(rng, ids, mask) -> TrainBatch:
     f = lambda: jnp.asarray(rng.normal(size=(B, T)).astype(np.float32) * 0.1)
-    return TrainBatch(ids, mask, f() - 4.0, f() - 4.0, f() * 10, f(), f(), f() - 4.0)
+    return TrainBatch(
+        input_ids=ids, loss_mask=mask, old_logprobs=f() - 4.0, ref_logprobs=f() - 4.0,
+        advantages=f() * 10, returns=f(), old_values=f(), rollout_logprobs=f() - 4.0,
+    )  # fmt: skip
 
 
 def _assert_same(got, want):
@@ -164,3 +167,45 @@ def test_packed_policy_and_critic_steps_equal_unpacked(models, loss_agg):
             jax.tree.map(jnp.copy, p), tx, jax.random.PRNGKey(0)
         )
         _assert_same(step(fresh(), batch, packing), step(fresh(), batch))
+
+
+def test_pack_sequences_gives_one_sample_per_row_as_a_record():
+    """Prompt then response, right-padded; the tool's tokens in `tool_mask`, not
+    `response_mask`, with no rollout logprob; a sample cut at its budget is `truncated`."""
+    from jaxrl_llm.learner.experience import SequenceRows, pack_sequences
+    from jaxrl_llm.types import Completion
+
+    def sample(prompt, tokens, mask, reason):
+        logprobs = -np.arange(1, len(tokens) + 1, dtype=np.float32) * np.asarray(mask)
+        return Completion(
+            prompt_index=0, sample_index=0, prompt_ids=np.asarray(prompt),
+            token_ids=np.asarray(tokens, np.int32), logprobs=logprobs, raw_logprobs=None,
+            response_mask=np.asarray(mask, np.int32), finish_reason=reason, text="",
+        )  # fmt: skip
+
+    rows = pack_sequences(
+        [sample([5, 6], [7, 8, 9], [1, 0, 1], "eos"), sample([5], [4, 3], [1, 1], "length")],
+        seq_len=6,
+        pad_id=0,
+    )
+    assert isinstance(rows, SequenceRows)
+    for name, shape, dtype in [
+        ("input_ids", (2, 6), np.int32),
+        ("response_mask", (2, 6), np.float32),
+        ("tool_mask", (2, 6), np.float32),
+        ("rollout_logprobs", (2, 6), np.float32),
+        ("response_length", (2,), np.int32),
+        ("length", (2,), np.int32),
+        ("truncated", (2,), np.bool_),
+    ]:
+        x = getattr(rows, name)
+        assert (x.shape, x.dtype) == (shape, np.dtype(dtype)), name
+    np.testing.assert_array_equal(rows.input_ids, [[5, 6, 7, 8, 9, 0], [5, 4, 3, 0, 0, 0]])
+    np.testing.assert_array_equal(rows.response_mask, [[0, 0, 1, 0, 1, 0], [0, 1, 1, 0, 0, 0]])
+    np.testing.assert_array_equal(rows.tool_mask, [[0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(rows.rollout_logprobs[0], [0, 0, -1, 0, -3, 0])
+    np.testing.assert_array_equal(rows.response_length, [3, 2])
+    np.testing.assert_array_equal(rows.length, [5, 3])
+    np.testing.assert_array_equal(rows.truncated, [False, True])
+    with pytest.raises(ValueError, match="exceeds 4"):
+        pack_sequences([sample([5, 6], [7, 8, 9], [1, 1, 1], "eos")], seq_len=4, pad_id=0)

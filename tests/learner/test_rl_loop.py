@@ -14,6 +14,7 @@ import pytest
 
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.config import parse_gin
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.rl_loop import run_rl
 from jaxrl_llm.metrics import read_metrics
@@ -46,9 +47,9 @@ def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path, monkey
     update, fetch, fetched = rl_loop._update, rl_loop._fetch, []
 
     def device_only_update(*args):
-        out, padding = update(*args)  # metrics stay on the device through the mini-batches
+        policy, critic, out, padding = update(*args)  # metrics stay on the device throughout
         assert all(isinstance(v, jax.Array) for vs in out.values() for v in vs)
-        return out, padding
+        return policy, critic, out, padding
 
     def counted_fetch(device):
         fetched.append(len(device))
@@ -157,7 +158,8 @@ def test_dynamic_sampling_reports_tries(tmp_path):
 def test_existing_run_dir_needs_resume(tmp_path):
     cfg = _config(tmp_path / "r", "RLConfig.steps = 3")
     run_rl(cfg, stop_after=3)
-    with pytest.raises(FileExistsError, match="--resume"):
+    # A configuration error (one line from the CLI, exit 2), before any model is built.
+    with pytest.raises(ConfigError, match=r"already has checkpoints .*--resume"):
         run_rl(_config(tmp_path / "r", "RLConfig.steps = 3"))
 
 

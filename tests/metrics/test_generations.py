@@ -11,8 +11,7 @@ from jaxrl_llm import cli
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.metrics.generations import GenerationLog, read_generations
 from jaxrl_llm.models import load_tokenizer
-from jaxrl_llm.rollout.completions import Completion
-from jaxrl_llm.types import Rollout
+from jaxrl_llm.types import Completion, Rollout
 
 MODEL_1, TOOL, MODEL_2 = "Use code.\n```output", "\n42\n```\n", " so \\boxed{42}"
 

@@ -1,12 +1,15 @@
 """Each bad checkpoint gets a clear error that names what is wrong."""
 
 import json
+import re
 import shutil
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from jaxrl_llm.assets import builtin_checkpoint, resolve_checkpoint
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.models import (
     CheckpointError,
     ModelConfig,
@@ -107,3 +110,44 @@ def test_missing_tokenizer(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="cannot load a tokenizer"):
         load_tokenizer(tmp_path / "empty")
+
+
+def test_checkpoint_errors_are_config_errors():
+    """The command line ends a `ConfigError` with its message and exit 2, no traceback."""
+    assert issubclass(CheckpointError, ConfigError)
+    assert issubclass(UnsupportedModelError, ConfigError)
+
+
+def test_a_missing_checkpoint_folder_names_its_field(tmp_path):
+    missing = tmp_path / "nope"
+    message = (
+        rf"^PolicyConfig\.checkpoint = '{re.escape(str(missing))}': no such folder; expected a "
+        r"Hugging Face checkpoint folder \(config\.json, \*\.safetensors, tokenizer\.json\) "
+        r"or 'builtin'; fix the path$"
+    )
+    with pytest.raises(CheckpointError, match=message):
+        resolve_checkpoint(str(missing), "PolicyConfig.checkpoint")
+    missing.mkdir()
+    with pytest.raises(CheckpointError, match=r"--checkpoint .*: no config\.json in it"):
+        resolve_checkpoint(str(missing), "--checkpoint")
+    # Without a field nothing is checked (`plan` names shapes by paths not fetched yet).
+    assert resolve_checkpoint(str(tmp_path / "later")) == tmp_path / "later"
+
+
+@pytest.mark.parametrize("damage", ["missing", "not_json"])
+def test_a_bad_tokenizer_is_named_before_loading(tmp_path, damage):
+    tiny = tmp_path / "tiny"
+    shutil.copytree(builtin_checkpoint(), tiny)
+    if damage == "missing":  # transformers would build an empty tokenizer without complaint
+        (tiny / "tokenizer.json").unlink()
+        problem = r"no tokenizer\.json \(nor vocab\.json, tokenizer\.model, vocab\.txt\) in it"
+    else:
+        (tiny / "tokenizer.json").write_text('{"model": ')
+        problem = r"tokenizer\.json is not valid JSON \(Expecting value: line 1 column 11"
+    given = re.escape(f"--checkpoint '{tiny}'")
+    with pytest.raises(CheckpointError, match=rf"^{given}: {problem}"):
+        resolve_checkpoint(str(tiny), "--checkpoint")
+    with pytest.raises(CheckpointError, match=rf"cannot load a tokenizer from .*: {problem}"):
+        load_tokenizer(tiny)
+    # A critic's checkpoint is read without its tokenizer.
+    assert resolve_checkpoint(str(tiny), "critic", tokenizer=False) == tiny
