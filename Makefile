@@ -10,6 +10,11 @@ BIN := $(VENV)/bin
 BASE_STAMP := $(VENV)/.installed-base
 TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
+# pytest workers (xdist): one per core, at most 4 (each holds a JAX process of 1-3 GB);
+# TEST_WORKERS=0 runs in one process. The slow tests are scheduled first (tests/conftest.py)
+# and idle workers steal queued tests, so the long runs overlap the short ones.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST := $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 # Extra flags for `make train`, e.g. TRAIN_ARGS='--gin_param=RLConfig.steps=2' (.ci/run).
 TRAIN_ARGS ?=
 # The venv's own interpreter, whichever venv this is (pyproject names .venv for editors).
@@ -56,7 +61,7 @@ test: $(TEST_STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PYRIGHT)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests marked slow (end-to-end runs, benchmarks,
 # subprocess servers; chosen by measured duration, docs/testing.md). CI runs `make test`.
@@ -64,7 +69,7 @@ test-fast: $(TEST_STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PYRIGHT)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

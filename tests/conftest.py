@@ -1,6 +1,11 @@
-"""Test-wide setup: 8 simulated CPU devices, set before JAX is imported anywhere."""
+"""Test-wide setup: 8 simulated CPU devices, set before JAX is imported anywhere; one
+compilation cache for the whole run; the slow tests scheduled first."""
 
 import os
+import shutil
+import tempfile
+
+import pytest
 
 from jaxrl_llm import cpu_devices
 
@@ -15,3 +20,30 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# One persistent compilation cache for the whole run, shared by the xdist workers and by the
+# subprocesses the end-to-end tests start (they inherit the environment): many tests compile
+# the same programs (the tiny model's steps, the default run's), and a cache hit loads the
+# same executable XLA would build again, so results are unchanged. A new, empty cache each
+# run, removed at the end: nothing carries over from an earlier run, so a run's time and
+# result never depend on what ran before. Set JAX_COMPILATION_CACHE_DIR to keep one across
+# runs (the inner loop).
+_OWN_JIT_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_JIT_CACHE = tempfile.mkdtemp(prefix="jaxrl-llm-tests-jit-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JIT_CACHE
+# Programs that compile in under this many seconds are rebuilt rather than cached.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+def pytest_unconfigure(config):
+    if _OWN_JIT_CACHE is not None and not hasattr(config, "workerinput"):
+        shutil.rmtree(_OWN_JIT_CACHE, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The tests marked slow first (a stable sort keeps the order within each group): with
+    two xdist workers the minutes-long runs start at once and the short tests fill in around
+    them, instead of one worker finishing a long run alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -147,6 +147,7 @@ def test_a_bad_path_ends_the_command_with_one_line(tmp_path, capsys, clean_gin, 
     assert "Traceback" not in "\n".join(err)
 
 
+@pytest.mark.slow  # 9 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_a_missing_checkpoint_ends_the_process_without_a_traceback(tmp_path):
     """In its own process (`python -m jaxrl_llm.cli`, as the entry point): exit 2, one line."""
     missing = tmp_path / "missing"

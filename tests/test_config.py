@@ -182,6 +182,7 @@ def test_gin_lists_become_tuples_and_ints_floats():
     assert AlgoConfig(dual_clip_c=None).dual_clip_c is None  # None passes a range
 
 
+@pytest.mark.slow  # 13 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_the_cli_prints_the_message_without_a_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "jaxrl_llm.cli", "train", '--gin_param=OptimConfig.lr="abc"'],

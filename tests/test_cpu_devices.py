@@ -46,6 +46,7 @@ _CHAIN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 13 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("threads", [1, cpu_devices.DISPATCH_THREADS])
 def test_chained_collective_programs_never_deadlock(threads):
     env = dict(os.environ)  # the suite's: 8 devices and the pool conftest sized

@@ -176,6 +176,7 @@ def _full_head(hidden, w, tokens, mask, temperature):
     return lp * mask, alg.entropy(logits, temperature=temperature) * mask
 
 
+@pytest.mark.slow  # 10 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("chunk_size", [None, 1, 3, 4, 32])
 def test_head_logprobs_equal_the_full_logits_path(chunk_size):
     """Values and gradients (hidden states and head weights) at the masked positions, zeros
@@ -221,6 +222,7 @@ def test_head_logprobs_equal_the_full_logits_path(chunk_size):
         _assert_within(((a, b), (a, x), (b, x)), tol, name)
 
 
+@pytest.mark.slow  # 8 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_head_logprobs_entropy_modes():
     hidden, w, tokens, mask = _head_case(1)
     run = lambda mode: alg.head_logprobs(hidden, tokens, mask, lambda x: x @ w, entropy=mode)

@@ -52,6 +52,7 @@ def test_bench_train_json(capsys):
     )
 
 
+@pytest.mark.slow  # 20 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("tied", [False, True])
 def test_model_flops_formula_matches_xla_cost_analysis(tied):
     """XLA's FLOP count of the compiled gradient program (forward + backward of every matmul,

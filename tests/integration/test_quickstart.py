@@ -82,7 +82,7 @@ def test_quickstart_documents_the_shipped_config_and_its_smoke_run():
     train, smoke = cmds["train"], cmds["smoke"]
     assert smoke[: len(train)] == train  # the smoke run is the real command plus overrides
     assert "--gin_file=configs/grpo_custom.gin" in train
-    shipped = (REPO / "jaxrl_llm" / "configs" / "grpo_custom.gin").read_text()
+    shipped = (REPO / "configs" / "grpo_custom.gin").read_text()
     assert 'RolloutConfig.tool = "none"' in shipped  # not grpo_tiny's Python tool
     assert "SET_CHECKPOINT_PATH" in shipped and "SET_TRAIN_FILE" in shipped
 

@@ -46,6 +46,7 @@ def _randomise_b(model, seed=1):
         var.set_value(0.05 * jax.random.normal(sub, var.shape))
 
 
+@pytest.mark.slow  # 35 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_adapters_start_at_base_merge_exactly_and_switch_off():
     model = init_model(CFG, seed=1)
     base = model(_ids())
@@ -95,6 +96,7 @@ def _assert_laid_out_by_logical_axes(model, mesh, suffixes: tuple[str, ...]) -> 
             assert var.get_value().sharding.is_equivalent_to(want, var.ndim), (ad.path, suffix)
 
 
+@pytest.mark.slow  # 12 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_adapters_are_laid_out_like_their_weights():
     mesh = build_mesh(data=1, fsdp=2, tensor=4)
     model = init_model(CFG, seed=1, mesh=mesh)
@@ -115,6 +117,7 @@ def _step(graphdef, params, frozen, lr):
     return state, step(state, batch, None, frozen)
 
 
+@pytest.mark.slow  # 39 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_only_adapters_train_and_their_gradient_is_the_chain_rule():
     """At B = 0 the LoRA step sees the base model: same losses as the full step, and
     dL/dB = (alpha / r) A^T dL/dW, dL/dA = 0 (checked through one SGD update each)."""
@@ -260,6 +263,7 @@ def test_int8_base_is_the_dequantised_model_and_merges():
     np.testing.assert_allclose(merged(_ids()), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # 15 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_int8_base_trains_adapters_only():
     graphdef, params, frozen, _ = split_trainable(
         init_model(CFG, seed=1), LoraConfig(rank=4, quantize_base="int8"), seed=0, reference=False
@@ -287,6 +291,7 @@ def test_planner_counts_the_int8_base():
     assert plans[0].terms["params"] - plans[1].terms["params"] == saved
 
 
+@pytest.mark.slow  # 19 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_int8_base_is_laid_out_like_the_float_weights():
     mesh = build_mesh(data=1, fsdp=2, tensor=4)
     model = init_model(CFG, seed=1, mesh=mesh)

@@ -82,6 +82,7 @@ def test_the_float_weights_are_never_resident_together(checkpoint, monkeypatch):
     assert sum(x.nbytes for x in _flat(model).values()) < float_bytes - adapted / 2
 
 
+@pytest.mark.slow  # 15 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_the_learner_loads_an_int8_lora_base_as_it_reads_it(monkeypatch):
     calls = []
     quantize = hf_io.quantize_variable

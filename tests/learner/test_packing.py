@@ -97,6 +97,7 @@ def _packing(lengths, mb):
     return jax.tree.map(jnp.asarray, packing_layout(lengths, mb, T, multiple=1))
 
 
+@pytest.mark.slow  # 22 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_packed_forward_equals_per_sample_forward():
     model = init_model(CFG, seed=1)
     _, ids, _, lengths = _rows()
@@ -109,6 +110,7 @@ def test_packed_forward_equals_per_sample_forward():
     np.testing.assert_allclose(np.asarray(got)[inside], np.asarray(plain)[inside], atol=1e-5)
 
 
+@pytest.mark.slow  # 17 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus", "gae"])
 def test_packed_experience_equals_unpacked(models, estimator):
     policy, ref, critic = models
@@ -152,6 +154,7 @@ def _assert_same(got, want):
     "loss_agg",
     ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"],
 )
+@pytest.mark.slow  # 63 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_packed_policy_and_critic_steps_equal_unpacked(models, loss_agg):
     policy, _, critic = models
     rng, ids, mask, lengths = _rows(2)

@@ -78,6 +78,7 @@ def test_remat_and_sharding_reduce_the_estimate():
     assert base.terms["kv_cache"] == 2 * 2 * pages * 32 * 2 * 16 * 4  # k, v x L x tokens x K x H
 
 
+@pytest.mark.slow  # 22 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_cli_says_what_to_change(capsys):
     # The shipped LIMR config with a micro-batch that does not split over the 64 devices
     # (8 sequences, so each device runs all 8) does not fit 64 GB; a suggestion does.

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -155,12 +156,20 @@ def test_dynamic_sampling_reports_tries(tmp_path):
     assert records[-1]["dynamic_sampling/dropped_groups"] == 4
 
 
-def test_existing_run_dir_needs_resume(tmp_path):
-    cfg = _config(tmp_path / "r", "RLConfig.steps = 3")
-    run_rl(cfg, stop_after=3)
+@pytest.fixture(scope="module")
+def three_step_run(tmp_path_factory):
+    """One 3-step run (checkpoint at step 3) that the tests below read; a test that changes
+    it works on a copy."""
+    register_test_rewards()
+    run_dir = tmp_path_factory.mktemp("three_step") / "run"
+    run_rl(_config(run_dir, "RLConfig.steps = 3", "RLConfig.save_every = 3"), stop_after=3)
+    return run_dir
+
+
+def test_existing_run_dir_needs_resume(three_step_run):
     # A configuration error (one line from the CLI, exit 2), before any model is built.
     with pytest.raises(ConfigError, match=r"already has checkpoints .*--resume"):
-        run_rl(_config(tmp_path / "r", "RLConfig.steps = 3"))
+        run_rl(_config(three_step_run, "RLConfig.steps = 3"))
 
 
 def _train_cmd(run_dir, *extra, resume=False):
@@ -212,9 +221,8 @@ def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
             np.testing.assert_allclose(rb[k], ra[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-def test_interrupted_checkpoint_is_never_loaded(tmp_path):
-    cfg = _config(tmp_path / "c", "RLConfig.steps = 3")
-    run_rl(cfg, stop_after=3)
+def test_interrupted_checkpoint_is_never_loaded(tmp_path, three_step_run):
+    shutil.copytree(three_step_run, tmp_path / "c")
     ckpts = tmp_path / "c" / "checkpoints"
     # A half-written step as Orbax leaves it when killed mid-save.
     (ckpts / "6.orbax-checkpoint-tmp").mkdir()
@@ -231,7 +239,7 @@ def test_interrupted_checkpoint_is_never_loaded(tmp_path):
     ckpt.close()
 
 
-def test_export_writes_the_checkpointed_policy(tmp_path):
+def test_export_writes_the_checkpointed_policy(tmp_path, three_step_run):
     from flax import nnx
 
     from jaxrl_llm.assets import builtin_checkpoint
@@ -239,11 +247,10 @@ def test_export_writes_the_checkpointed_policy(tmp_path):
     from jaxrl_llm.learner.export import export_policy
     from jaxrl_llm.models import from_pretrained
 
-    cfg = _config(tmp_path / "e", "RLConfig.steps = 3", "RLConfig.save_every = 3")
-    run_rl(cfg, stop_after=3)
-    assert export_policy(tmp_path / "e", tmp_path / "hf") == 3
+    run = three_step_run
+    assert export_policy(run, tmp_path / "hf") == 3
     exported = nnx.state(from_pretrained(tmp_path / "hf"))
-    saved = Checkpointer(tmp_path / "e" / "checkpoints").restore_raw(3)["policy"]["params"]
+    saved = Checkpointer(run / "checkpoints").restore_raw(3)["policy"]["params"]
     for path, var in nnx.to_flat_state(exported):
         leaf = saved
         for key in path:

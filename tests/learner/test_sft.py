@@ -39,6 +39,7 @@ def test_learning_rate_schedule_warmup_then_cosine():
     np.testing.assert_allclose(float(sched(110)), 0.0, atol=1e-6)
 
 
+@pytest.mark.slow  # 22 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_micro_batch_accumulation_equals_full_batch():
     cfg = ModelConfig(vocab_size=32, num_layers=1)
     model = init_model(cfg, seed=0)

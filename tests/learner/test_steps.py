@@ -89,6 +89,7 @@ def test_sharded_policy_step_equals_unsharded():
     assert q.sharding.spec[0] == "fsdp"  # the update kept the training layout
 
 
+@pytest.mark.slow  # 33 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("micro", [1, 2, 8])
 def test_policy_step_invariant_to_micro_batch_split(micro):
     model = init_model(CFG, seed=2)
@@ -101,6 +102,7 @@ def test_policy_step_invariant_to_micro_batch_split(micro):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)
 
 
+@pytest.mark.slow  # 14 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_nan_batch_is_skipped_not_applied():
     model = init_model(CFG, seed=3)
     batch = _batch(2)
@@ -130,6 +132,7 @@ def test_a_skipped_update_reports_what_it_applied():
     assert float(m["skipped"]) == 0.0 and float(m["update_norm"]) == pytest.approx(moved, rel=1e-5)
 
 
+@pytest.mark.slow  # 18 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_critic_step_reduces_value_loss():
     critic = init_model(CFG, seed=4, cls=ValueModel)
     tx = optax.adam(1e-2)
@@ -155,6 +158,7 @@ def _full_logits_logprobs(model, input_ids, mask, *, temperature, entropy="off",
     return lp, None if entropy == "off" else ent
 
 
+@pytest.mark.slow  # 37 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.01], ids=["entropy-metric", "entropy-loss"])
 def test_policy_step_equals_the_full_logits_loss(monkeypatch, entropy_coef):
     """Logits only on trained positions, chunked, change nothing: the same parameters after
@@ -177,6 +181,7 @@ def test_on_policy_shortcut_is_off_where_the_old_logprobs_are_needed():
     assert not steps.exactly_on_policy(AlgoConfig(mini_batches=2))
 
 
+@pytest.mark.slow  # 33 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("policy_loss", ["ppo", "gspo"])
 def test_on_policy_shortcut_equals_the_full_path(policy_loss):
     """One epoch of one mini-batch: the step's own logprobs (stop_gradient) as the old ones

@@ -30,6 +30,7 @@ def test_load_series_drops_non_finite_and_keeps_eval_steps(grpo_run):
     assert 5 not in steps and len(steps) == STEPS - 1  # the "nan" record is dropped
 
 
+@pytest.mark.slow  # 9 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_dashboard_files_are_pngs_and_absent_groups_are_skipped(grpo_run, tmp_path):
     out = tmp_path / "plots"
     paths = write_dashboard([grpo_run], out)
@@ -78,6 +79,7 @@ def test_two_runs_overlay_with_run_names(grpo_run, tmp_path):
     assert colors["grpo_run"] != colors["ppo_run"]
 
 
+@pytest.mark.slow  # 11 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_plot_command_defaults_to_first_run_dir(grpo_run, tmp_path, capsys):
     other = write_run(tmp_path / "second", [grpo_record(s) for s in range(1, 4)])
     assert cli.main(["plot", str(grpo_run), str(other)]) == 0

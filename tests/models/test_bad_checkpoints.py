@@ -32,6 +32,7 @@ def test_missing_directory(tmp_path):
         from_pretrained(tmp_path / "nope")
 
 
+@pytest.mark.slow  # 8 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_missing_config(ckpt):
     (ckpt / "config.json").unlink()
     with pytest.raises(CheckpointError, match=r"config\.json.*missing"):

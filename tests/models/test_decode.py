@@ -28,6 +28,7 @@ def _jit_forward(graphdef, state, ids):
     return nnx.merge(graphdef, state)(ids)
 
 
+@pytest.mark.slow  # 8 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_cached_decode_matches_full_forward_mixed_lengths(qwen_checkpoint):
     path, _ = qwen_checkpoint
     model = from_pretrained(path)
@@ -95,6 +96,7 @@ def test_bfloat16_cache_decode_is_finite_and_close():
     np.testing.assert_allclose(cached, full, atol=2e-2)
 
 
+@pytest.mark.slow  # 12 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_value_model_from_policy_checkpoint(qwen_checkpoint, tmp_path):
     from transformers import AutoModelForTokenClassification
 

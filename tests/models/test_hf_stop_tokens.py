@@ -74,6 +74,7 @@ def test_bad_generation_config_is_a_clear_error(tmp_path, tokenizer):
         from_pretrained(path)
 
 
+@pytest.mark.slow  # 23 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_engine_stops_on_a_generation_config_token(tmp_path, tokenizer):
     """Greedy decoding runs to the length limit until generation_config.json names the
     token the model emits first; then the sample ends there with finish reason 'eos'."""

@@ -32,6 +32,7 @@ def _dense_reference(q, kv, lens, table, scale):
     return jnp.where(lens[:, None, None] > 0, out, 0.0)
 
 
+@pytest.mark.slow  # 15 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("walk", ["auto", "column", "ragged"])
 @pytest.mark.parametrize("block_tokens", [4, 24, 512])
 @pytest.mark.parametrize("ps", [4, 16])
@@ -51,6 +52,7 @@ def test_decode_attention_matches_dense(walk, block_tokens, ps, monkeypatch):
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # 11 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])
 def test_decode_per_platform_matches_dense(platform):
     """The GPU path (whole page table gathered) and the CPU walks agree with dense
@@ -64,6 +66,7 @@ def test_decode_per_platform_matches_dense(platform):
     np.testing.assert_allclose(out, _dense_reference(q, kv, lens, table, 0.3), atol=1e-5)
 
 
+@pytest.mark.slow  # 10 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_gathered_attention_is_causal_over_the_row():
     rng = np.random.RandomState(1)
     B, N, K, H, ps, pps, T = 3, 4, 2, 8, 4, 4, 3
@@ -86,6 +89,7 @@ def test_write_kv_drops_out_of_range_slots():
     assert np.count_nonzero(flat) == 4
 
 
+@pytest.mark.slow  # 53 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_extend_paged_equals_dense_extend():
     """Prefill-like append, then decode steps, at mixed starts: hidden states equal the
     dense cache's, and so do the keys/values read back from the pages."""
@@ -119,6 +123,7 @@ def test_extend_paged_equals_dense_extend():
         np.testing.assert_allclose(dense[b, :n, 1::2], cache.v[1, b, :n], atol=1e-6)
 
 
+@pytest.mark.slow  # 13 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_inactive_rows_write_nothing():
     model = init_model(CFG, seed=0)
     pools = (jnp.zeros((4, 4, 4, 8)),) * 2

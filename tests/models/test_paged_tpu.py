@@ -172,6 +172,7 @@ def test_tpu_kernel_supported():
     assert bool(default) == (jax.default_backend() == "tpu")
 
 
+@pytest.mark.slow  # 12 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("name,dtype,n,k,h,ps,pps,lens", CASES, ids=IDS)
 def test_pure_jax_decode_attention_matches_references(name, dtype, n, k, h, ps, pps, lens):
     decode_attention = pure_jax_decode()

@@ -31,6 +31,7 @@ def _batch(vocab, seed=0):
     return ids, mask, positions
 
 
+@pytest.mark.slow  # 14 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_logits_match_transformers_without_padding(reference_checkpoint):
     name, path, torch_model = reference_checkpoint
     model = from_pretrained(path)
@@ -69,6 +70,7 @@ def test_save_pretrained_roundtrip_through_transformers(reference_checkpoint, tm
     assert reloaded.config.tie_word_embeddings == torch_model.config.tie_word_embeddings
 
 
+@pytest.mark.slow  # 16 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_bfloat16_close_to_float32(qwen_checkpoint):
     path, _ = qwen_checkpoint
     f32 = from_pretrained(path)
@@ -104,6 +106,7 @@ def test_remat_gives_same_logits_and_grads(qwen_checkpoint):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+@pytest.mark.slow  # 9 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("model_type", ["qwen2", "llama"])
 def test_sharded_checkpoint_index_roundtrip(tmp_path, model_type):
     from jaxrl_llm.testing import write_reference_checkpoint

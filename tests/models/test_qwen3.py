@@ -49,6 +49,7 @@ def test_config_reads_qwen3_fields(qwen3):
     assert not hasattr(attn, "q_bias")
 
 
+@pytest.mark.slow  # 19 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_logits_match_transformers_with_left_padding(qwen3):
     path, torch_model = qwen3
     model = from_pretrained(path)
@@ -84,6 +85,7 @@ def test_save_pretrained_roundtrip_through_transformers(qwen3, tmp_path):
     np.testing.assert_array_equal(np.asarray(again(jnp.asarray(ids))), model(jnp.asarray(ids)))
 
 
+@pytest.mark.slow  # 33 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_paged_engine_greedy_equals_transformers_generate(qwen3):
     """The rollout engine (paged KV cache, prefill + decode through `extend_paged`) greedy
     tokens equal HF's `generate`, and its logprobs equal a full uncached forward's."""
@@ -148,6 +150,7 @@ def test_unsupported_qwen3_options_are_refused():
         ModelConfig.from_hf({**hf, "use_sliding_window": True})
 
 
+@pytest.mark.slow  # 18 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_qwen3_presets_match_published_parameter_counts():
     """Qwen3-0.6B: 0.60 B parameters (0.44 B without the tied embedding); Qwen3-8B: 8.19 B
     (6.95 B without embeddings), as the model cards state."""

@@ -56,6 +56,7 @@ def test_segments_mask_is_causal_same_sequence_and_hides_padding():
     np.testing.assert_array_equal(Segments.of(None, None, (1, 3)).ids, [[1, 1, 1]])
 
 
+@pytest.mark.slow  # 60 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("T,block", [(100, 32), (97, 32), (64, 64), (40, 64)])
 def test_causal_blocks_equal_dense_attention_and_gradients(T, block):
     q, k, v, segments = _inputs(T)
@@ -66,6 +67,7 @@ def test_causal_blocks_equal_dense_attention_and_gradients(T, block):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # 35 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("T,N,K", [(150, 4, 2), (128, 2, 2), (40, 6, 3)])
 def test_splash_kernel_equals_xla_values_and_gradients(T, N, K):
     """Interpret mode on CPU; 150 and 40 tokens are padded to the kernel's block inside."""
@@ -77,6 +79,7 @@ def test_splash_kernel_equals_xla_values_and_gradients(T, N, K):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # 18 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_splash_under_a_mesh_splits_rows_and_head_groups():
     """Rows over fsdp, kv heads (and their query heads) over tensor, per device."""
     mesh = build_mesh(data=1, fsdp=4, tensor=2)

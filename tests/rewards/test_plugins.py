@@ -51,6 +51,7 @@ def test_docs_worked_example_runs_through_the_pool(on_path):
     np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow  # 8 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_a_path_takes_only_the_options_it_declares(on_path):
     cfg = RewardConfig(name="example_reward:brevity", correct=5.0)  # brevity declares none
     with build_reward_pool(cfg) as pool:

@@ -87,6 +87,7 @@ def test_pool_bounds_every_sample_and_carries_on():
         assert pool.score([3], [2]) == [9.0]
 
 
+@pytest.mark.slow  # 9 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_pool_scores_math_with_a_time_limit():
     reward = combine_rewards({"math": 1.0})
     rows = [{"answer": a} for a in ("1/2", "1", "3")]

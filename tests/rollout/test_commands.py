@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from jaxrl_llm import cli
 
@@ -18,6 +19,7 @@ def test_importing_rollout_does_not_import_jetstream():
     assert out.stdout.strip() == "ok", out.stderr
 
 
+@pytest.mark.slow  # 27 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_generate_command_prints_completions(capsys):
     argv = ["generate", "--prompt", "Hi", "--prompt", "2+2=", "--max-new-tokens", "5", "--n",
             "2", "--temperature", "0.8", "--top-k", "20", "--stop", "zz", "--chat",

@@ -12,6 +12,7 @@ RNG = np.random.RandomState(0)
 MIXED = [list(RNG.randint(6, 128, n)) for n in (3, 11, 7, 1, 20, 5)]
 
 
+@pytest.mark.slow  # 31 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_greedy_equals_full_recompute_with_refill(tiny_model, tiny_engine):
     """6 prompts of mixed lengths through 4 slots (refilled as samples finish)."""
     budgets = [3, 10, 6, 10, 2, 8]
@@ -30,6 +31,7 @@ def test_greedy_equals_full_recompute_with_refill(tiny_model, tiny_engine):
         np.testing.assert_array_equal(a.token_ids, c.token_ids)
 
 
+@pytest.mark.slow  # 17 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_n_samples_one_prefill_seeded(tiny_engine):
     sp = SamplingParams(temperature=1.0, max_new_tokens=8, n=3, seed=5)
     driver = RolloutDriver(tiny_engine, steps_per_call=8)
@@ -108,6 +110,7 @@ def test_long_prompt_is_a_clear_error_or_a_skip(tiny_engine):
     assert out[0].finish_reason in ("eos", "length") and len(out[0].token_ids) > 0
 
 
+@pytest.mark.slow  # 25 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_stop_strings_span_tokens_and_cut_exactly(builtin):
     _, tok, engine = builtin
     driver = RolloutDriver(engine, steps_per_call=8)
@@ -133,6 +136,7 @@ def _first_stop(tok, ids, stop):
     return next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
 
 
+@pytest.mark.slow  # 8 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_tool_turn_appends_masked_tokens_and_resumes(builtin):
     """A scripted tool answers the first stop; its tokens are masked, and decoding resumes
     from the appended cache: each later token's raw logprob equals the full forward's."""

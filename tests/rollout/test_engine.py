@@ -41,6 +41,7 @@ def _run(engine, params, prompts, steps, sampling=None):
 PROMPTS = [[3, 4, 7], [9, 1, 2, 8, 8, 6, 1, 4, 2], [11, 12, 13, 14, 15, 16]]
 
 
+@pytest.mark.slow  # 16 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_prefill_insert_generate_match_full_forward(tiny_model, tiny_engine):
     """Greedy tokens are the full forward's argmax and raw logprobs its log_softmax."""
     from jaxrl_llm.rollout import SamplingParams
@@ -100,6 +101,7 @@ def test_same_layout_params_are_not_copied(tiny_engine):
         assert a.unsafe_buffer_pointer() == b.unsafe_buffer_pointer()
 
 
+@pytest.mark.slow  # 10 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_reshard_from_training_layout(capsys):
     """Training FSDP x TP params into the sampling layout: one jitted reshard (timed)."""
     from jaxrl_llm.rollout import Engine
@@ -122,6 +124,7 @@ def test_reshard_from_training_layout(capsys):
     assert all(a is b for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(again)))
 
 
+@pytest.mark.slow  # 35 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_sharded_engine_matches_unsharded(tiny_model, tiny_engine):
     from jaxrl_llm.rollout import Engine
 
@@ -151,6 +154,7 @@ def test_prefill_rejects_bad_lengths(tiny_engine):
         tiny_engine.prefill(params=params, padded_tokens=np.ones(16, np.int32), true_length=0)
 
 
+@pytest.mark.slow  # 13 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_engine_without_own_params_needs_them_passed(tiny_model):
     from flax import nnx
 

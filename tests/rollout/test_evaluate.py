@@ -8,6 +8,7 @@ import pytest
 from jaxrl_llm import cli
 
 
+@pytest.mark.slow  # 30 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_eval_command_end_to_end_on_the_tiny_model(tmp_path, capsys):
     out = tmp_path / "eval.json"
     argv = ["eval", "--checkpoint", "builtin", "--data", "builtin", "--limit", "4",
@@ -42,6 +43,7 @@ def _math500_file(path):
     return path
 
 
+@pytest.mark.slow  # 34 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_eval_preset_reads_math500_fields_with_a_chosen_reward(tmp_path):
     """--preset math500 takes `problem` as the prompt, the short `answer` (not the worked
     solution) as ground truth and `unique_id` as id; --reward, --mesh and --dtype apply."""
@@ -119,6 +121,7 @@ def test_sampling_model_is_loaded_into_its_shards():
         assert shard.shape[split_axis] * 4 == w.shape[split_axis]
 
 
+@pytest.mark.slow  # 38 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_eval_takes_gin_settings_such_as_the_sandbox_backend(capsys):
     """Settings without a flag come through --gin_param (here the explicit opt-in to the
     subprocess sandbox, the only way to run the Python tool where bubblewrap is missing);

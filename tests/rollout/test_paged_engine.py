@@ -33,6 +33,7 @@ def _generate(engine, n=2, temperature=0.0, max_new=10):
     return RolloutDriver(engine, steps_per_call=3).generate(PROMPTS, sp)
 
 
+@pytest.mark.slow  # 32 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_paged_decoding_equals_full_recompute(tiny_model):
     """Greedy tokens and raw logprobs (<= 1e-5) of every sample equal an uncached forward,
     with 3 slots cycling through 12 samples, so pages are freed and reused."""
@@ -56,6 +57,7 @@ def _held(engine):
     return int((engine.pages.refs() > 0).sum())
 
 
+@pytest.mark.slow  # 45 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_group_samples_equal_independent_runs(tiny_model):
     """n sampled continuations sharing a prompt's pages equal the same seeds run one at a
     time in a one-slot engine, and a group holds one copy of its full prompt pages."""
@@ -73,6 +75,7 @@ def test_group_samples_equal_independent_runs(tiny_model):
     assert pages.num_free == 64 - 2 - 3 * 3  # 2 shared + 3 own pages per sample
 
 
+@pytest.mark.slow  # 29 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_pool_pressure_queues_instead_of_failing(tiny_model):
     """A pool with room for about two samples still completes every request, equal to a
     roomy pool's results; a sample larger than the whole pool is a clear error."""
@@ -113,8 +116,10 @@ def test_page_accounting_never_leaks(ops):
         _check(pages)
     for slot in range(4):
         pages.release(slot)
+    # The prefixes are in no reference cycle, so clearing them frees them (and their pages)
+    # at once: no gc.collect(), which walks the whole heap (0.5 s per example alone, minutes
+    # for 40 examples in a worker that has traced models).
     prefixes.clear()
-    gc.collect()
     assert pages.num_free == 40 and not pages.refs().any()
 
 

@@ -59,6 +59,7 @@ def test_scoring_errors_and_missing_samples_are_raised():
         scorer.result()
 
 
+@pytest.mark.slow  # 10 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_driver_reports_each_finished_sample_once_as_it_finishes(tiny_engine):
     budgets = [2, 9, 4, 6]
     sps = [SamplingParams(temperature=1.0, max_new_tokens=m, n=2, seed=m) for m in budgets]

@@ -48,6 +48,7 @@ def test_global_array_and_to_host_round_trip():
     np.testing.assert_array_equal(hosts.to_host(x), x)
 
 
+@pytest.mark.slow  # 10 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("cast", [None, jnp.bfloat16])
 @pytest.mark.parametrize("shape", [(2, 1, 4), (1, 4, 2)])
 def test_weight_sync_hands_over_in_the_sampling_layout(shape, cast):

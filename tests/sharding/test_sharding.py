@@ -87,6 +87,7 @@ def test_golden_param_specs(mesh):
     assert got == expected, "parameter partition specs changed; rerun with UPDATE_GOLDEN=1"
 
 
+@pytest.mark.slow  # 9 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_init_and_load_are_born_sharded(mesh, checkpoint):
     cfg = ModelConfig()
     model = init_model(cfg, seed=0, mesh=mesh)
@@ -105,6 +106,7 @@ def _forward(model, ids, mask):
     return np.asarray(fn(state, ids, mask))
 
 
+@pytest.mark.slow  # 9 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_sharded_forward_equals_unsharded(mesh, checkpoint):
     plain = from_pretrained(checkpoint)
     sharded = from_pretrained(checkpoint, mesh=mesh)
@@ -119,6 +121,7 @@ def test_sharded_forward_equals_unsharded(mesh, checkpoint):
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # 19 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_sharded_grad_equals_unsharded(mesh, checkpoint):
     plain = from_pretrained(checkpoint)
     sharded = from_pretrained(checkpoint, mesh=mesh)
@@ -137,6 +140,7 @@ def test_sharded_grad_equals_unsharded(mesh, checkpoint):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow  # 8 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_sharded_cache_decode_equals_unsharded(mesh, checkpoint):
     plain = from_pretrained(checkpoint)
     sampling = from_pretrained(checkpoint, mesh=mesh, rules=SAMPLE_RULES)
