@@ -108,10 +108,14 @@ def test_grpo_group_properties(groups, group_size, seed):
     rng = np.random.default_rng(seed)
     rewards = rng.normal(size=groups * group_size).astype(np.float32)
     adv = np.asarray(grpo_advantages(jnp.asarray(rewards), group_size)).reshape(groups, group_size)
-    np.testing.assert_allclose(adv.mean(axis=1), 0.0, atol=1e-5)
-    # unbiased std s / (s + eps): 1 up to eps
     r = rewards.reshape(groups, group_size).astype(np.float64)
     s = r.std(axis=1, ddof=1)
+    # Mean zero up to float32 rounding: the group mean's error (n eps max|r|) is divided by
+    # s + eps, then n advantages are summed; a fixed atol of 1e-5 failed 7 of 9,000 random
+    # groups (close rewards: small s), this bound held with err / bound <= 0.06.
+    n, eps32 = group_size, np.finfo(np.float32).eps
+    bound = 4 * n * eps32 * (np.abs(r).max(axis=1) / (s + 1e-6) + np.abs(adv).max(axis=1))
+    assert np.all(np.abs(adv.astype(np.float64).mean(axis=1)) <= bound)
     np.testing.assert_allclose(adv.std(axis=1, ddof=1), s / (s + 1e-6), rtol=1e-4)
     # order within a group is preserved
     assert np.all(np.sign(np.diff(adv, axis=1)) == np.sign(np.diff(r, axis=1)))
