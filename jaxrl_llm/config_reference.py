@@ -51,7 +51,7 @@ def config_classes() -> list[type]:
     from jaxrl_llm.metrics.writer import MetricsConfig
     from jaxrl_llm.models.lora import LoraConfig
     from jaxrl_llm.rewards.config import RewardConfig
-    from jaxrl_llm.rollout.config import RolloutConfig
+    from jaxrl_llm.rollout.config import RolloutConfig, VllmConfig
     from jaxrl_llm.tools.sandbox_types import SandboxConfig
 
     return [
@@ -61,6 +61,7 @@ def config_classes() -> list[type]:
         MeshConfig,
         DataConfig,
         RolloutConfig,
+        VllmConfig,
         AlgoConfig,
         RewardConfig,
         OptimConfig,

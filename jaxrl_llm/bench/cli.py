@@ -26,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
     parser.add_argument(
+        "--backend",
+        choices=("jax", "vllm"),
+        default="jax",
+        help="rollout: 'vllm' also measures vLLM on the same checkpoint and shape",
+    )
+    parser.add_argument(
         "--mixed",
         action="store_true",
         help="rollout: ToRL-shaped lengths (512-token prompts, n=8, 64-2048 "

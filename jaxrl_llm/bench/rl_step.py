@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -224,20 +225,26 @@ def bare_rollout(cfg, policy, tokenizer, mesh, params, shape, repeats, clock) ->
     import jax
 
     from jaxrl_llm.rollout import Engine, SamplingParams
+    from jaxrl_llm.rollout.jax_sampler import JaxSampler
     from jaxrl_llm.rollout.sampling import SlotSampling
     from jaxrl_llm.rollout.stage import RolloutStage
 
-    r = cfg.rollout
+    # The bare baseline is our engine's kernels whatever the run's backend: a vLLM run's
+    # rollout phase reads as a ratio to the same JAX kernels.
+    r = dataclasses.replace(cfg.rollout, backend="jax")
     rollout = RolloutStage(  # the run's engine sizes and weight sync
         r, policy, tokenizer, mesh, max_prompt_length=cfg.data.max_prompt_length,
         seed=cfg.seed, rollout_dtype=cfg.policy.rollout_dtype,
     )  # fmt: skip
-    params = rollout.sync_weights(params)
+    rollout.sync_weights(params)
+    sampler = rollout.sampler
+    assert isinstance(sampler, JaxSampler)  # the bare engine's costs, for the JAX backend
+    params, sizes = sampler.params, sampler.engine
     engine = Engine(
         policy,
-        max_concurrent_decodes=rollout.engine.batch,
-        max_cache_length=rollout.engine.cache_length,
-        max_prefill_length=rollout.engine.max_prefill_length,
+        max_concurrent_decodes=sizes.batch,
+        max_cache_length=sizes.cache_length,
+        max_prefill_length=sizes.max_prefill_length,
         mesh=mesh,
         eos_ids=(),  # every row decodes its whole budget
         keep_params=False,

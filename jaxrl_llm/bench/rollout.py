@@ -1,4 +1,5 @@
-"""`jaxrl-llm bench rollout`: prefill and decode tokens/s of our engine vs HF `generate`.
+"""`jaxrl-llm bench rollout`: prefill and decode tokens/s of our engine vs HF `generate`
+(and vLLM with `--backend vllm`, `bench/vllm_rollout.py`).
 
 Same checkpoint, batch, prompt length and number of new tokens for both, measured in the
 same run, with the machine's ceilings (float32 matmul FLOP/s, streaming read bytes/s), so the
@@ -110,6 +111,11 @@ def main(args: argparse.Namespace) -> int:
         path = bench_checkpoint(args.checkpoint, Path(tmp))
         ours = bench_engine(path, B, P, N, args.steps_per_call, args.repeats)
         hf = None if args.skip_hf else bench_hf(path, B, P, N, args.repeats)
+        vllm = None
+        if args.backend == "vllm":
+            from jaxrl_llm.bench.vllm_rollout import bench_vllm
+
+            vllm = bench_vllm(path, B, P, N, args.repeats)
     ceilings = machine_ceilings()
     result = {
         "suite": "rollout",
@@ -119,8 +125,10 @@ def main(args: argparse.Namespace) -> int:
         "new_tokens": N,
         "engine": ours,
         "hf_generate": hf,
+        "vllm": vllm,
         "ceilings": ceilings,
         "speedup_vs_hf": None if hf is None else ours["tokens_per_s"] / hf["tokens_per_s"],
+        "speedup_vs_vllm": None if vllm is None else ours["tokens_per_s"] / vllm["tokens_per_s"],
         "decode_bandwidth_roofline_fraction": (
             ours["decode_weight_bytes_per_s"] / ceilings["read_bytes_per_s"]
         ),

@@ -96,6 +96,7 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
         writer.close()
         run.ckpt.close()
         run.reward.close()
+        run.rollout.close()
         run.generations.close()
     return records
 
@@ -135,8 +136,10 @@ def train_step(run: Run, step: int) -> dict[str, float]:
 
 
 def _validate(run: Run) -> dict[str, float]:
-    params = run.learner.policy_params()
-    return run.rollout.validate(params, run.data.val, run.reward, run.cfg.reward.correct)
+    if run.data.val is None:
+        return {}
+    run.rollout.sync_weights(run.learner.policy_params())  # the weights after this step
+    return run.rollout.validate(run.data.val, run.reward, run.cfg.reward.correct)
 
 
 def _refresh_dashboard(run_dir: os.PathLike) -> None:
@@ -165,14 +168,13 @@ def _collect(
     equal: list[Rollout] = []  # all-equal groups, used only to top up a short batch
     tries = dropped = 0
     metrics: dict[str, float] = {}
-    t0 = time.perf_counter()
-    params = jax.block_until_ready(rollout.sync_weights(learner.policy_params()))
-    metrics["timing/weight_sync"] = time.perf_counter() - t0
-    metrics["weight_sync/bytes"] = float(rollout.last_sync_bytes)
+    push = rollout.sync_weights(learner.policy_params())  # in place when it returns
+    metrics["timing/weight_sync"] = push.seconds
+    metrics["weight_sync/bytes"] = float(push.bytes)
     while True:
         tries += 1
         batch = next(prompts)
-        got = rollout.generate(params, batch, step, tries, reward)  # the whole batch, scored
+        got = rollout.generate(batch, step, tries, reward)  # the whole batch, scored
         if tries == 1:
             metrics.update(rollout.env_metrics(got))
         if not cfg.algo.dynamic_sampling:
@@ -187,6 +189,7 @@ def _collect(
             break
     metrics["dynamic_sampling/tries"] = tries
     metrics.update(rollout.reward_metrics())  # reward/errors, reward/timeouts of all tries
+    metrics.update(rollout.sampler.metrics())
     metrics["dynamic_sampling/dropped_groups"] = dropped
     have = sum(len(e.prompt_ids) for e in mixed)
     if have < want:

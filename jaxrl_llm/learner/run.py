@@ -77,6 +77,7 @@ class Learner:
     experience_fn: Callable  # `experience.make_experience_fn`
     micro_batches: Callable  # `steps.make_micro_batch_fn`
     on_policy: bool  # `steps.exactly_on_policy`: no old-logprob forward
+    checkpoint: Path  # the HF folder the policy was loaded from (a server sampler loads it)
 
     def policy_params(self) -> Any:
         """The policy's whole State: the trained params, plus the frozen base with LoRA."""
@@ -138,6 +139,7 @@ def build_learner(cfg: RLConfig) -> Learner:
         experience_fn=experience_fn,
         micro_batches=make_micro_batch_fn(mesh, a.micro_batch_size),
         on_policy=on_policy,
+        checkpoint=Path(src),
     )
 
 
@@ -192,6 +194,7 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
         cfg.rollout, learner.policy, learner.tokenizer, learner.mesh,
         max_prompt_length=cfg.data.max_prompt_length, seed=cfg.seed,
         rollout_dtype=cfg.policy.rollout_dtype, corpus=data.corpus,
+        checkpoint=learner.checkpoint,
     )  # fmt: skip
     reward = build_reward_pool(cfg.reward)
     generations = GenerationLog(run_dir, cfg.log_generations, learner.tokenizer)

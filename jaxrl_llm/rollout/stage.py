@@ -1,8 +1,9 @@
 """The RL rollout stage: prompts in, scored samples out, with the trainer's live weights.
 
-`RolloutStage.sync_weights(params)` once per step hands the trainer's params to the engine
-(`hosts.WeightSync`: the same arrays when the layouts agree); `generate` samples `n`
-completions per prompt through `RolloutDriver` (tool turns included), scores them, and with
+`RolloutStage.sync_weights(params)` once per step pushes the trainer's params to the
+sampler (`rollout/sampler.py`: the JAX engine reads the same arrays when the layouts agree,
+vLLM copies them in); `generate` samples `n` completions per prompt through it (tool turns
+included), scores them, and with
 several processes gathers every host's rows back into global-batch order; `validate` is the
 greedy pass over the validation set. Rewards see each sample's whole data row (the prompt
 pipeline's example); the reward pool's failures are counted (`reward_metrics`) and a batch
@@ -19,13 +20,14 @@ import numpy as np
 
 from jaxrl_llm.metrics.progress import bar
 from jaxrl_llm.rollout.config import RolloutConfig
+from jaxrl_llm.rollout.sampler import WeightPush
 from jaxrl_llm.rollout.scoring import RewardCounts, StreamingScorer
 from jaxrl_llm.sharding import hosts
 from jaxrl_llm.types import Rollout
 
 
 class RolloutStage:
-    """The RL rollout stage: engine and driver over the trainer's live weights, the tool,
+    """The RL rollout stage: the sampler (any backend) with the trainer's weights, the tool,
     scoring, the multi-host gather, and validation."""
 
     def __init__(
@@ -39,47 +41,34 @@ class RolloutStage:
         seed: int,
         rollout_dtype: str | None = None,
         corpus: Path | None = None,
+        checkpoint: Path | None = None,
     ):
-        """`mesh`: the training mesh. With several processes each host samples on its own
-        devices (`hosts.local_sampling_mesh`) with `cfg.max_slots` slots, and the results
-        are gathered so every host continues with the whole batch. `seed` seeds every
-        step's samples; `corpus` is the built-in retrieval task's (Search-R1 tool)."""
-        from flax import nnx
-
-        from jaxrl_llm.rollout import Engine, RolloutDriver
+        """`mesh`: the training mesh. With several processes each host samples its share
+        of the batch, and the results are gathered so every host continues with the whole
+        batch. `seed` seeds every step's samples; `corpus` is the built-in retrieval task's
+        (Search-R1 tool); `checkpoint` the HF folder `policy` was loaded from (a server
+        backend such as vLLM loads its own copy from it)."""
+        from jaxrl_llm.rollout.sampler import SamplerContext, build_sampler
         from jaxrl_llm.tools.factory import build_tool
 
         r = cfg
         self.cfg = cfg
         self.seed = seed
         self.tokenizer = tokenizer
-        self.engine = Engine(
-            policy,
-            max_concurrent_decodes=r.max_slots,
-            max_cache_length=max_prompt_length + r.max_new_tokens + 1,
-            max_prefill_length=max_prompt_length,
-            mesh=hosts.local_sampling_mesh(mesh),
-            tokenizer=tokenizer,
-            keep_params=False,  # the trainer's live params come with every call
-        )
-        self.driver = RolloutDriver(
-            self.engine,
-            tokenizer,
-            steps_per_call=r.steps_per_call,
-            max_tool_turns=r.max_tool_calls,
-        )
         self.stop = tuple(r.stop)
         self._reward_counts = RewardCounts()
-        # Rollout weights may be narrower (e.g. bfloat16: half the bytes read per decoded
-        # token); the trainer's master weights are untouched, and the gap shows in
-        # rollout/logprob_diff/*. One jitted cast (and, multi-host, gather) per step.
-        cast = _make_cast(rollout_dtype) if rollout_dtype else None
-        self._sync = _AdapterSync(nnx.state(policy), mesh, self.engine.param_shardings, cast)
         # Built at start-up: a wrong plug-in path, or a Python tool with no safe sandbox
         # here, fails before the first step.
         self.tool = build_tool(r.tool, search_corpus=r.search_corpus or corpus, search_k=r.search_k)
         if self.tool is not None:
             self.stop = (*self.stop, *self.tool.stop_strings)
+        self.sampler = build_sampler(
+            SamplerContext(
+                cfg=cfg, policy=policy, tokenizer=tokenizer, mesh=mesh, checkpoint=checkpoint,
+                max_prompt_length=max_prompt_length, rollout_dtype=rollout_dtype,
+            )
+        )  # fmt: skip
+        self.last_push = WeightPush(0, 0.0)
 
     def _sampling(self, seed: int, *, n: int, temperature: float):
         from jaxrl_llm.rollout import SamplingParams
@@ -95,23 +84,29 @@ class RolloutStage:
             seed=seed,
         )
 
-    def sync_weights(self, params):
-        """The trainer's params as the rollout reads them (`hosts.WeightSync`): the same
-        arrays when the training and sampling layouts agree and nothing is cast, else one
-        jitted re-layout/cast; multi-host, a full copy on each host's devices. With LoRA
-        adapters only the adapters are handed over; the frozen base is synced once.
-        Call once per step (on every process), before `generate`."""
-        return self._sync(params)
+    def sync_weights(self, params) -> WeightPush:
+        """Push the trainer's params (the policy's whole State) to the sampler; the next
+        `generate` and `validate` sample with them. Call once per step on every process.
+        The JAX backend reads the same arrays when the layouts agree (with LoRA, the
+        adapters each step and the frozen base once); a server backend copies them in."""
+        self.last_push = self.sampler.push_weights(params)
+        return self.last_push
 
     @property
     def last_sync_bytes(self) -> int:
-        """Bytes of params the last `sync_weights` handed over (a pointer when the layouts
-        agree and nothing is cast, else moved): the adapters' alone with LoRA."""
-        return self._sync.last_bytes
+        """Bytes of params the last `sync_weights` handed over."""
+        return self.last_push.bytes
 
-    def generate(self, params, batch, step: int, attempt: int, reward) -> Rollout:
-        """Scored samples of this host's `batch` (its share of the global batch) with
-        `params` from `sync_weights`, gathered from every host in global-batch order: every
+    def close(self) -> None:
+        """Free the sampler (its memory, and a server backend's engine) and close the tool."""
+        self.sampler.close()
+        close = getattr(self.tool, "close", None)
+        if callable(close):
+            close()
+
+    def generate(self, batch, step: int, attempt: int, reward) -> Rollout:
+        """Scored samples of this host's `batch` (its share of the global batch) with the
+        weights of the last `sync_weights`, gathered from every host in global-batch order: every
         process gets the same whole-batch `Rollout`. `step` is its policy version."""
         r = self.cfg
         seed = int(np.random.default_rng([self.seed, step, attempt]).integers(2**31))
@@ -119,10 +114,9 @@ class RolloutStage:
         progress = bar(f"rollout {step}", len(prompts) * r.n, unit="sample")
         # Each finished sample is scored while the rest decode (`StreamingScorer`).
         scorer = StreamingScorer(reward, [e for e in batch.examples for _ in range(r.n)])
-        completions = self.driver.generate(
+        completions = self.sampler.generate(
             prompts,
             self._sampling(seed, n=r.n, temperature=r.temperature),
-            params=params,
             tool=self.tool,
             progress=lambda done, total: progress.update(done - progress.n),
             prompt_indices=_global_rows(len(prompts)),
@@ -166,24 +160,23 @@ class RolloutStage:
             m.update(self.tool.response_metrics([c.text for c in comps]))
         return m
 
-    def validate(self, params, val, reward, correct: float) -> dict[str, float]:
-        """Greedy (by default) pass over the validation set: `val/test_score` is the fraction
-        of samples scoring at least `correct`."""
+    def validate(self, val, reward, correct: float) -> dict[str, float]:
+        """Greedy (by default) pass over the validation set with the weights of the last
+        `sync_weights`: `val/test_score` is the fraction of samples scoring at least
+        `correct`."""
         if val is None:
             return {}
         r = self.cfg
         scorers: list[StreamingScorer] = []  # one per batch, scoring while the next decodes
-        params = self.sync_weights(params)
         me, hosts_ = jax.process_index(), jax.process_count()
         for batch in val.iterator():
             # Multi-host: each host takes every process_count-th row of the batch.
             rows = range(me, len(batch), hosts_)
             prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in rows]
             scorer = StreamingScorer(reward, [batch.examples[i] for i in rows])
-            self.driver.generate(
+            self.sampler.generate(
                 prompts,
                 self._sampling(self.seed, n=1, temperature=r.val_temperature),
-                params=params,
                 tool=self.tool,
                 prompt_indices=list(rows),
                 on_finish=lambda i, c, scorer=scorer: scorer.add(i, c.text),
@@ -229,59 +222,3 @@ def _gather_rows(mine: Rollout, counts: RewardCounts) -> tuple[Rollout, RewardCo
         answers=tuple(a for r, p in order for a in group(parts[p].answers, r)),
         scores=np.concatenate([group(parts[p].scores, r) for r, p in order]),
     ), total
-
-
-class _AdapterSync:
-    """`hosts.WeightSync` for a policy State; with LoRA adapters (`models.lora`), one sync
-    for the adapters on every call and one for the frozen base, run again only when the
-    base's arrays change (never, in an RL run): a step moves adapter bytes only."""
-
-    def __init__(self, state, mesh, shardings, cast):
-        from jaxrl_llm.models.lora import has_adapters, split_adapters
-
-        self.last_bytes = 0
-        self._lora = has_adapters(state)
-        if not self._lora:
-            self._all = hosts.WeightSync(state, mesh, shardings, cast=cast)
-            return
-        self._split = split_adapters
-        (adapters, base), (ad_out, base_out) = split_adapters(state), split_adapters(shardings)
-        self._adapters = hosts.WeightSync(adapters, mesh, ad_out, cast=cast)
-        self._base = hosts.WeightSync(base, mesh, base_out, cast=cast)
-        self._base_src: list | None = None
-        self._base_synced = None
-
-    def __call__(self, params):
-        from flax import nnx
-
-        from jaxrl_llm.models.lora import state_bytes
-
-        if not self._lora:
-            self.last_bytes = state_bytes(params)
-            return self._all(params)
-        adapters, base = self._split(params)
-        leaves = jax.tree.leaves(base)
-        self.last_bytes = state_bytes(adapters)
-        if self._base_src is None or any(
-            a is not b for a, b in zip(leaves, self._base_src, strict=True)
-        ):
-            self._base_synced, self._base_src = self._base(base), leaves
-            self.last_bytes += state_bytes(base)
-        assert self._base_synced is not None  # synced above on the first call
-        return nnx.merge_state(self._adapters(adapters), self._base_synced)
-
-
-def _make_cast(dtype: str):
-    import jax.numpy as jnp
-
-    from jaxrl_llm.models.config import as_dtype
-
-    target = as_dtype(dtype)
-
-    @jax.jit
-    def cast(params):
-        return jax.tree.map(
-            lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
-        )
-
-    return cast

