@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backend",
         choices=("jax", "vllm"),
         default="jax",
-        help="rollout: 'vllm' also measures vLLM on the same checkpoint and shape",
+        help="rollout: 'vllm' also measures vLLM on the same checkpoint and shape; rl-step: "
+        "the run's sampler (RolloutConfig.backend)",
     )
     parser.add_argument(
         "--mixed",

@@ -368,7 +368,8 @@ def main(args: argparse.Namespace) -> int:
             "RLConfig.save_every = 0",
             f"RLConfig.run_dir = '{Path(tmp) / 'run'}'",
         ]
-        parse_gin(files, [*args.gin_param, *overrides])
+        backend = [f"RolloutConfig.backend = '{args.backend}'"] if args.backend != "jax" else []
+        parse_gin(files, [*args.gin_param, *backend, *overrides])
         cfg = RLConfig()
         if cfg.uses_critic:
             raise SystemExit(

@@ -8,6 +8,7 @@ resumed run repeats an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -57,9 +58,13 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
 def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
     """Step until `cfg.steps`: rollout -> experience -> update, then log / validate / save."""
     cfg, state, run_dir = run.cfg, run.learner.state, run.run_dir
-    if jax.process_index() == 0:
-        write_resolved_config(run_dir)
-    writer = MetricsWriter(run_dir, resume_step=state.step if run.resumed else None)
+    try:
+        if jax.process_index() == 0:
+            write_resolved_config(run_dir)
+        writer = MetricsWriter(run_dir, resume_step=state.step if run.resumed else None)
+    except BaseException:
+        close_run(run)
+        raise
     health = HealthMonitor()
     records: list[dict] = []
     try:
@@ -93,12 +98,17 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
             model = nnx.merge(learner.graphdef, learner.policy_params())
             export_final(model, run_dir, cfg.policy.checkpoint, tokenizer=learner.tokenizer)
     finally:
-        writer.close()
-        run.ckpt.close()
-        run.reward.close()
-        run.rollout.close()
-        run.generations.close()
+        close_run(run, writer)
     return records
+
+
+def close_run(run: Run, writer: MetricsWriter | None = None) -> None:
+    """Close everything a run holds (the sampler, its tool, the reward workers, the
+    checkpointer, the writers), each even when another's close raises."""
+    with contextlib.ExitStack() as stack:
+        for close in (run.generations.close, run.rollout.close, run.reward.close,
+                      run.ckpt.close, *([writer.close] if writer else [])):  # fmt: skip
+            stack.callback(close)
 
 
 def train_step(run: Run, step: int) -> dict[str, float]:
@@ -139,7 +149,10 @@ def _validate(run: Run) -> dict[str, float]:
     if run.data.val is None:
         return {}
     run.rollout.sync_weights(run.learner.policy_params())  # the weights after this step
-    return run.rollout.validate(run.data.val, run.reward, run.cfg.reward.correct)
+    try:
+        return run.rollout.validate(run.data.val, run.reward, run.cfg.reward.correct)
+    finally:
+        run.rollout.release_weights()
 
 
 def _refresh_dashboard(run_dir: os.PathLike) -> None:
@@ -168,8 +181,9 @@ def _collect(
     equal: list[Rollout] = []  # all-equal groups, used only to top up a short batch
     tries = dropped = 0
     metrics: dict[str, float] = {}
+    t0 = time.perf_counter()
     push = rollout.sync_weights(learner.policy_params())  # in place when it returns
-    metrics["timing/weight_sync"] = push.seconds
+    metrics["timing/weight_sync"] = time.perf_counter() - t0
     metrics["weight_sync/bytes"] = float(push.bytes)
     while True:
         tries += 1
@@ -189,6 +203,7 @@ def _collect(
             break
     metrics["dynamic_sampling/tries"] = tries
     metrics.update(rollout.reward_metrics())  # reward/errors, reward/timeouts of all tries
+    rollout.release_weights()  # the update may use the memory of a cast / gathered copy
     metrics.update(rollout.sampler.metrics())
     metrics["dynamic_sampling/dropped_groups"] = dropped
     have = sum(len(e.prompt_ids) for e in mixed)

@@ -196,8 +196,13 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
         rollout_dtype=cfg.policy.rollout_dtype, corpus=data.corpus,
         checkpoint=learner.checkpoint,
     )  # fmt: skip
-    reward = build_reward_pool(cfg.reward)
-    generations = GenerationLog(run_dir, cfg.log_generations, learner.tokenizer)
+    try:  # the sampler may hold an engine (vLLM) and the tool workers: never leaked
+        reward = build_reward_pool(cfg.reward)
+        generations = GenerationLog(run_dir, cfg.log_generations, learner.tokenizer)
+    except BaseException:
+        rollout.close()
+        ckpt.close()
+        raise
     return Run(
         cfg, run_dir, learner, data, prompts, rollout, reward, ckpt, resume, generations, scratch
     )

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxrl_llm.config_checks import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
@@ -35,7 +37,7 @@ BACKENDS: dict[str, Backend] = {
 def check_backend_name(name: str) -> None:
     """A clear error for a name that is neither a built-in nor a "module:factory" path."""
     if ":" not in name and name not in BACKENDS:
-        raise ValueError(
+        raise ConfigError(
             f"rollout.backend = {name!r}: expected one of {', '.join(BACKENDS)} or an import "
             "path 'package.module:factory' (a factory(SamplerContext) returning a Sampler)"
         )

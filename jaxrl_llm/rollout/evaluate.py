@@ -112,9 +112,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     stage = RolloutStage(rollout, loaded.model, loaded.tokenizer, loaded.mesh,
                          max_prompt_length=args.max_prompt_length, seed=args.seed)  # fmt: skip
-    stage.sync_weights(nnx.state(loaded.model))
     rows: list[dict[str, Any]] = []
     try:
+        stage.sync_weights(nnx.state(loaded.model))
         for i, batch in enumerate(_prompts(args, loaded.tokenizer).iterator()):
             got = stage.generate(batch, step=0, attempt=i + 1, reward=pool)
             rows += _rows(got)

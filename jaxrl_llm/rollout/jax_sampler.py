@@ -87,6 +87,9 @@ class JaxSampler:
         stats, self.driver.stats = self.driver.stats, type(self.driver.stats)()
         return {f"rollout/jax/{k}": float(v) for k, v in sorted(stats.items())}
 
+    def release(self) -> None:
+        self.params = None  # with a cast or a multi-host gather, a copy of the weights
+
     def close(self) -> None:
         self.params = None
 

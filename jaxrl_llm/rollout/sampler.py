@@ -3,6 +3,7 @@
     sampler = build_sampler(SamplerContext(cfg=rollout_cfg, policy=..., ...))
     push = sampler.push_weights(trainer_params)       # WeightPush(bytes, seconds)
     completions = sampler.generate(prompts, sampling, tool=..., on_finish=...)
+    sampler.release()                                  # until the next push
     sampler.metrics(); sampler.close()
 
 `RolloutConfig.backend` names the backend: a built-in (`backends.BACKENDS`: "jax", our paged engine,
@@ -92,6 +93,11 @@ class Sampler(Protocol):
         """The backend's own counters since the last call, as `rollout/<backend>/*` metrics."""
         ...
 
+    def release(self) -> None:
+        """Sampling is over until the next `push_weights`: drop any copy of the weights kept
+        for it (the JAX engine's cast or gathered copy), so training has that memory."""
+        ...
+
     def close(self) -> None:
         """Free the backend's memory, processes and threads; the sampler is unusable after."""
         ...
@@ -107,9 +113,11 @@ def build_sampler(ctx: SamplerContext) -> Sampler:
     path = BACKENDS[name].factory if name in BACKENDS else name
     sampler = resolve_import_path(path, "rollout.backend")(ctx)
     if not isinstance(sampler, Sampler):
-        missing = [
-            m for m in ("push_weights", "generate", "metrics", "close") if not hasattr(sampler, m)
-        ]
+        close = getattr(sampler, "close", None)
+        if callable(close):
+            close()
+        methods = ("push_weights", "generate", "metrics", "release", "close")
+        missing = [m for m in methods if not hasattr(sampler, m)]
         raise TypeError(
             f"rollout.backend = {name!r} returned a {type(sampler).__name__} without the "
             f"Sampler contract (rollout/sampler.py); missing: {missing}"

@@ -62,12 +62,15 @@ class RolloutStage:
         self.tool = build_tool(r.tool, search_corpus=r.search_corpus or corpus, search_k=r.search_k)
         if self.tool is not None:
             self.stop = (*self.stop, *self.tool.stop_strings)
-        self.sampler = build_sampler(
-            SamplerContext(
-                cfg=cfg, policy=policy, tokenizer=tokenizer, mesh=mesh, checkpoint=checkpoint,
-                max_prompt_length=max_prompt_length, rollout_dtype=rollout_dtype,
-            )
+        ctx = SamplerContext(
+            cfg=cfg, policy=policy, tokenizer=tokenizer, mesh=mesh, checkpoint=checkpoint,
+            max_prompt_length=max_prompt_length, rollout_dtype=rollout_dtype,
         )  # fmt: skip
+        try:
+            self.sampler = build_sampler(ctx)
+        except BaseException:
+            self._close_tool()
+            raise
         self.last_push = WeightPush(0, 0.0)
 
     def _sampling(self, seed: int, *, n: int, temperature: float):
@@ -98,8 +101,19 @@ class RolloutStage:
         return self.last_push.bytes
 
     def close(self) -> None:
-        """Free the sampler (its memory, and a server backend's engine) and close the tool."""
-        self.sampler.close()
+        """Free the sampler (its memory, and a server backend's engine) and close the tool,
+        the tool even when the sampler's close raises."""
+        try:
+            self.sampler.close()
+        finally:
+            self._close_tool()
+
+    def release_weights(self) -> None:
+        """The step's sampling is over: the sampler may drop what it holds of the weights
+        until the next `sync_weights` (`Sampler.release`), so the update has that memory."""
+        self.sampler.release()
+
+    def _close_tool(self) -> None:
         close = getattr(self.tool, "close", None)
         if callable(close):
             close()

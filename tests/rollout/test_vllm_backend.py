@@ -6,7 +6,10 @@
 - after a weight push vLLM samples with the new weights: its logprobs equal the trainer's
   recomputed ones under the new weights, and pushing the old weights back restores its
   greedy tokens exactly (the prefix cache is emptied with each push);
-- a tool episode gives the same tokens, masks and tool-call counts on both backends.
+- a tool episode gives the same tokens, masks and tool-call counts on both backends: with
+  a deterministic echo tool on a stop string the responses do write, and with the Python
+  tool (sandboxed) on the built-in task, whose shipped model writes code greedily;
+- LoRA: vLLM sampling from the merged push gives the logprobs of the adapted model.
 """
 
 import dataclasses
@@ -20,13 +23,14 @@ from flax import nnx
 from jaxrl_llm.algorithms import token_logprobs
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.models import from_pretrained, load_tokenizer
-from jaxrl_llm.rollout.config import RolloutConfig
+from jaxrl_llm.rollout.config import RolloutConfig, VllmConfig
 from jaxrl_llm.rollout.sampler import SamplerContext, build_sampler
 from jaxrl_llm.rollout.sampling import SamplingParams
+from jaxrl_llm.rollout.vllm_sampler import VllmSampler
 
 pytestmark = pytest.mark.slow
 
-MAX_PROMPT = 32
+MAX_PROMPT = 128  # the built-in task's prompts are ~70 tokens
 # Float32 on both sides, one summation order apart: |diff| of a logprob is a few ulps of the
 # logits' magnitude (~10 here), 1e-4 leaves a wide margin and still catches a wrong token,
 # temperature or weight.
@@ -37,13 +41,15 @@ LOGPROB_ATOL = 1e-4
 def setup():
     path = builtin_checkpoint()
     model, tok = from_pretrained(path), load_tokenizer(path)
-    cfg = RolloutConfig(max_new_tokens=24, max_slots=8, max_tool_calls=2)
+    cfg = RolloutConfig(max_new_tokens=128, max_slots=8, max_tool_calls=2)
     ctx = SamplerContext(
         cfg=cfg, policy=model, tokenizer=tok, mesh=None, checkpoint=path,
         max_prompt_length=MAX_PROMPT,
     )  # fmt: skip
     jax_s = build_sampler(ctx)
-    vllm_s = build_sampler(dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, backend="vllm")))
+    # Eager: starts in seconds (torch.compile on CPU takes ~30 s); the same numerics.
+    vllm_s = VllmSampler(dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, backend="vllm")),
+                         VllmConfig(enforce_eager=True))  # fmt: skip
     params = nnx.state(model)
     for s in (jax_s, vllm_s):
         s.push_weights(params)
@@ -151,6 +157,97 @@ def test_tool_turns_give_the_same_tokens_and_masks(setup):
         assert x.response_mask.tolist() == y.response_mask.tolist()
         assert (x.tool_calls, x.finish_reason, x.text) == (y.tool_calls, y.finish_reason, y.text)
     assert any(0 in c.response_mask for c in b)  # tool output was inserted, masked
+
+
+class _FlakyTool(_EchoTool):
+    """Answers its first call, then ends the sample (None) or raises, by response length."""
+
+    def __call__(self, text: str) -> str | None:
+        self.calls.append(text)
+        if text.count(self.stop_strings[0]) == 1:
+            return "\n[obs]\n"
+        if len(text) % 2:
+            raise RuntimeError("tool down")
+        return None
+
+    observe = __call__
+
+
+@pytest.mark.parametrize("max_tool_calls", [1, 2])
+def test_tool_endings_are_the_same_on_both_backends(setup, max_tool_calls):
+    """A tool that returns None, one that raises, and the turn limit end samples alike."""
+    _, _, jax_s, vllm_s, prompts = setup
+    plain = jax_s.generate(prompts, _greedy())
+    text = next(c.text for c in plain if len(c.text) >= 8)
+    stop = text[len(text) // 2 : len(text) // 2 + 1]  # one character: stops often
+    got = []
+    for s in (jax_s, vllm_s):
+        s_turns = s.driver.max_tool_turns if s is jax_s else s.max_tool_turns
+        try:
+            if s is jax_s:
+                s.driver.max_tool_turns = max_tool_calls
+            else:
+                s.max_tool_turns = max_tool_calls
+            got.append(s.generate(prompts, _greedy(n=2, stop=(stop,)), tool=_FlakyTool(stop)))
+        finally:
+            if s is jax_s:
+                s.driver.max_tool_turns = s_turns
+            else:
+                s.max_tool_turns = s_turns
+    a, b = got
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids.tolist() == y.token_ids.tolist()
+        assert x.response_mask.tolist() == y.response_mask.tolist()
+        assert (x.tool_calls, x.finish_reason, x.stop_string, x.error, x.text) == (
+            y.tool_calls, y.finish_reason, y.stop_string, y.error, y.text
+        )  # fmt: skip
+    assert max(c.tool_calls for c in b) == 1
+    if max_tool_calls == 2:
+        assert any(c.error == "tool error: tool down" for c in b)
+
+
+def test_vllm_stops_on_the_jax_engines_stop_tokens(setup):
+    _, _, jax_s, vllm_s, _ = setup
+    assert vllm_s.stop_token_ids == sorted(int(i) for i in jax_s.engine.eos_ids if i >= 0)
+
+
+def test_a_python_tool_episode_is_the_same_on_both_backends(setup, tmp_path):
+    from jaxrl_llm.data.config import DataConfig
+    from jaxrl_llm.data.prompts import prompt_data
+    from jaxrl_llm.tools.python_tool import PythonTool
+
+    _, tok, jax_s, vllm_s, _ = setup
+    data = prompt_data(DataConfig(val_size=8, builtin_train_size=8), tok, tmp_path)
+    assert data.val is not None
+    batch = next(iter(data.val.iterator()))
+    prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(len(batch))]
+    tool = PythonTool()
+    sp = SamplingParams(temperature=0.0, max_new_tokens=128, stop=tool.stop_strings)
+    a = jax_s.generate(prompts, sp, tool=tool)
+    b = vllm_s.generate(prompts, sp, tool=tool)
+    assert sum(c.tool_calls for c in a) >= len(prompts) // 2  # the model does use its tool
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids.tolist() == y.token_ids.tolist()
+        assert x.response_mask.tolist() == y.response_mask.tolist()
+        assert (x.tool_calls, x.finish_reason, x.text) == (y.tool_calls, y.finish_reason, y.text)
+
+
+def test_lora_runs_push_merged_weights(setup):
+    from jaxrl_llm.models.lora import LoraConfig, apply_lora
+    from jaxrl_llm.rollout.vllm_sampler import load_weights
+    from tests.learner.test_lora import _randomise_b
+
+    model, _, _, vllm_s, prompts = setup
+    adapted = from_pretrained(builtin_checkpoint())
+    apply_lora(adapted, LoraConfig(rank=4), seed=0)
+    _randomise_b(adapted)
+    push = load_weights(vllm_s.llm, adapted, "float32")
+    assert push.bytes == sum(x.size * 4 for x in jax.tree.leaves(nnx.state(model)))  # whole
+    got = vllm_s.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=24, seed=2))
+    for c in got:  # the adapted model's own forward: base + (alpha / r) x A B, unmerged
+        want = _trainer_logprobs(adapted, nnx.state(adapted), c, 1.0)
+        np.testing.assert_allclose(c.logprobs, want, atol=LOGPROB_ATOL)
+    vllm_s.push_weights(nnx.state(model))
 
 
 def test_too_long_prompt_is_refused_before_any_compute(setup):
