@@ -124,7 +124,7 @@ class RolloutDriver:
         self.stats: collections.Counter[str] = collections.Counter()
 
     # -------------------------------------------------------------- helpers
-    def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
+    def encode(self, prompt: str | Sequence[int] | np.ndarray) -> np.ndarray:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer")
@@ -152,7 +152,7 @@ class RolloutDriver:
     # ----------------------------------------------------------------- main
     def generate(
         self,
-        prompts: Sequence[str | Sequence[int]],
+        prompts: Sequence[str | Sequence[int] | np.ndarray],
         sampling: SamplingParams | Sequence[SamplingParams] = DEFAULT_SAMPLING,
         *,
         params: Any = None,
@@ -212,7 +212,7 @@ class RolloutDriver:
 
     def _start_call(
         self,
-        prompts: Sequence[str | Sequence[int]],
+        prompts: Sequence[str | Sequence[int] | np.ndarray],
         sampling: SamplingParams | Sequence[SamplingParams],
         tool: ToolCallback | None,
         on_long_prompt: str,
@@ -387,7 +387,7 @@ class RolloutDriver:
 
 def generate(
     engine: Engine,
-    prompts: Sequence[str | Sequence[int]],
+    prompts: Sequence[str | Sequence[int] | np.ndarray],
     sampling: SamplingParams | Sequence[SamplingParams] = DEFAULT_SAMPLING,
     *,
     params: Any = None,
