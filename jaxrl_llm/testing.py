@@ -106,6 +106,20 @@ def log_softmax_tolerance(
     return lp, e_s + e_log_z + FLOAT32_EPS * np.abs(lp)
 
 
+def randomise_lora_b(model: Any, seed: int = 1) -> None:
+    """Non-zero B in every LoRA adapter of `model` (a trained adapter), so the adapter term
+    shows in its outputs (fresh adapters have B = 0)."""
+    import jax
+
+    from jaxrl_llm.models.lora import adapters
+
+    key = jax.random.key(seed)
+    for ad in adapters(model):
+        key, sub = jax.random.split(key)
+        var = getattr(ad.module, ad.name + "_lora_b")
+        var.set_value(0.05 * jax.random.normal(sub, var.shape))
+
+
 def tiny_config(**overrides: Any):
     """A 2-layer `ModelConfig` (D=32, N=4, K=2, H=8, V=64): fast on 8 simulated devices and
     divisible by a 2x4 mesh."""

@@ -9,6 +9,7 @@ import sys
 import typing
 from pathlib import Path
 
+import gin
 import pytest
 
 from jaxrl_llm.config import CONFIGS_DIR, ConfigError, parse_gin, resolve_gin_file
@@ -236,6 +237,9 @@ def test_unmasked_tool_output_without_a_tool_warns(caplog):
     parse_gin(["search_r1_tiny.gin"], ["AlgoConfig.mask_tool_output = False"])
     RLConfig().validate()
     assert "mask_tool_output" not in caplog.text
-    with pytest.raises(ConfigError, match="mask_tool_output"):
-        parse_gin([], ["AlgoConfig.mask_tool_output = 'no'"])
-        AlgoConfig()
+    try:
+        with pytest.raises(ConfigError, match="mask_tool_output"):
+            parse_gin([], ["AlgoConfig.mask_tool_output = 'no'"])
+            AlgoConfig()
+    finally:
+        gin.clear_config()  # the bad binding would reach the next AlgoConfig of this worker

@@ -26,7 +26,7 @@ from jaxrl_llm.models.lora import (
 )
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
 from jaxrl_llm.sharding.rules import logical_sharding
-from jaxrl_llm.testing import tiny_config
+from jaxrl_llm.testing import randomise_lora_b, tiny_config
 
 from .test_steps import ALGO, B, _batch
 
@@ -37,22 +37,13 @@ def _ids(seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(0, CFG.vocab_size, (2, 9)), jnp.int32)
 
 
-def _randomise_b(model, seed=1):
-    """Non-zero B (a trained adapter), so the adapter term shows."""
-    key = jax.random.key(seed)
-    for ad in adapters(model):
-        key, sub = jax.random.split(key)
-        var = getattr(ad.module, ad.name + "_lora_b")
-        var.set_value(0.05 * jax.random.normal(sub, var.shape))
-
-
 @pytest.mark.slow  # 35 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_adapters_start_at_base_merge_exactly_and_switch_off():
     model = init_model(CFG, seed=1)
     base = model(_ids())
     assert apply_lora(model, LoraConfig(rank=4, alpha=8.0), seed=0) == 7 * CFG.num_layers
     np.testing.assert_allclose(model(_ids()), base, rtol=0, atol=0)  # B = 0: exactly the base
-    _randomise_b(model)
+    randomise_lora_b(model)
     adapted = model(_ids())
     assert np.abs(np.asarray(adapted - base)).max() > 1e-2
     graphdef, ads, rest = nnx.split(model, nnx.LoRAParam, ...)
@@ -223,7 +214,7 @@ def test_scanned_layers_run_the_adapters_and_refuse_uneven_targets():
     for scan in (False, True):
         model = init_model(tiny_config(scan_layers=scan), seed=1)
         apply_lora(model, LoraConfig(rank=4), seed=0)
-        _randomise_b(model)
+        randomise_lora_b(model)
         outs.append(np.asarray(model(ids)))
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     scanned = init_model(tiny_config(scan_layers=True), seed=1)
@@ -241,7 +232,7 @@ def test_int8_base_is_the_dequantised_model_and_merges():
     float_model = init_model(CFG, seed=1)
     model = init_model(CFG, seed=1)
     apply_lora(model, lora, seed=0)
-    _randomise_b(model)
+    randomise_lora_b(model)
     for ad in adapters(model):
         q = getattr(ad.module, ad.name)
         scale = getattr(ad.module, ad.name + "_qscale").get_value()

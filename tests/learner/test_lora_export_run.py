@@ -17,10 +17,9 @@ from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.rl_loop import run_rl
 from jaxrl_llm.models import from_pretrained, save_pretrained
 from jaxrl_llm.models.lora import LoraConfig, apply_lora, merge_adapters
-from jaxrl_llm.testing import register_test_rewards, write_reference_checkpoint
+from jaxrl_llm.testing import randomise_lora_b, register_test_rewards, write_reference_checkpoint
 
 from .rl_helpers import TINY_RL_PARAMS
-from .test_lora import _randomise_b
 
 TOL = 1e-4  # float32, whole model (as tests/models/test_parity.py)
 
@@ -37,7 +36,7 @@ def test_peft_adapter_and_merged_export_load_in_transformers(tmp_path):
     write_reference_checkpoint(base_dir)
     model = from_pretrained(base_dir)
     apply_lora(model, LoraConfig(rank=4, alpha=8.0), seed=0)
-    _randomise_b(model)
+    randomise_lora_b(model)
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 16))
     ours = np.asarray(model(jnp.asarray(ids)))
     base_only = _torch_logits(AutoModelForCausalLM.from_pretrained(base_dir), ids)

@@ -235,12 +235,12 @@ def test_a_python_tool_episode_is_the_same_on_both_backends(setup, tmp_path):
 def test_lora_runs_push_merged_weights(setup):
     from jaxrl_llm.models.lora import LoraConfig, apply_lora
     from jaxrl_llm.rollout.vllm_sampler import load_weights
-    from tests.learner.test_lora import _randomise_b
+    from jaxrl_llm.testing import randomise_lora_b
 
     model, _, _, vllm_s, prompts = setup
     adapted = from_pretrained(builtin_checkpoint())
     apply_lora(adapted, LoraConfig(rank=4), seed=0)
-    _randomise_b(adapted)
+    randomise_lora_b(adapted)
     push = load_weights(vllm_s.llm, adapted, "float32")
     assert push.bytes == sum(x.size * 4 for x in jax.tree.leaves(nnx.state(model)))  # whole
     got = vllm_s.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=24, seed=2))
