@@ -22,7 +22,7 @@ def bench_vllm(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
 
     from jaxrl_llm.models import from_pretrained
     from jaxrl_llm.rollout.config import VllmConfig
-    from jaxrl_llm.rollout.vllm_sampler import cpu_engine_args, import_vllm, load_weights
+    from jaxrl_llm.rollout.vllm_sampler import cpu_engine_args, import_vllm, load_weights, new_llm
 
     vllm = import_vllm()
     from vllm.platforms import current_platform
@@ -30,7 +30,7 @@ def bench_vllm(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
     dtype = "float32" if current_platform.is_cpu() else "bfloat16"
     t0 = time.perf_counter()
     cpu_args = cpu_engine_args(VllmConfig(), P + N + 1) if current_platform.is_cpu() else {}
-    llm = vllm.LLM(model=str(path), dtype=dtype, seed=0, max_model_len=P + N + 1,
+    llm = new_llm(vllm, model=str(path), dtype=dtype, seed=0, max_model_len=P + N + 1,
                    max_num_seqs=max(B, 1), enable_prefix_caching=False,
                    skip_tokenizer_init=True, **cpu_args)  # fmt: skip
     start_s = time.perf_counter() - t0

@@ -1,4 +1,5 @@
-"""Rollout: JetStream-API engine, sampling, KV cache management, RL rollout driver.
+"""Rollout: JetStream-API engine, sampling, KV cache management, RL rollout driver, and the
+sampler seam the RL loop samples through (`sampler.py`: our engine or vLLM behind it).
 
 Names are imported lazily: the engine imports `jetstream.engine.engine_api`, which pulls in
 seqio and TensorFlow (seconds and hundreds of MB), so `import jaxrl_llm.rollout` stays light

