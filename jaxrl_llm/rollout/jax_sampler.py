@@ -63,6 +63,10 @@ class JaxSampler:
 
     def push_weights(self, params: Any) -> WeightPush:
         t0 = time.perf_counter()
+        # The wait is the contract's ("returns when they are in place") and the timer's:
+        # without it `seconds` would time the dispatch of the re-layout/cast only. It moved
+        # here from `rl_loop._collect` (the same barrier, there since before the seam); no
+        # race depends on it, the engine's programs take the arrays as inputs either way.
         self.params = jax.block_until_ready(self._sync(params))
         return WeightPush(self._sync.last_bytes, time.perf_counter() - t0)
 

