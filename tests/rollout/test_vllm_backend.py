@@ -229,7 +229,10 @@ def test_a_python_tool_episode_is_the_same_on_both_backends(setup, tmp_path):
     sp = SamplingParams(temperature=0.0, max_new_tokens=128, stop=tool.stop_strings)
     a = jax_s.generate(prompts, sp, tool=tool)
     b = vllm_s.generate(prompts, sp, tool=tool)
-    assert sum(c.tool_calls for c in a) >= len(prompts) // 2  # the model does use its tool
+    # The model does use its tool, so the comparison covers tool turns. How many of the 8
+    # greedy samples call it depends on the host's float rounding (5 here on AMD EPYC AVX2,
+    # 3 on a CI host): only "some" is a property of the model.
+    assert any(c.tool_calls for c in a) and any(0 in c.response_mask for c in a)
     for x, y in zip(a, b, strict=True):
         assert x.token_ids.tolist() == y.token_ids.tolist()
         assert x.response_mask.tolist() == y.response_mask.tolist()
