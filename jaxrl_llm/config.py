@@ -92,6 +92,7 @@ def parse_gin(files: Sequence[str | os.PathLike] = (), params: Sequence[str] = (
 
 def _register_configurables() -> None:
     """Import the modules whose dataclasses gin files configure (registration is import)."""
+    import jaxrl_llm.agents.env
     import jaxrl_llm.learner.rl_config
     import jaxrl_llm.learner.sft
     import jaxrl_llm.metrics.writer  # noqa: F401

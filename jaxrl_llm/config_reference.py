@@ -44,6 +44,7 @@ before any model loads; cross-field rules are checked by `RLConfig.validate()`.
 def config_classes() -> list[type]:
     """The documented classes in reading order: an RL run's, then SFT's, then the rest.
     (Imported here, not at module import: this module sits above every layer.)"""
+    from jaxrl_llm.agents.env import EpisodeConfig
     from jaxrl_llm.data.config import DataConfig
     from jaxrl_llm.learner.optim import OptimConfig
     from jaxrl_llm.learner.rl_config import AlgoConfig, MeshConfig, PolicyConfig, RLConfig
@@ -62,6 +63,7 @@ def config_classes() -> list[type]:
         DataConfig,
         RolloutConfig,
         VllmConfig,
+        EpisodeConfig,
         AlgoConfig,
         RewardConfig,
         OptimConfig,

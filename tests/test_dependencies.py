@@ -18,7 +18,7 @@ import jaxrl_llm
 ROOT = Path(jaxrl_llm.__file__).parent
 # Building blocks, and the stage records (`types.py`), never reach up into the stages that
 # assemble them.
-LOWER = {"algorithms", "models", "sharding", "rewards", "tools", "data"}
+LOWER = {"algorithms", "models", "sharding", "rewards", "tools", "agents", "data"}
 LOWER |= {"types", "cpu_devices", "assets"}
 UPPER = {"learner", "rollout", "metrics", "bench"}
 

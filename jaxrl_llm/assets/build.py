@@ -13,7 +13,14 @@ from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.models import ModelConfig, RopeConfig, init_model, save_pretrained
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# Without tools, the plain ChatML of every shipped prompt. With `tools=` (agent
+# environments, docs/agents.md) a system turn names each tool and its parameters, e.g.
+# "tools: add(a, b) multiply(a, b)": a tiny byte-level model's prompt cannot spend Qwen's
+# full JSON schemas (~300 tokens a tool); calls are written in Qwen's <tool_call> format.
 CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\ntools:{% for tool in tools %} "
+    "{{ tool.function.name }}({{ tool.function.parameters.properties | join(', ') }})"
+    "{% endfor %}<|im_end|>\n{% endif %}"
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -256,7 +256,7 @@ class RLConfig:
                 f"estimator {a.estimator!r} needs rollout.n >= {group} samples per prompt (a "
                 f"lone sample is its own group baseline), got rollout.n = {self.rollout.n}"
             )
-        if not a.mask_tool_output and self.rollout.tool == NO_TOOL:
+        if not a.mask_tool_output and self.rollout.tool == NO_TOOL and self.rollout.env == "none":
             log.warning(
                 "AlgoConfig.mask_tool_output = False has no effect with RolloutConfig.tool = "
                 "'none': no tool output is ever inserted into a response"

@@ -203,6 +203,7 @@ def _collect(
             break
     metrics["dynamic_sampling/tries"] = tries
     metrics.update(rollout.reward_metrics())  # reward/errors, reward/timeouts of all tries
+    metrics.update(rollout.tool_metrics())  # the tool's own counters (tools/*), all tries
     rollout.release_weights()  # the update may use the memory of a cast / gathered copy
     metrics.update(rollout.sampler.metrics())
     metrics["dynamic_sampling/dropped_groups"] = dropped

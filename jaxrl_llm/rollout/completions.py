@@ -39,6 +39,7 @@ class LiveSample:
     turn_start: int = 0  # index in `tokens` where the current model turn began
     checked: int = 0  # tokens of this turn already searched for stop strings
     tool_calls: int = 0
+    turn_end: str = "stop"  # why the turn handed to the tool ended ("stop" | "eos")
     error: str | None = None
     epoch: int = 0  # bumped when the host stops the sample: in-flight tokens are stale
 

@@ -46,7 +46,15 @@ class RolloutConfig:
         "(Search-R1's retriever) or your own factory as 'package.module:factory' "
         "(docs/tools.md).",
     )
-    max_tool_calls: int = documented(2, "Tool turns allowed per sample (Search-R1's max turns).")
+    env: str = documented(
+        "none",
+        "The agent environment each sample is an episode of: 'none', 'arithmetic' (word "
+        "problems with four calculator tools) or your own factory as 'package.module:factory'"
+        "; its settings are in EpisodeConfig (docs/agents.md). Not with `tool`.",
+    )
+    max_tool_calls: int = documented(
+        2, "Tool turns allowed per sample (Search-R1's max turns; an episode's turn limit)."
+    )
     search_corpus: str | None = documented(
         None,
         "The 'search' tool's corpus, a jsonl file; None only with the built-in retrieval task, "
@@ -68,11 +76,18 @@ class RolloutConfig:
     )
 
     def __post_init__(self):
+        from jaxrl_llm.agents.factory import NO_ENV, check_env_name
         from jaxrl_llm.rollout.backends import check_backend_name
-        from jaxrl_llm.tools.factory import check_tool_name
+        from jaxrl_llm.tools.factory import NO_TOOL, check_tool_name
 
         check_tool_name(self.tool)
         check_backend_name(self.backend)
+        check_env_name(self.env)
+        if self.env != NO_ENV and self.tool != NO_TOOL:
+            raise ValueError(
+                f"rollout.env = {self.env!r} and rollout.tool = {self.tool!r}: an environment "
+                "brings its own tools; set one of them"
+            )
 
 
 @gin.configurable

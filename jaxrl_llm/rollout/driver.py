@@ -53,12 +53,12 @@ from jaxrl_llm.rollout.completions import pad_completions as pad_completions  # 
 from jaxrl_llm.rollout.engine import Engine
 from jaxrl_llm.rollout.records import DecodeState, Prefix, StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_seed
+from jaxrl_llm.tools.protocol import ToolCallback, ask, hands_over, turn_rules
 from jaxrl_llm.types import FINISH_REASONS as FINISH_REASONS  # importable from here too
 from jaxrl_llm.types import Completion
 
 log = logging.getLogger(__name__)
 
-ToolCallback = Callable[[str], "str | None"]
 _Running = dict[int, tuple[LiveSample, int]]  # slot -> (its sample, the sample's epoch)
 DEFAULT_SAMPLING = SamplingParams()
 
@@ -310,9 +310,18 @@ class RolloutDriver:
             reason, stop = finish
             s.epoch += 1  # later calls' tokens for this slot are not this sample's
             stopped.append(b)
-            if reason == "stop" and call.tool is not None and s.tool_calls < self.max_tool_turns:
+            if (
+                call.tool is not None
+                and hands_over(call.tool, reason)
+                and s.tool_calls < self.max_tool_turns
+            ):
                 assert call.pool is not None
-                call.pending[b] = call.pool.submit(call.tool, self._decode(s.tokens, True))
+                s.turn_end = reason
+                special = turn_rules(call.tool).special_tokens
+                text = self._decode(s.tokens, not special)
+                call.pending[b] = call.pool.submit(
+                    ask, call.tool, s.prompt_index, s.sample_index, text
+                )
                 continue
             call.finish(s, self._completion(s, reason, stop))
             self._free_slot(b, call)
@@ -344,7 +353,7 @@ class RolloutDriver:
             except Exception as e:  # a tool failure ends the sample, not the batch
                 log.warning("tool failed for prompt %d: %s", s.prompt_index, e)
                 s.error, obs = f"tool error: {e}", None
-            reason = "stop"
+            reason = s.turn_end
             if obs is not None:
                 obs_ids = self.encode_observation(obs)
                 budget = s.params.max_new_tokens - len(s.tokens)

@@ -32,9 +32,9 @@ import numpy as np
 
 from jaxrl_llm.rollout.config import RolloutConfig
 from jaxrl_llm.rollout.sampling import SamplingParams
+from jaxrl_llm.tools.protocol import ToolCallback as ToolCallback  # importable here
 from jaxrl_llm.types import Completion
 
-ToolCallback = Callable[[str], "str | None"]
 OnFinish = Callable[[int, Completion], object]
 Progress = Callable[[int, int], object]
 

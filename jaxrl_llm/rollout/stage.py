@@ -13,7 +13,9 @@ where too many samples made the reward raise stops the run (`RewardPool.check_er
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import jax
 import numpy as np
@@ -48,6 +50,8 @@ class RolloutStage:
         batch. `seed` seeds every step's samples; `corpus` is the built-in retrieval task's
         (Search-R1 tool); `checkpoint` the HF folder `policy` was loaded from (a server
         backend such as vLLM loads its own copy from it)."""
+        from jaxrl_llm.agents.env import EpisodeConfig
+        from jaxrl_llm.agents.factory import NO_ENV, env_factory
         from jaxrl_llm.rollout.sampler import SamplerContext, build_sampler
         from jaxrl_llm.tools.factory import build_tool
 
@@ -59,9 +63,15 @@ class RolloutStage:
         self._reward_counts = RewardCounts()
         # Built at start-up: a wrong plug-in path, or a Python tool with no safe sandbox
         # here, fails before the first step.
-        self.tool = build_tool(r.tool, search_corpus=r.search_corpus or corpus, search_k=r.search_k)
+        self.tool = build_tool(
+            r.tool, search_corpus=r.search_corpus or corpus, search_k=r.search_k,
+            tokenizer=tokenizer,
+        )  # fmt: skip
         if self.tool is not None:
             self.stop = (*self.stop, *self.tool.stop_strings)
+        self.env = None if r.env == NO_ENV else env_factory(r.env)  # checked at start-up
+        self.episode_cfg = EpisodeConfig()
+        self._episode_metrics: list[dict[str, float]] = []
         ctx = SamplerContext(
             cfg=cfg, policy=policy, tokenizer=tokenizer, mesh=mesh, checkpoint=checkpoint,
             max_prompt_length=max_prompt_length, rollout_dtype=rollout_dtype,
@@ -124,21 +134,24 @@ class RolloutStage:
         process gets the same whole-batch `Rollout`. `step` is its policy version."""
         r = self.cfg
         seed = int(np.random.default_rng([self.seed, step, attempt]).integers(2**31))
-        prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(len(batch))]
-        progress = bar(f"rollout {step}", len(prompts) * r.n, unit="sample")
-        # Each finished sample is scored while the rest decode (`StreamingScorer`).
-        scorer = StreamingScorer(reward, [e for e in batch.examples for _ in range(r.n)])
-        completions = self.sampler.generate(
-            prompts,
-            self._sampling(seed, n=r.n, temperature=r.temperature),
-            tool=self.tool,
-            progress=lambda done, total: progress.update(done - progress.n),
-            prompt_indices=_global_rows(len(prompts)),
-            on_finish=lambda i, c: scorer.add(i, c.text),
-        )
+        sampling = self._sampling(seed, n=r.n, temperature=r.temperature)
+        progress = bar(f"rollout {step}", len(batch) * r.n, unit="sample")
+        on_progress = lambda done, total: progress.update(done - progress.n)
+        if self.env is not None:
+            completions, scores = self._episodes(batch, sampling, on_progress)
+            counts = RewardCounts()
+        else:
+            n = len(batch)
+            prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(n)]
+            # Each finished sample is scored while the rest decode (`StreamingScorer`).
+            scorer = StreamingScorer(reward, [e for e in batch.examples for _ in range(r.n)])
+            completions = self.sampler.generate(
+                prompts, sampling, tool=self.tool, progress=on_progress,
+                prompt_indices=_global_rows(n), on_finish=lambda i, c: scorer.add(i, c.text),
+            )  # fmt: skip
+            scores, counts = scorer.result()
         progress.close()
         answers = [a for a in batch.answers for _ in range(r.n)]
-        scores, counts = scorer.result()
         mine = Rollout(
             completions=tuple(completions),
             answers=tuple(answers),
@@ -152,11 +165,45 @@ class RolloutStage:
         counts.check(reward)
         return rollout
 
+    def _episodes(self, batch, sampling, progress=None, rows=None):
+        """Completions and episode rewards of `batch` (its `rows`; all by default) as
+        environment episodes (`agents.Episodes`): the prompts are the environments' reset
+        messages, the scores their combined rewards; every environment is closed."""
+        from jaxrl_llm.agents.episodes import Episodes
+
+        assert self.env is not None
+        mine = list(range(len(batch))) if rows is None else list(rows)
+        examples = [batch.examples[i] for i in mine]
+        episodes = Episodes(self.env, examples, sampling.n, self.tokenizer, self.episode_cfg)
+        try:
+            completions = self.sampler.generate(
+                episodes.prompts, sampling, tool=episodes, progress=progress,
+                prompt_indices=_global_rows(len(mine)) if rows is None else mine,
+            )  # fmt: skip
+            scores = [episodes.finish(i, c) for i, c in enumerate(completions)]
+        finally:
+            episodes.close()
+        self._episode_metrics.append(episodes.metrics())
+        return completions, scores
+
     def reward_metrics(self) -> dict[str, float]:
         """`reward/errors` and `reward/timeouts`: samples whose reward raised or ran out of
         time in the `generate` calls since the last call (one step, all hosts)."""
         counts, self._reward_counts = self._reward_counts, RewardCounts()
         return {"reward/errors": counts.errors, "reward/timeouts": counts.timeouts}
+
+    def tool_metrics(self) -> dict[str, float]:
+        """The tool's own counters since the last call (`metrics()`, e.g. a `ToolBox`'s
+        `tools/<name>/{calls,errors,timeouts,latency_s}`), summed over hosts; a latency is
+        the mean over all hosts' calls. Every process calls it at the same point."""
+        from jaxrl_llm.agents.episodes import summarise
+        from jaxrl_llm.agents.functions import sum_metrics
+
+        read = getattr(self.tool, "metrics", None)
+        own = cast(Mapping[str, float], read()) if callable(read) else {}
+        mine = [dict(own), *self._episode_metrics]
+        self._episode_metrics = []
+        return summarise(sum_metrics(hosts.allgather_objects(sum_metrics(mine))))
 
     def env_metrics(self, rollout: Rollout) -> dict[str, float]:
         comps = rollout.completions
@@ -183,20 +230,22 @@ class RolloutStage:
         r = self.cfg
         scorers: list[StreamingScorer] = []  # one per batch, scoring while the next decodes
         me, hosts_ = jax.process_index(), jax.process_count()
+        results: list[tuple[list[float], RewardCounts]] = []  # episodes: scored already
+        sampling = self._sampling(self.seed, n=1, temperature=r.val_temperature)
         for batch in val.iterator():
             # Multi-host: each host takes every process_count-th row of the batch.
             rows = range(me, len(batch), hosts_)
+            if self.env is not None:
+                results.append((self._episodes(batch, sampling, rows=rows)[1], RewardCounts()))
+                continue
             prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in rows]
             scorer = StreamingScorer(reward, [batch.examples[i] for i in rows])
             self.sampler.generate(
-                prompts,
-                self._sampling(self.seed, n=1, temperature=r.val_temperature),
-                tool=self.tool,
-                prompt_indices=list(rows),
+                prompts, sampling, tool=self.tool, prompt_indices=list(rows),
                 on_finish=lambda i, c, scorer=scorer: scorer.add(i, c.text),
-            )
+            )  # fmt: skip
             scorers.append(scorer)
-        results = [s.result() for s in scorers]
+        results += [s.result() for s in scorers]
         mine = np.asarray([x for scores, _ in results for x in scores], np.float32)
         mine_counts = sum((counts for _, counts in results), RewardCounts())
         parts = hosts.allgather_objects((mine, mine_counts))
@@ -208,6 +257,7 @@ class RolloutStage:
             "val/test_score": float(solved.mean()),
             "val/reward/mean": float(scores.mean()),
             "val/reward/errors": counts.errors,
+            **{f"val/{k}": v for k, v in self.tool_metrics().items()},
         }
 
 

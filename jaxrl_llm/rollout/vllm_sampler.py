@@ -53,6 +53,7 @@ from jaxrl_llm.rollout.sampler import (
     WeightPush,
 )
 from jaxrl_llm.rollout.sampling import SamplingParams, sample_seed
+from jaxrl_llm.tools.protocol import ask, hands_over, turn_rules
 from jaxrl_llm.types import Completion
 
 log = logging.getLogger(__name__)
@@ -245,9 +246,16 @@ class VllmSampler:
             for t, lps in zip(tokens, out.logprobs or [{}] * len(tokens), strict=True)
         ]
         reason, stop = _finish_reason(out)
-        if reason == "stop" and call.tool is not None and s.tool_calls < self.max_tool_turns:
+        if (
+            call.tool is not None
+            and hands_over(call.tool, reason)
+            and s.tool_calls < self.max_tool_turns
+        ):
             assert call.pool is not None
-            call.pending[call.pool.submit(call.tool, self._text(s))] = s
+            s.turn_end = reason
+            special = turn_rules(call.tool).special_tokens
+            text = self._text(s, special)
+            call.pending[call.pool.submit(ask, call.tool, s.prompt_index, s.sample_index, text)] = s
             return
         call.finish(s, s.completion(reason, self._text(s), stop))
 
@@ -261,7 +269,7 @@ class VllmSampler:
                 log.warning("tool failed for prompt %d: %s", s.prompt_index, e)
                 s.error, obs = f"tool error: {e}", None
             if obs is None:
-                call.finish(s, s.completion("stop", self._text(s)))
+                call.finish(s, s.completion(s.turn_end, self._text(s)))
                 continue
             obs_ids = list(self.tokenizer(obs, add_special_tokens=False)["input_ids"])
             budget = s.params.max_new_tokens - len(s.tokens)
@@ -276,8 +284,8 @@ class VllmSampler:
             else:
                 call.finish(s, s.completion("length", self._text(s)))
 
-    def _text(self, s: LiveSample) -> str:
-        return self.tokenizer.decode(s.tokens, skip_special_tokens=True)
+    def _text(self, s: LiveSample, special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(s.tokens, skip_special_tokens=not special_tokens)
 
     def metrics(self) -> dict[str, float]:
         stats, self.stats = self.stats, collections.Counter()

@@ -2,11 +2,13 @@
 
 `RolloutConfig.tool` is a built-in's name (`BUILTIN_TOOLS`: "none", "python": ToRL's code
 interpreter, "search": Search-R1's BM25 retriever) or the import path of a factory,
-"package.module:factory". A factory takes no arguments and returns an object with the `Tool`
-contract (`tools/protocol.py`); its own settings come from gin (make it `@gin.configurable`)
-or from its module. The object is checked here, at start-up, so a wrong factory fails before
-any model loads. What a built-in needs from the config (`BuiltinTool.requires`) is declared
-in its entry, so validation asks the table rather than comparing names. See docs/tools.md.
+"package.module:factory". A factory takes no arguments, or a `tokenizer` keyword (the
+policy's: a chat-format tool renders its observations with the checkpoint's template,
+`agents.ChatToolUse`), and returns an object with the `Tool` contract (`tools/protocol.py`);
+its own settings come from gin (make it `@gin.configurable`) or from its module. The object
+is checked here, at start-up, so a wrong factory fails before any model loads. What a
+built-in needs from the config (`BuiltinTool.requires`) is declared in its entry, so
+validation asks the table rather than comparing names. See docs/agents.md.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jaxrl_llm.tools.protocol import Tool
+from jaxrl_llm.tools.protocol import Tool, turn_rules
 
 NO_TOOL = "none"
 
@@ -94,13 +96,14 @@ def missing_requirement(name: str, settings: Mapping[str, Any]) -> str | None:
 
 
 def build_tool(
-    name: str, *, search_corpus: str | Path | None = None, search_k: int = 3
+    name: str, *, search_corpus: str | Path | None = None, search_k: int = 3, tokenizer=None
 ) -> Tool | None:
     """The tool `name` refers to (None for "none"). `search_corpus`/`search_k`: the
-    built-in search tool's corpus (jsonl) and passages per query."""
+    built-in search tool's corpus (jsonl) and passages per query; `tokenizer`: the policy's,
+    for a plug-in factory that takes it."""
     spec = builtin_tool(name)
     if spec is None:
-        return _plugin_tool(name)
+        return _plugin_tool(name, tokenizer)
     settings = {"search_corpus": search_corpus, "search_k": search_k}
     problem = missing_requirement(name, settings)
     if problem:
@@ -125,9 +128,10 @@ def resolve_import_path(spec: str, setting: str) -> Callable[..., Any]:
     return obj
 
 
-def _plugin_tool(name: str) -> Tool:
+def _plugin_tool(name: str, tokenizer=None) -> Tool:
     factory = resolve_import_path(name, "rollout.tool")
-    tool = factory()
+    wants = "tokenizer" in inspect.signature(factory).parameters
+    tool = factory(tokenizer=tokenizer) if wants else factory()
     if not isinstance(tool, Tool):
         missing = [
             a for a in ("name", "stop_strings", "__call__", "observe") if not hasattr(tool, a)
@@ -137,13 +141,15 @@ def _plugin_tool(name: str) -> Tool:
             f"contract (tools/protocol.py); missing: {missing}"
         )
     stops = tool.stop_strings
+    on_eos = turn_rules(tool).on_eos  # its turns end on the end-of-turn token: no stop needed
     if (
         not isinstance(stops, tuple)
-        or not stops
+        or not (stops or on_eos)
         or not all(isinstance(s, str) and s for s in stops)
     ):
         raise TypeError(
             f"rollout.tool = {name!r}: stop_strings must be a non-empty tuple of non-empty "
-            f"strings (where generation pauses for the tool), got {stops!r}"
+            f"strings (where generation pauses for the tool), got {stops!r}; a tool whose "
+            "turns end on the end-of-turn token sets turn_ends_on_eos = True"
         )
     return tool

@@ -7,6 +7,10 @@ One tool turn, as the rollout driver runs it:
   2. `observation = tool(text_so_far)`; None means "no call here": the sample is finished.
   3. The observation is tokenised, appended, and masked out of the policy loss and the KL.
   4. Generation continues, for at most the configured number of tool calls.
+A tool whose turns end with the model's end-of-turn token rather than a stop string (chat
+tool calling, `agents/chat.py`) sets `turn_ends_on_eos = True`: a sample that stops on EOS is
+handed to it too, and None ends the sample as "eos". `sees_special_tokens = True` hands it the
+text with special tokens kept (the template's turn markers). `turn_rules` reads both.
 `observe_many` runs `observe` for a batch of samples concurrently; tools whose work is I/O
 or a subprocess (sandbox, retriever) overlap that way without blocking the caller's thread
 for longer than the slowest call.
@@ -15,7 +19,8 @@ for longer than the slowest call.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 
@@ -29,6 +34,49 @@ class Tool(Protocol):
     def __call__(self, text: str) -> str | None: ...
 
     def observe(self, text: str) -> str | None: ...
+
+
+@runtime_checkable
+class EpisodeTool(Protocol):
+    """A tool that keeps one episode per sample (`agents.Episodes`): the sampler passes the
+    sample's position (`prompt` in the `generate` call, `sample` of its n) with its text."""
+
+    def observe_episode(self, prompt: int, sample: int, text: str) -> str | None: ...
+
+
+# What a sampler's `generate(..., tool=)` takes: a `Tool` (or any text -> observation
+# callable) or an `EpisodeTool`.
+ToolCallback = Callable[[str], "str | None"] | EpisodeTool
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnRules:
+    """When a sampler hands a sample to its tool, and what text it hands over."""
+
+    on_eos: bool = False  # a turn also ends on the end-of-turn (EOS) token
+    special_tokens: bool = False  # the text keeps special tokens
+
+
+def turn_rules(tool: object) -> TurnRules:
+    """A tool's `TurnRules`, from its optional `turn_ends_on_eos` / `sees_special_tokens`."""
+    return TurnRules(
+        on_eos=bool(getattr(tool, "turn_ends_on_eos", False)),
+        special_tokens=bool(getattr(tool, "sees_special_tokens", False)),
+    )
+
+
+def ask(tool: ToolCallback, prompt: int, sample: int, text: str) -> str | None:
+    """The tool's observation after a sample's turn: `tool.observe_episode(prompt, sample,
+    text)` for an `EpisodeTool` (`prompt` is the prompt's position in the `generate` call),
+    else `tool(text)`."""
+    if isinstance(tool, EpisodeTool):
+        return tool.observe_episode(prompt, sample, text)
+    return tool(text)
+
+
+def hands_over(tool: object, reason: str) -> bool:
+    """Whether a sample that finished its turn for `reason` goes to `tool`."""
+    return reason == "stop" or (reason == "eos" and turn_rules(tool).on_eos)
 
 
 @runtime_checkable

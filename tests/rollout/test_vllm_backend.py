@@ -261,3 +261,35 @@ def test_too_long_prompt_is_refused_before_any_compute(setup):
     _, _, _, vllm_s, _ = setup
     with pytest.raises(ValueError, match="cannot be generated"):
         vllm_s.generate([np.arange(MAX_PROMPT + 1, dtype=np.int32)], _greedy())
+
+
+def _count_chars(n: int) -> str:
+    """Say how long the turn was.
+
+    Args:
+        n: Its length in characters.
+    """
+    return f"{n} characters"
+
+
+def test_chat_tool_turns_end_on_eos_alike_on_both_backends(setup, monkeypatch):
+    """A chat-format tool (`agents.ChatToolUse`) takes each turn that ends on the end-of-turn
+    token; a format that reads every turn as a call keeps the episode going to the limit."""
+    from jaxrl_llm.agents import ChatToolUse, ParsedTurn, ToolBox, ToolCall, tool_calls
+
+    _, tok, jax_s, vllm_s, prompts = setup
+    monkeypatch.setitem(
+        tool_calls.PARSERS, "every_turn",
+        lambda text: ParsedTurn(text, (ToolCall("_count_chars", {"n": len(text)}),)),
+    )  # fmt: skip
+    sp = SamplingParams(temperature=0.0, max_new_tokens=96, n=2)
+    got = [
+        s.generate(prompts, sp, tool=ChatToolUse(ToolBox([_count_chars]), tok, fmt="every_turn"))
+        for s in (jax_s, vllm_s)
+    ]
+    a, b = got
+    assert any(c.tool_calls for c in a)  # the model ends turns with EOS, and they continue
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids.tolist() == y.token_ids.tolist()
+        assert x.response_mask.tolist() == y.response_mask.tolist()
+        assert (x.tool_calls, x.finish_reason, x.text) == (y.tool_calls, y.finish_reason, y.text)

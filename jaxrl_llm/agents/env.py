@@ -1,0 +1,104 @@
+"""The environment API: what a multi-turn agent episode is made of.
+
+An environment is built per episode (one sample) by its factory, `RolloutConfig.env`:
+a built-in name or "package.module:factory" (`agents/factory.py`). The factory takes no
+arguments (its own settings come from gin: make it `@gin.configurable`) and returns an
+object with
+
+- `tools`: JSON schemas of its tools (as `apply_chat_template(tools=...)` takes them; may be
+  empty), rendered into the prompt by the checkpoint's own chat template;
+- `reset(row) -> list of chat messages`: the episode's start from its whole data row (the
+  same messages for every sample of a row, so a group shares its prompt);
+- `step(turn: Turn) -> StepResult`: the model's turn (its text and parsed calls) in; the
+  observation messages (usually `tool` messages), the turn's reward, whether the episode is
+  done, and metrics out. `turn.final` is set when the sampler ends the episode (turn limit or
+  token budget): the environment scores it and its observations are not shown;
+- `close()`: called when the episode ends, and for every open episode when the run stops or
+  fails.
+
+The episode's reward is the turns' rewards combined by `EpisodeConfig.reward_rule`:
+"final" (the last turn's), "sum", or "discounted" (sum of gamma^(T-1-t) r_t: earlier turns
+count less, as a return seen from the episode's end).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import gin
+
+from jaxrl_llm.agents.tool_calls import MalformedCall, ToolCall
+from jaxrl_llm.config_checks import Interval, checked_fields, documented
+
+Messages = list[dict[str, Any]]
+REWARD_RULES = ("final", "sum", "discounted")
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """One model turn: its text (calls included, special tokens removed), the calls parsed
+    from it, those that could not be, and whether the sampler ended the episode here."""
+
+    text: str
+    calls: tuple[ToolCall, ...] = ()
+    malformed: tuple[MalformedCall, ...] = ()
+    final: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What an environment answers to a turn."""
+
+    observations: Messages = dataclasses.field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+@runtime_checkable
+class Environment(Protocol):
+    @property
+    def tools(self) -> Sequence[dict[str, Any]]: ...
+
+    def reset(self, row: Mapping[str, Any]) -> Messages: ...
+
+    def step(self, turn: Turn) -> StepResult: ...
+
+    def close(self) -> None: ...
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+@checked_fields(
+    tool_format=("qwen", "hermes", "llama3_json"),
+    reward_rule=REWARD_RULES,
+    discount=Interval(ge=0, le=1),
+)
+class EpisodeConfig:
+    """How agent episodes (`RolloutConfig.env`) are read and scored (docs/agents.md)."""
+
+    tool_format: str = documented(
+        "qwen",
+        "How the model writes tool calls: 'qwen' (= 'hermes', <tool_call>{json}</tool_call>, "
+        "Qwen2.5/Qwen3) or 'llama3_json' (Llama 3.1/3.2 JSON calls).",
+    )
+    reward_rule: str = documented(
+        "final", "How an episode's turn rewards combine: 'final', 'sum' or 'discounted'."
+    )
+    discount: float = documented(1.0, "gamma of the 'discounted' rule.")
+
+
+def combine_rewards(rewards: Sequence[float], rule: str, discount: float = 1.0) -> float:
+    """An episode's reward from its turns' rewards (see the module docstring)."""
+    if rule not in REWARD_RULES:
+        raise ValueError(f"reward rule {rule!r}: expected one of {', '.join(REWARD_RULES)}")
+    if not rewards:
+        return 0.0
+    if rule == "final":
+        return float(rewards[-1])
+    if rule == "sum":
+        return float(sum(rewards))
+    last = len(rewards) - 1
+    return float(sum(r * discount ** (last - t) for t, r in enumerate(rewards)))

@@ -1,0 +1,156 @@
+"""Tool calls read from a model turn, in the format its checkpoint was trained to write.
+
+    turn = parse_turn("qwen", text)      # -> ParsedTurn(content, calls, malformed)
+
+A parser is one function `text -> ParsedTurn`, registered by name (`register_parser`), so a
+new format is one function. Built-in:
+
+- "qwen" (alias "hermes"): Qwen2.5 / Qwen3 instruct templates, and every template that
+  follows the Hermes convention. Each call is a block
+  `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`; a turn may hold several.
+  Text outside the blocks is the turn's content.
+- "llama3_json": Llama 3.1 / 3.2 with custom (JSON) tools. The whole turn is the call,
+  `{"name": ..., "parameters": {...}}` (Meta's docs; "arguments" is taken too), optionally
+  after `<|python_tag|>`; several calls are separated by ";" or whitespace. A turn that
+  does not start with "{" is plain content (no call).
+
+`arguments` may arrive as an object or as a JSON string of one (OpenAI's wire form); both
+become a dict. What cannot be read as a call (bad JSON, no name, arguments not an object, an
+unclosed block) becomes a `MalformedCall` with the reason: the environment answers it with
+an error observation and counts it; it never raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    """One well-formed call: the tool's name and its arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class MalformedCall:
+    """Text that was meant as a call but cannot be one, and why."""
+
+    text: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedTurn:
+    """A model turn: its text outside the calls, its calls in order, and what was malformed."""
+
+    content: str
+    calls: tuple[ToolCall, ...] = ()
+    malformed: tuple[MalformedCall, ...] = ()
+
+
+class HasCalls(Protocol):
+    """What answering a turn's calls reads: a `ParsedTurn` or an environment's `Turn`."""
+
+    @property
+    def calls(self) -> tuple[ToolCall, ...]: ...
+
+    @property
+    def malformed(self) -> tuple[MalformedCall, ...]: ...
+
+
+Parser = Callable[[str], ParsedTurn]
+PARSERS: dict[str, Parser] = {}
+
+
+def register_parser(*names: str) -> Callable[[Parser], Parser]:
+    """Register a parser under one or more format names (a decorator)."""
+
+    def add(fn: Parser) -> Parser:
+        for name in names:
+            PARSERS[name] = fn
+        return fn
+
+    return add
+
+
+def parse_turn(fmt: str, text: str) -> ParsedTurn:
+    """The calls in `text` as format `fmt` writes them."""
+    try:
+        parser = PARSERS[fmt]
+    except KeyError:
+        raise ValueError(
+            f"tool-call format {fmt!r}: expected one of {', '.join(sorted(PARSERS))} "
+            "(add one with jaxrl_llm.agents.register_parser)"
+        ) from None
+    return parser(text)
+
+
+def read_call(obj: Any, text: str, args_key: str = "arguments") -> ToolCall | MalformedCall:
+    """A decoded JSON value as a call `{"name": str, args_key: object}`, or why it is not."""
+    if not isinstance(obj, dict):
+        return MalformedCall(text, f"a call must be a JSON object, got {type(obj).__name__}")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return MalformedCall(text, 'a call needs a "name" string')
+    args = obj.get(args_key, obj.get("arguments", {}))
+    if isinstance(args, str):  # OpenAI's wire form: arguments as a JSON string
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as e:
+            return MalformedCall(text, f"arguments are not JSON: {e.msg}")
+    if not isinstance(args, dict):
+        return MalformedCall(text, f"arguments must be an object, got {type(args).__name__}")
+    return ToolCall(name, args)
+
+
+def _split(found: list[ToolCall | MalformedCall]) -> tuple[tuple, tuple]:
+    calls = tuple(c for c in found if isinstance(c, ToolCall))
+    return calls, tuple(c for c in found if isinstance(c, MalformedCall))
+
+
+_QWEN_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
+
+
+@register_parser("qwen", "hermes")
+def parse_qwen(text: str) -> ParsedTurn:
+    found: list[ToolCall | MalformedCall] = []
+    for m in _QWEN_BLOCK.finditer(text):
+        body = m.group(1).strip()
+        if not m.group(2):
+            found.append(MalformedCall(m.group(0), "unclosed <tool_call> block"))
+            continue
+        try:
+            found.append(read_call(json.loads(body), body))
+        except json.JSONDecodeError as e:
+            found.append(MalformedCall(body, f"not JSON: {e.msg}"))
+    calls, malformed = _split(found)
+    return ParsedTurn(_QWEN_BLOCK.sub("", text).strip(), calls, malformed)
+
+
+_PYTHON_TAG = "<|python_tag|>"
+
+
+@register_parser("llama3_json")
+def parse_llama3_json(text: str) -> ParsedTurn:
+    body = text.strip().removeprefix(_PYTHON_TAG).strip()
+    if not body.startswith("{"):
+        return ParsedTurn(text.strip())
+    decoder, found, i = json.JSONDecoder(), [], 0
+    while i < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, i)
+        except json.JSONDecodeError as e:
+            found.append(MalformedCall(body[i:], f"not JSON: {e.msg}"))
+            break
+        found.append(read_call(obj, body[i:end], args_key="parameters"))
+        i = end
+        while i < len(body) and (body[i].isspace() or body[i] == ";"):
+            i += 1
+    calls, malformed = _split(found)
+    return ParsedTurn("", calls, malformed)
