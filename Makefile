@@ -20,7 +20,7 @@ TRAIN_ARGS ?=
 # The venv's own interpreter, whichever venv this is (pyproject names .venv for editors).
 PYRIGHT := $(BIN)/basedpyright -p pyproject.toml --pythonpath $(BIN)/python
 
-.PHONY: train test test-fast lint format sysdeps clean tiny-checkpoint repro-torl repro-limr repro-search-r1
+.PHONY: train test test-fast lint format sysdeps clean tiny-checkpoint repro-torl repro-limr repro-search-r1 repro-agent
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "jaxrl-llm needs Python 3.11 to 3.13, found " + sys.version'
@@ -112,6 +112,11 @@ repro-limr: $(BASE_STAMP) sysdeps
 # Search-R1: GRPO with the BM25 search tool vs without.
 repro-search-r1: $(BASE_STAMP) sysdeps
 	$(BIN)/jaxrl-llm repro search-r1 $(REPRO_FLAGS)
+
+# Agent: a short SFT on worked calculator episodes (Qwen tool calls), then GRPO in the
+# built-in 'arithmetic' environment (docs/agents.md).
+repro-agent: $(BASE_STAMP)
+	$(BIN)/jaxrl-llm repro agent $(REPRO_FLAGS)
 
 clean:
 	rm -rf .venv .venv-3.* .pytest_cache .ruff_cache

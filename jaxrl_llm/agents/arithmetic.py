@@ -10,11 +10,12 @@ scores like a final one. Metrics: the `ToolBox`'s `tools/*` counters.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from jaxrl_llm.agents.env import Messages, StepResult, Turn
-from jaxrl_llm.agents.functions import ToolBox
+from jaxrl_llm.agents.functions import ToolBox, as_text
 from jaxrl_llm.rewards.extraction import last_boxed
 
 
@@ -69,7 +70,7 @@ class ArithmeticEnv:
     """One episode of an arithmetic word problem with calculator tools."""
 
     def __init__(self, timeout_s: float = 5.0):
-        self.box = ToolBox([add, subtract, multiply, divide], timeout_s=timeout_s)
+        self.box = ToolBox(list(TOOLS.values()), timeout_s=timeout_s)
         self.tools = self.box.schemas
         self.answer: float | None = None
 
@@ -89,3 +90,28 @@ class ArithmeticEnv:
 
     def close(self) -> None:
         """Nothing held: each tool call's thread ends with it."""
+
+
+_OPS = {"+": "add", "-": "subtract", "*": "multiply", "//": "divide", "/": "divide"}
+
+
+def demonstration(problem: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A worked episode for a built-in task problem (`data.tasks.arithmetic`): one call per
+    operation of its solution (`print(a op b [op c])`), left to right, each in its own turn
+    with the tool's answer after it, then "The answer is \\boxed{...}."; Qwen's call format."""
+    code = str(problem["tool_solution"]).split("```python\n", 1)[1].split("\n", 1)[0]
+    tokens = code.removeprefix("print(").removesuffix(")").split()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": str(problem["prompt"])}]
+    value: float = int(tokens[0])
+    for op, operand in zip(tokens[1::2], tokens[2::2], strict=True):
+        name, args = _OPS[op], {"a": value, "b": int(operand)}
+        call = json.dumps({"name": name, "arguments": args})
+        value = TOOLS[name](**args)
+        messages.append({"role": "assistant", "content": f"<tool_call>{call}</tool_call>"})
+        messages.append({"role": "tool", "name": name, "content": as_text(value)})
+    answer = str(problem["answer"])
+    messages.append({"role": "assistant", "content": f"The answer is \\boxed{{{answer}}}."})
+    return messages
+
+
+TOOLS = {f.__name__: f for f in (add, subtract, multiply, divide)}

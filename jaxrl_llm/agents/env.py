@@ -72,7 +72,6 @@ class Environment(Protocol):
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 @checked_fields(
-    tool_format=("qwen", "hermes", "llama3_json"),
     reward_rule=REWARD_RULES,
     discount=Interval(ge=0, le=1),
 )
@@ -82,12 +81,18 @@ class EpisodeConfig:
     tool_format: str = documented(
         "qwen",
         "How the model writes tool calls: 'qwen' (= 'hermes', <tool_call>{json}</tool_call>, "
-        "Qwen2.5/Qwen3) or 'llama3_json' (Llama 3.1/3.2 JSON calls).",
+        "Qwen2.5/Qwen3), 'llama3_json' (Llama 3.1/3.2 JSON calls) or a format registered "
+        "with agents.register_parser (by the environment's module).",
     )
     reward_rule: str = documented(
         "final", "How an episode's turn rewards combine: 'final', 'sum' or 'discounted'."
     )
     discount: float = documented(1.0, "gamma of the 'discounted' rule.")
+
+    def __post_init__(self):
+        from jaxrl_llm.agents.tool_calls import parse_turn
+
+        parse_turn(self.tool_format, "")  # an unknown format names the registered ones
 
 
 def combine_rewards(rewards: Sequence[float], rule: str, discount: float = 1.0) -> float:

@@ -117,7 +117,10 @@ class Episodes:
         episode = self.episodes[index]
         try:
             if not episode.done:
-                text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=False)
+                # The model's last turn: an observation the budget cut short is not part of it.
+                model = np.flatnonzero(np.asarray(completion.response_mask))
+                kept = completion.token_ids[: model[-1] + 1] if len(model) else []
+                text = self.tokenizer.decode(list(kept), skip_special_tokens=False)
                 turn, parsed, _ = self.chat.parse(text)
                 episode.step(Turn(turn, parsed.calls, parsed.malformed, final=True))
         finally:

@@ -3,8 +3,8 @@
 "none" (no environment), a built-in (`BUILTIN_ENVS`: "arithmetic") or the import path of a
 factory, "package.module:factory", that takes no arguments (settings from gin) and returns
 an object with the `Environment` contract (`agents/env.py`). The contract is checked at
-start-up, on a first environment that is then closed, so a wrong factory fails before any
-model loads.
+start-up (when the rollout stage is built), on a first environment that is then closed, so
+a wrong factory fails before the first step.
 """
 
 from __future__ import annotations

@@ -153,8 +153,9 @@ class ToolBox:
         return messages
 
     def metrics(self) -> dict[str, float]:
-        """Counts since the last call (`tools/<name>/{calls,errors,timeouts}`, the mean
-        `latency_s` of the calls that ran, `tools/malformed`, `tools/unknown`), then reset."""
+        """Counts since the last call (`tools/<name>/{calls,errors,timeouts}`, `ran`: the
+        calls whose function ran (not refused for their arguments), `latency_s`: their mean
+        time; `tools/malformed`, `tools/unknown`), then reset."""
         with self._lock:
             counts, self._counts = self._counts, collections.Counter()
             latency, self._latency = self._latency, collections.defaultdict(float)
@@ -164,6 +165,7 @@ class ToolBox:
             for what in ("calls", "errors", "timeouts"):
                 out[f"tools/{name}/{what}"] = float(counts[f"{name}/{what}"])
             ran = counts[f"{name}/answered"]
+            out[f"tools/{name}/ran"] = float(ran)
             out[f"tools/{name}/latency_s"] = latency[name] / ran if ran else 0.0
         return out
 
@@ -176,11 +178,11 @@ def malformed_text(bad: MalformedCall) -> str:
 
 def sum_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Counters from several sources (episodes, hosts) summed; a `.../latency_s` is the mean
-    over all the calls (weighted by the matching `.../calls`)."""
+    over all the calls that ran (weighted by the matching `.../ran`)."""
     keys = list(dict.fromkeys(k for p in parts for k in p))
     total = {k: float(sum(p.get(k, 0.0) for p in parts)) for k in keys}
     for k in [k for k in keys if k.endswith("/latency_s")]:
-        calls = [p.get(k[: -len("latency_s")] + "calls", 0.0) for p in parts]
+        calls = [p.get(k[: -len("latency_s")] + "ran", 0.0) for p in parts]
         spent = sum(p.get(k, 0.0) * c for p, c in zip(parts, calls, strict=True))
         total[k] = spent / sum(calls) if sum(calls) else 0.0
     return total

@@ -164,7 +164,7 @@ class AlgoConfig:
     mask_tool_output: bool = documented(
         True,
         "Mask tool output inserted into a response from the loss; False trains on it too "
-        "(Search-R1's masking ablation, docs/tools.md).",
+        "(Search-R1's masking ablation, docs/agents.md).",
     )
 
 

@@ -58,7 +58,8 @@ class SFTConfig:
     )
     train_file: str | None = documented(
         None,
-        "A jsonl of prompt / response pairs (its first `n_val` rows validate); None: the "
+        "A jsonl of prompt / response pairs, or of agent episodes ({messages, tools}: "
+        "docs/agents.md), its first `n_val` rows validating; None: the "
         "built-in arithmetic task.",
     )
     n_train: int = documented(20000, "Training examples the built-in task generates.")
@@ -125,7 +126,13 @@ def _environment_spans(response: str) -> list[tuple[int, int]]:
 
 
 def encode_example(example: dict, tokenizer: Any) -> tuple[list[int], list[int]]:
-    """Token ids and loss mask (1 = train on it) for one prompt/response pair."""
+    """Token ids and loss mask (1 = train on it) for one prompt/response pair, or for one
+    agent episode: a row with `messages` (and optionally `tools`, their JSON schemas),
+    encoded as RL's episodes are (`agents.demonstrations.encode_episode`)."""
+    if "messages" in example:
+        from jaxrl_llm.agents.demonstrations import encode_episode
+
+        return encode_episode(example["messages"], example.get("tools"), tokenizer)
     messages = [{"role": "user", "content": example["prompt"]}]
     if example.get("system"):
         messages.insert(0, {"role": "system", "content": example["system"]})

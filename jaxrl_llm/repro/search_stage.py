@@ -44,7 +44,7 @@ def demonstrations(task_dir: Path, n_train: int) -> list[dict[str, str]]:
     for line in paths["train"].read_text().splitlines():
         q = json.loads(line)
         call = f"{SEARCH_START} {titles[q['doc_id']]} {SEARCH_END}"
-        block = tool.observe(call)
+        block = tool(call)
         if block is None:
             raise RuntimeError(f"the search tool ignored {call!r}")
         rows.append(

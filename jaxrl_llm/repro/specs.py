@@ -131,6 +131,23 @@ REPROS: dict[str, Repro] = {
         comparisons=(("search", "no_search"), ("search", "search_unmasked")),
         prepare="jaxrl_llm.repro.search_stage:prepare_search",
     ),
+    "agent": Repro(
+        name="agent",
+        claim=(
+            "Agentic RL (as verl's AgentLoop, SkyRL, Tunix's agentic learner run it): GRPO on "
+            "multi-turn episodes with several tools, calls in the model's chat format, raises "
+            "accuracy and the share of well-formed calls over the SFT checkpoint it starts from."
+        ),
+        arms=(
+            Arm(
+                "grpo",
+                ("agent_tiny.gin",),
+                "a short SFT on worked calculator episodes, then GRPO in the environment",
+            ),
+        ),
+        comparisons=(),
+        prepare="jaxrl_llm.repro.agent_stage:prepare_agent",
+    ),
 }
 
 

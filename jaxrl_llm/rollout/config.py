@@ -44,7 +44,7 @@ class RolloutConfig:
         "none",
         "The tool a response may call: 'none', 'python' (ToRL's code interpreter), 'search' "
         "(Search-R1's retriever) or your own factory as 'package.module:factory' "
-        "(docs/tools.md).",
+        "(docs/agents.md).",
     )
     env: str = documented(
         "none",

@@ -1,9 +1,9 @@
 """Tools the policy calls during rollouts: the protocol, the Python sandbox, search, and
-plug-ins by import path (`build_tool`; docs/tools.md)."""
+plug-ins by import path (`build_tool`; docs/agents.md)."""
 
 from jaxrl_llm.tools.executor import PythonExecutor, run_python_many
 from jaxrl_llm.tools.factory import build_tool
-from jaxrl_llm.tools.protocol import Tool, observe_many
+from jaxrl_llm.tools.protocol import Tool
 from jaxrl_llm.tools.python_tool import (
     PythonTool,
     any_code_failed,
@@ -28,7 +28,6 @@ __all__ = [
     "bwrap_available",
     "format_observation",
     "make_search_tool",
-    "observe_many",
     "run_python",
     "run_python_many",
     "truncate_middle",

@@ -6,7 +6,8 @@ interpreter, "search": Search-R1's BM25 retriever) or the import path of a facto
 policy's: a chat-format tool renders its observations with the checkpoint's template,
 `agents.ChatToolUse`), and returns an object with the `Tool` contract (`tools/protocol.py`);
 its own settings come from gin (make it `@gin.configurable`) or from its module. The object
-is checked here, at start-up, so a wrong factory fails before any model loads. What a
+is checked here, when the rollout stage is built, so a wrong factory fails before the first
+step. What a
 built-in needs from the config (`BuiltinTool.requires`) is declared in its entry, so
 validation asks the table rather than comparing names. See docs/agents.md.
 """
@@ -133,9 +134,7 @@ def _plugin_tool(name: str, tokenizer=None) -> Tool:
     wants = "tokenizer" in inspect.signature(factory).parameters
     tool = factory(tokenizer=tokenizer) if wants else factory()
     if not isinstance(tool, Tool):
-        missing = [
-            a for a in ("name", "stop_strings", "__call__", "observe") if not hasattr(tool, a)
-        ]
+        missing = [a for a in ("name", "stop_strings", "__call__") if not hasattr(tool, a)]
         raise TypeError(
             f"rollout.tool = {name!r} returned a {type(tool).__name__} without the tool "
             f"contract (tools/protocol.py); missing: {missing}"

@@ -11,14 +11,10 @@ A tool whose turns end with the model's end-of-turn token rather than a stop str
 tool calling, `agents/chat.py`) sets `turn_ends_on_eos = True`: a sample that stops on EOS is
 handed to it too, and None ends the sample as "eos". `sees_special_tokens = True` hands it the
 text with special tokens kept (the template's turn markers). `turn_rules` reads both.
-`observe_many` runs `observe` for a batch of samples concurrently; tools whose work is I/O
-or a subprocess (sandbox, retriever) overlap that way without blocking the caller's thread
-for longer than the slowest call.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
@@ -26,14 +22,14 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Tool(Protocol):
-    """A tool: the model's text so far in, the observation text to append out (or None)."""
+    """A tool: the model's text so far in, the observation text to append out (or None).
+    Samplers call it from worker threads, several samples at once; `close()`, when it has
+    one, runs when the run ends or fails."""
 
     name: str
     stop_strings: tuple[str, ...]
 
     def __call__(self, text: str) -> str | None: ...
-
-    def observe(self, text: str) -> str | None: ...
 
 
 @runtime_checkable
@@ -87,11 +83,3 @@ class ReportsMetrics(Protocol):
     decided by the tool, not by its name."""
 
     def response_metrics(self, responses: Sequence[str]) -> dict[str, float]: ...
-
-
-def observe_many(tool: Tool, texts: Sequence[str], *, max_workers: int = 16) -> list[str | None]:
-    """`tool.observe` over `texts` concurrently; results in input order."""
-    if len(texts) <= 1:
-        return [tool.observe(t) for t in texts]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(max_workers, len(texts))) as pool:
-        return list(pool.map(tool.observe, texts))

@@ -22,12 +22,10 @@ rollout, which sees `ExecResult.ok`, can use that instead when it records per-ca
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import re
 from collections.abc import Sequence
 
-from jaxrl_llm.tools.executor import PythonExecutor
 from jaxrl_llm.tools.sandbox import resolve_backend, run_python
 from jaxrl_llm.tools.sandbox_types import ExecResult, SandboxConfig
 
@@ -92,7 +90,7 @@ def any_code_failed(response: str) -> bool:
 
 @dataclasses.dataclass
 class PythonTool:
-    """The `Tool` for ToRL rollouts; `tool(text)` blocks, `submit(text)` returns a future.
+    """The `Tool` for ToRL rollouts (`tool(text)`; the samplers call it from their threads).
 
     `text` is the response so far, ending with the stop string generation stopped on. When
     it ends with "```output" and holds a ```python block with no output yet, the last such
@@ -101,14 +99,12 @@ class PythonTool:
     """
 
     config: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
-    max_workers: int | None = None
     limit: int = 256
     keep: int = 128
     name: str = "python"
     stop_strings: tuple[str, ...] = (OUTPUT_START,)
 
     def __post_init__(self):
-        self._executor: PythonExecutor | None = None
         # Fails closed at construction (before any rollout) when the configured sandbox
         # cannot isolate code here; an explicit "subprocess" is warned about instead.
         resolve_backend(self.config.backend)
@@ -137,29 +133,3 @@ class PythonTool:
         clean run (`is_error_output`), 0 with no block (`protocol.ReportsMetrics`)."""
         ok = [not is_error_output(b) for r in responses for b in output_blocks(r)]
         return {"env/code_success_rate": float(sum(ok) / len(ok)) if ok else 0.0}
-
-    def submit(self, text: str) -> concurrent.futures.Future[str | None]:
-        """A future of `observe(text)` (None resolved immediately when there is no call)."""
-        code = self.pending_code(text)
-        if code is None:
-            done: concurrent.futures.Future = concurrent.futures.Future()
-            done.set_result(None)
-            return done
-        if self._executor is None:
-            self._executor = PythonExecutor(self.config, max_workers=self.max_workers)
-        inner = self._executor.submit(code)
-        outer: concurrent.futures.Future = concurrent.futures.Future()
-
-        def _finish(f):
-            try:
-                outer.set_result(self._observation(f.result()))
-            except BaseException as e:
-                outer.set_exception(e)
-
-        inner.add_done_callback(_finish)
-        return outer
-
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown()
-            self._executor = None

@@ -156,3 +156,26 @@ def test_a_reset_must_give_a_group_one_prompt(tokenizer):
 
     with pytest.raises(ValueError, match="must share their prompt"):
         Episodes(Moody, [ROW], 2, tokenizer, EpisodeConfig())
+
+
+def test_a_budget_cut_observation_is_not_part_of_the_final_turn(tokenizer):
+    """The observation after the first turn does not fit: the episode ends ("length") and
+    its final step reads the model's last turn, not the cut observation."""
+    seen = []
+
+    class Long(_Scripted):
+        def step(self, turn):
+            seen.append((turn.text, turn.final))
+            if turn.final:
+                return StepResult(reward=1.0, done=True)
+            return StepResult([{"role": "tool", "content": "x" * 400}])
+
+    turn = "first<|im_end|>"
+    episodes = Episodes(Long, [ROW], 1, tokenizer, EpisodeConfig())
+    driver = RolloutDriver(ScriptedEngine(tokenizer, [turn, "again<|im_end|>"]), tokenizer)
+    budget = len(_ids(tokenizer, turn)) + 50
+    (c,) = driver.generate(episodes.prompts, SamplingParams(max_new_tokens=budget), tool=episodes)
+    assert c.finish_reason == "length" and 0 in c.response_mask
+    assert episodes.finish(0, c) == 1.0
+    episodes.close()
+    assert seen == [("first", False), ("first", True)]

@@ -9,10 +9,13 @@
 - a tool episode gives the same tokens, masks and tool-call counts on both backends: with
   a deterministic echo tool on a stop string the responses do write, and with the Python
   tool (sandboxed) on the built-in task, whose shipped model writes code greedily;
-- LoRA: vLLM sampling from the merged push gives the logprobs of the adapted model.
+- LoRA: vLLM sampling from the merged push gives the logprobs of the adapted model;
+- agents: a chat-format tool and environment episodes (turns ending on the end-of-turn
+  token) give the same tokens, masks and rewards on both backends.
 """
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -293,3 +296,47 @@ def test_chat_tool_turns_end_on_eos_alike_on_both_backends(setup, monkeypatch):
         assert x.token_ids.tolist() == y.token_ids.tolist()
         assert x.response_mask.tolist() == y.response_mask.tolist()
         assert (x.tool_calls, x.finish_reason, x.text) == (y.tool_calls, y.finish_reason, y.text)
+
+
+class _TwoTurns:
+    """An environment that answers every turn until the second, then ends the episode."""
+
+    tools: ClassVar[list] = []
+
+    def __init__(self):
+        self.turns = 0
+
+    def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, turn):
+        from jaxrl_llm.agents import StepResult
+
+        self.turns += 1
+        if self.turns >= 2 or turn.final:
+            return StepResult(reward=float(len(turn.text) % 2), done=True)
+        return StepResult([{"role": "tool", "content": f"{len(turn.text)} chars"}], reward=0.5)
+
+    def close(self):
+        pass
+
+
+def test_environment_episodes_are_the_same_on_both_backends(setup):
+    """`agents.Episodes` on each sampler: one environment per sample, its observation after
+    the first EOS-ended turn, scored; tokens, masks and rewards agree."""
+    from jaxrl_llm.agents import EpisodeConfig, Episodes
+
+    _, tok, jax_s, vllm_s, _ = setup
+    rows = [{"prompt": p} for p in ("What is 3 + 4?", "12 * 3 =", "Hi")]
+    sp = SamplingParams(temperature=0.0, max_new_tokens=96, n=2)
+    got = []
+    for s in (jax_s, vllm_s):
+        episodes = Episodes(_TwoTurns, rows, 2, tok, EpisodeConfig(reward_rule="sum"))
+        out = s.generate(episodes.prompts, sp, tool=episodes)
+        got.append((out, [episodes.finish(i, c) for i, c in enumerate(out)]))
+        episodes.close()
+    (a, ra), (b, rb) = got
+    assert any(c.tool_calls for c in a) and ra == rb
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids.tolist() == y.token_ids.tolist()
+        assert x.response_mask.tolist() == y.response_mask.tolist()

@@ -1,4 +1,4 @@
-"""A tool plug-in for jaxrl-llm: the worked example of docs/tools.md.
+"""A tool plug-in for jaxrl-llm: the worked example of docs/agents.md.
 
 The model writes <calc>6 * 7</calc>; generation stops at "</calc>"; the tool answers
 <result>42</result>, which is appended to the response (masked out of the loss), and the
@@ -33,14 +33,14 @@ def evaluate(node):
 
 @dataclasses.dataclass
 class Calculator:
-    """The tool contract (jaxrl_llm/tools/protocol.py): `name`, `stop_strings`, and
-    `observe(text) -> str | None` (also callable), where `text` is the response so far,
-    ending in the stop string generation stopped at; None means "no call: the sample ends"."""
+    """The tool contract (jaxrl_llm/tools/protocol.py): `name`, `stop_strings`, and a call
+    `tool(text) -> str | None`, where `text` is the response so far, ending in the stop
+    string generation stopped at; None means "no call: the sample ends"."""
 
     name: str = "calculator"
     stop_strings: tuple[str, ...] = ("</calc>",)
 
-    def observe(self, text):
+    def __call__(self, text):
         start = text.rfind("<calc>")
         if not text.endswith("</calc>") or start < 0:
             return None
@@ -50,8 +50,6 @@ class Calculator:
         except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as e:
             return f"\n<result>error: {e}</result>\n"
         return f"\n<result>{value:g}</result>\n"
-
-    __call__ = observe
 
 
 def make_calculator():

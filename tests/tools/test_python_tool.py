@@ -12,7 +12,6 @@ from jaxrl_llm.tools import (
     Tool,
     any_code_failed,
     format_observation,
-    observe_many,
     run_python_many,
     truncate_middle,
 )
@@ -75,9 +74,6 @@ def test_python_tool_observes_and_skips_executed_blocks():
     assert tool("no code```output") is None
     failing = tool("```python\nundefined_name\n```\n```output")
     assert failing == "\nNameError: name 'undefined_name' is not defined\n```\n"
-    assert tool.submit("plain text").result() is None
-    assert tool.submit(text).result() == observation
-    tool.close()
 
 
 def test_runs_in_parallel_without_blocking():
@@ -92,9 +88,3 @@ def test_runs_in_parallel_without_blocking():
         future = executor.submit("import time; time.sleep(0.5); print('done')")
         assert time.monotonic() - submitted < 0.1 and not future.done()
         assert future.result().stdout == "done\n"
-
-
-def test_observe_many_keeps_order():
-    tool = PythonTool(SandboxConfig(timeout_s=5))
-    texts = [f"```python\nprint({i} ** 2)\n```\n```output" for i in range(4)] + ["none"]
-    assert observe_many(tool, texts) == [f"\n{i * i}\n```\n" for i in range(4)] + [None]

@@ -15,7 +15,7 @@ from jaxrl_llm.testing import ScriptedEngine
 from jaxrl_llm.tools import Tool, build_tool
 
 HERE = Path(__file__).parent
-DOC = HERE.parents[1] / "docs" / "tools.md"
+DOC = HERE.parents[1] / "docs" / "agents.md"
 TURNS = ["Let me compute. <calc>6 * 7</calc>", " So the answer is \\boxed{42}."]
 
 
@@ -33,10 +33,10 @@ def test_the_docs_show_the_example_module_verbatim():
 def test_example_tool_by_path_runs_in_a_rollout(on_path):
     tool = build_tool(RolloutConfig(tool="example_tool:make_calculator").tool)
     assert isinstance(tool, Tool) and tool.stop_strings == ("</calc>",)
-    assert tool.observe("x <calc>2 ** 10 / 4</calc>") == "\n<result>256</result>\n"
-    assert tool.observe("<calc>1/0</calc>") == "\n<result>error: division by zero</result>\n"
-    assert "only numbers" in tool.observe("<calc>__import__('os')</calc>")
-    assert tool.observe("no call here") is None
+    assert tool("x <calc>2 ** 10 / 4</calc>") == "\n<result>256</result>\n"
+    assert tool("<calc>1/0</calc>") == "\n<result>error: division by zero</result>\n"
+    assert "only numbers" in tool("<calc>__import__('os')</calc>")
+    assert tool("no call here") is None
 
     tokenizer = load_tokenizer(builtin_checkpoint())
     engine = ScriptedEngine(tokenizer, TURNS, filler="~")
