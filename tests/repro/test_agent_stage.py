@@ -1,0 +1,28 @@
+"""The agent miniature's preparation with a stand-in for SFT (no training): worked episodes
+of the built-in environment as {messages, tools} rows, one checkpoint for the arm."""
+
+import json
+
+from jaxrl_llm.agents.arithmetic import ArithmeticEnv
+from jaxrl_llm.repro import agent_stage
+from jaxrl_llm.repro.specs import PrepOptions, get_repro
+
+
+def test_episodes_are_written_and_the_arm_starts_from_their_sft(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_sft(gin_files, params):
+        calls.append((gin_files, params))
+        return {"val/loss": 0.25}
+
+    monkeypatch.setattr(agent_stage, "sft_run", fake_sft)
+    monkeypatch.setattr(agent_stage, "N_PROBLEMS", 20)
+    prepared = agent_stage.prepare_agent(PrepOptions(tmp_path, (0, 1), prep_steps=3))
+    ((gin_files, params),) = calls
+    assert gin_files == ["agent_sft_tiny.gin"] and params[2] == "SFTConfig.steps = 3"
+    rows = [json.loads(x) for x in (tmp_path / "sft_data/episodes.jsonl").read_text().splitlines()]
+    assert len(rows) == 20 and all(r["tools"] == ArithmeticEnv().tools for r in rows)
+    assert all(r["messages"][-1]["content"].startswith("The answer is \\boxed{") for r in rows)
+    assert prepared.params("grpo", 1) == (f"CHECKPOINT = '{tmp_path / 'sft/agent/hf'}'",)
+    assert prepared.notes["grpo"]["sft_val_loss"] == 0.25
+    assert get_repro("agent").prepare_fn() is agent_stage.prepare_agent
