@@ -24,6 +24,7 @@ NOT_RL = {
     "sft_tiny_stage2.gin",
     "torl_sft_tiny.gin",
     "search_sft_tiny.gin",
+    "agent_sft_tiny.gin",
 }
 
 
