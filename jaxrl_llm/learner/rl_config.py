@@ -233,6 +233,7 @@ class RLConfig:
     def validate(self) -> None:
         """Cross-field rules, asked of the registries (what an estimator, loss, tool or
         built-in task needs is registered with it), before any model loads."""
+        from jaxrl_llm.agents.factory import NO_ENV
         from jaxrl_llm.algorithms import registry
         from jaxrl_llm.tools.factory import NO_TOOL
 
@@ -256,10 +257,10 @@ class RLConfig:
                 f"estimator {a.estimator!r} needs rollout.n >= {group} samples per prompt (a "
                 f"lone sample is its own group baseline), got rollout.n = {self.rollout.n}"
             )
-        if not a.mask_tool_output and self.rollout.tool == NO_TOOL and self.rollout.env == "none":
+        if not a.mask_tool_output and self.rollout.tool == NO_TOOL and self.rollout.env == NO_ENV:
             log.warning(
                 "AlgoConfig.mask_tool_output = False has no effect with RolloutConfig.tool = "
-                "'none': no tool output is ever inserted into a response"
+                "'none' and RolloutConfig.env = 'none': no tool output is ever inserted"
             )
         paper_clip = registry.capabilities("policy_loss", a.policy_loss).paper_clip
         # 25x: GSPO's paper range (4e-4) stretched to 0.01; PPO's 0.2 is 500x.
