@@ -58,6 +58,11 @@ class LiveSample:
         self.mask.extend([1] * int(valid.sum()))
         return bool(rec.done[:, b].any())
 
+    def cut(self, keep: int) -> None:
+        """Drop every token after the first `keep` of the response."""
+        for lst in (self.tokens, self.logprobs, self.raw, self.mask):
+            del lst[keep:]
+
     def find_stop(self, decode: Callable[[Sequence[int]], str]) -> tuple[int, str] | None:
         """(tokens of this turn up to and including the first stop-string match, the stop
         string) or None; `decode` gives token ids' text, special tokens included.

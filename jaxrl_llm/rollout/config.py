@@ -19,6 +19,7 @@ from jaxrl_llm.config_checks import Ge, Interval, checked_fields, documented
     top_k=Ge(0),
     top_p=Interval(gt=0, le=1),
     max_tool_calls=Ge(0),
+    max_turn_tokens=Ge(1),
     search_k=Ge(1),
     max_slots=Ge(1),
     steps_per_call=Ge(1),
@@ -54,6 +55,12 @@ class RolloutConfig:
     )
     max_tool_calls: int = documented(
         2, "Tool turns allowed per sample (Search-R1's max turns; an episode's turn limit)."
+    )
+    max_turn_tokens: int | None = documented(
+        None,
+        "Token budget of each model turn between tool outputs (`max_new_tokens` bounds the "
+        "whole response): a turn that reaches it ends the sample with reason 'length'; "
+        "None: no per-turn budget.",
     )
     search_corpus: str | None = documented(
         None,

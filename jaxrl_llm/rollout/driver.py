@@ -29,6 +29,8 @@
   Other slots keep decoding while a tool runs.
 - `max_new_tokens` bounds the whole response, inserted tokens included (as verl's
   response length); a response that hits it or the cache ends with reason "length".
+  `max_turn_tokens` bounds each model turn: a turn that reaches it ends the sample there,
+  with reason "length" too (the host cuts it, as at a stop string).
 
 Results come back in order prompt-major: completion `p * n + i` is sample i of prompt p,
 so per-group arrays are `x.reshape(-1, n)`.
@@ -330,13 +332,23 @@ class RolloutDriver:
         return state
 
     def _check_finish(self, s: LiveSample, device_done: bool) -> tuple[str, str | None] | None:
+        finish = self._natural_finish(s, device_done)
+        cap = s.params.max_turn_tokens
+        turn = len(s.tokens) - s.turn_start
+        if cap is None or turn < cap or (turn == cap and finish is not None):
+            return finish
+        # The turn reached its own budget before it ended (on device the slot runs on to the
+        # whole budget; the host cuts it, as it cuts at a stop string).
+        s.cut(s.turn_start + cap)
+        return "length", None
+
+    def _natural_finish(self, s: LiveSample, device_done: bool) -> tuple[str, str | None] | None:
+        """A stop string (the sample cut right after it), EOS or the whole budget."""
         if s.params.stop:
             found = s.find_stop(functools.partial(self._decode, skip_special=False))
             if found is not None:
                 count, stop = found
-                keep = s.turn_start + count
-                for lst in (s.tokens, s.logprobs, s.raw, s.mask):
-                    del lst[keep:]
+                s.cut(s.turn_start + count)
                 return "stop", stop
         if not device_done:
             return None

@@ -46,6 +46,9 @@ class SamplingParams:
     end a sample when they appear in its decoded text (kept in the output). `seed` with
     the prompt and sample index determines every random draw. `raw_logprobs`: also record
     each token's log-probability under the untempered, unfiltered logits.
+    `max_new_tokens` bounds the whole response (tool output included); `max_turn_tokens`,
+    when set, bounds each model turn (the tokens between two tool outputs): a turn that
+    reaches it ends the sample, cut there, with reason "length", as the whole budget does.
     """
 
     temperature: float = 1.0
@@ -56,6 +59,7 @@ class SamplingParams:
     n: int = 1
     seed: int = 0
     raw_logprobs: bool = False
+    max_turn_tokens: int | None = None
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -68,6 +72,8 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
+            raise ValueError(f"max_turn_tokens must be >= 1 or None, got {self.max_turn_tokens}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):

@@ -92,6 +92,7 @@ class RolloutStage:
             top_k=r.top_k,
             top_p=r.top_p,
             max_new_tokens=r.max_new_tokens,
+            max_turn_tokens=r.max_turn_tokens,
             stop=self.stop,
             n=n,
             seed=seed,

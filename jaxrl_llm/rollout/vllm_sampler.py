@@ -220,7 +220,7 @@ class VllmSampler:
             temperature=sp.temperature,
             top_k=sp.top_k,
             top_p=sp.top_p,
-            max_tokens=sp.max_new_tokens - len(s.tokens),
+            max_tokens=_turn_budget(sp, len(s.tokens)),
             seed=seed,
             stop=list(sp.stop) or None,
             stop_token_ids=self.stop_token_ids,
@@ -390,3 +390,10 @@ def _to_torch(x: np.ndarray, dtype: str) -> Any:
 
 def build(ctx: SamplerContext) -> VllmSampler:
     return VllmSampler(ctx)
+
+
+def _turn_budget(sp: SamplingParams, used: int) -> int:
+    """Tokens the next turn may generate: what is left of the response's budget, at most
+    `max_turn_tokens` (a turn that reaches it ends with reason "length", as on the driver)."""
+    left = sp.max_new_tokens - used
+    return left if sp.max_turn_tokens is None else min(left, sp.max_turn_tokens)

@@ -175,6 +175,47 @@ def test_tool_turn_appends_masked_tokens_and_resumes(builtin):
     assert arrays["response_mask"][0].sum() == mask.sum()
 
 
+def _turns(mask) -> list[int]:
+    """Lengths of the model's turns: the runs of 1 in a response mask."""
+    runs, n = [], 0
+    for m in [*mask.tolist(), 0]:
+        if m:
+            n += 1
+        elif n:
+            runs, n = [*runs, n], 0
+    return runs
+
+
+def test_a_turn_budget_cuts_each_turn_and_ends_the_sample(builtin):
+    """`max_turn_tokens` = 6: the first turn stops (on a stop string) within it, the tool
+    answers, and the second turn is cut at exactly 6 tokens, ending the sample "length".
+    The tokens equal the same run's without the budget, up to the cut; the whole budget
+    is untouched (it would allow 40)."""
+    _, tok, engine = builtin
+    driver = RolloutDriver(engine, steps_per_call=8)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=40, seed=1)
+    ids = driver.generate(["Compute: 2*3"], sp)[0].token_ids.tolist()
+    printable = [len(t) == 1 and t.isprintable() for t in (tok.decode([i]) for i in ids)]
+    i = next(i for i in range(1, 4) if printable[i])  # a stop within the first 5 tokens
+    stop = tok.decode(ids[i : i + 1])
+    k = _first_stop(tok, ids, stop)
+    assert k <= 5
+
+    def tool(text):
+        return "<out>" if text.count(stop) == 1 else None
+
+    free = SamplingParams(**{**vars(sp), "stop": (stop,)})
+    capped = SamplingParams(**{**vars(free), "max_turn_tokens": 6})
+    ref, c = (driver.generate(["Compute: 2*3"], p, tool=tool)[0] for p in (free, capped))
+    turns = _turns(c.response_mask)
+    assert c.tool_calls == 1 and turns == [k, 6] and c.finish_reason == "length"
+    assert _turns(ref.response_mask)[:1] == [k] and _turns(ref.response_mask)[1] > 6
+    np.testing.assert_array_equal(c.token_ids, ref.token_ids[: len(c.token_ids)])
+    np.testing.assert_array_equal(c.response_mask, ref.response_mask[: len(c.token_ids)])
+    with pytest.raises(ValueError, match="max_turn_tokens"):
+        SamplingParams(max_turn_tokens=0)
+
+
 def test_failing_tool_ends_only_its_sample(builtin):
     """Prompt 0's samples hit stop strings and call a tool that raises: each ends there with
     the error. Prompt 1 (no stop strings, same batch) goes on exactly as without a tool."""

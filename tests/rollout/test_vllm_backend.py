@@ -166,6 +166,24 @@ def test_tool_turns_give_the_same_tokens_and_masks(setup):
     assert any(0 in c.response_mask for c in b)  # tool output was inserted, masked
 
 
+def test_a_turn_budget_cuts_alike_on_both_backends(setup):
+    """`max_turn_tokens`: vLLM's per-request `max_tokens` and the driver's host cut end the
+    same turns at the same token, with reason "length"."""
+    _, _, jax_s, vllm_s, prompts = setup
+    plain = jax_s.generate(prompts, _greedy())
+    text = next(c.text for c in plain if len(c.text) >= 8)
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    sp = _greedy(stop=(stop,), max_turn_tokens=5)
+    a, b = (s.generate(prompts, sp, tool=_EchoTool(stop)) for s in (jax_s, vllm_s))
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids.tolist() == y.token_ids.tolist()
+        assert x.response_mask.tolist() == y.response_mask.tolist()
+        assert (x.tool_calls, x.finish_reason, x.text) == (y.tool_calls, y.finish_reason, y.text)
+    model_turns = [c.response_mask.tolist() for c in b]
+    assert all(max(map(len, "".join(map(str, m)).split("0"))) <= 5 for m in model_turns)
+    assert any(c.finish_reason == "length" and len(c.token_ids) < 24 for c in b)  # a turn cut
+
+
 class _FlakyTool(_EchoTool):
     """Answers its first call, then ends the sample (None) or raises, by response length."""
 
