@@ -99,6 +99,10 @@ class Completion:
     stop_string: str | None = None
     tool_calls: int = 0
     error: str | None = None
+    # The rewards an environment gave the sample's model turns, in order, to be placed on
+    # each turn's last token (`EpisodeConfig.reward_placement = "turns"`); empty: the
+    # sample's score is one outcome reward, on its last trained token.
+    turn_rewards: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

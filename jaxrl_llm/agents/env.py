@@ -18,7 +18,9 @@ object with
 
 The episode's reward is the turns' rewards combined by `EpisodeConfig.reward_rule`:
 "final" (the last turn's), "sum", or "discounted" (sum of gamma^(T-1-t) r_t: earlier turns
-count less, as a return seen from the episode's end).
+count less, as a return seen from the episode's end). With `reward_placement = "turns"`
+(rule "sum") each turn's reward also stays on the turn's last token for training
+(`Completion.turn_rewards`), so GAE and REINFORCE++ credit the turn that earned it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 import gin
 
 from jaxrl_llm.agents.tool_calls import MalformedCall, ToolCall
-from jaxrl_llm.config_checks import Interval, checked_fields, documented
+from jaxrl_llm.config_checks import ConfigError, Interval, checked_fields, documented
 
 Messages = list[dict[str, Any]]
 REWARD_RULES = ("final", "sum", "discounted")
@@ -73,6 +75,7 @@ class Environment(Protocol):
 @dataclasses.dataclass(frozen=True)
 @checked_fields(
     reward_rule=REWARD_RULES,
+    reward_placement=("end", "turns"),
     discount=Interval(ge=0, le=1),
 )
 class EpisodeConfig:
@@ -88,11 +91,24 @@ class EpisodeConfig:
         "final", "How an episode's turn rewards combine: 'final', 'sum' or 'discounted'."
     )
     discount: float = documented(1.0, "gamma of the 'discounted' rule.")
+    reward_placement: str = documented(
+        "end",
+        "Where an episode's reward goes for training: 'end' (the combined reward on the "
+        "last token) or 'turns' (each turn's reward on the turn's last token, for GAE and "
+        "REINFORCE++; GRPO and RLOO see their sum; needs reward_rule 'sum').",
+    )
 
     def __post_init__(self):
         from jaxrl_llm.agents.tool_calls import parse_turn
 
         parse_turn(self.tool_format, "")  # an unknown format names the registered ones
+        if self.reward_placement == "turns" and self.reward_rule != "sum":
+            raise ConfigError(
+                "EpisodeConfig.reward_placement = 'turns' needs reward_rule = 'sum' (got "
+                f"{self.reward_rule!r}): rewards on the turns' tokens add up to the score the "
+                "outcome estimators and the metrics read, and discounting is the estimator's "
+                "own (AlgoConfig.gamma)"
+            )
 
 
 def combine_rewards(rewards: Sequence[float], rule: str, discount: float = 1.0) -> float:

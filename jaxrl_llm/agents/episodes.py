@@ -24,6 +24,7 @@ the environments' own, summed over turns and episodes (an environment reports co
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -126,6 +127,14 @@ class Episodes:
         finally:
             episode.close()
         return combine_rewards(episode.rewards, self.cfg.reward_rule, self.cfg.discount)
+
+    def placed(self, index: int, completion: Completion) -> Completion:
+        """`completion` with its episode's turn rewards when they are placed on the turns'
+        tokens (`EpisodeConfig.reward_placement = "turns"`); else unchanged. After `finish`."""
+        if self.cfg.reward_placement != "turns":
+            return completion
+        rewards = tuple(self.episodes[index].rewards)
+        return dataclasses.replace(completion, turn_rewards=rewards)
 
     def metrics(self) -> dict[str, float]:
         """Counters of this batch's episodes (see the module docstring)."""

@@ -82,6 +82,24 @@ def pack_sequences(completions: Sequence[Completion], seq_len: int, pad_id: int)
     )
 
 
+def turn_token_rewards(completions: Sequence[Completion], seq_len: int) -> np.ndarray:
+    """[B, T] rows (as `pack_sequences` lays them out) with each sample's `turn_rewards` on
+    the last token of its model turns (the runs of `response_mask` 1), in order. A turn
+    scored twice (its observation cut by the budget, then its final step) gets both on its
+    end, as do rewards past the last turn; a sample without turn rewards gets none here."""
+    out = np.zeros((len(completions), seq_len), np.float32)
+    for b, c in enumerate(completions):
+        if not c.turn_rewards:
+            continue
+        mask = np.asarray(c.response_mask, np.int8)
+        ends = np.flatnonzero(mask - np.append(mask[1:], 0) == 1)  # a run's last token
+        if not len(ends):
+            raise ValueError(f"sample {b} has turn rewards but no model token")
+        at = np.minimum(np.arange(len(c.turn_rewards)), len(ends) - 1)
+        np.add.at(out[b], len(c.prompt_ids) + ends[at], np.asarray(c.turn_rewards, np.float32))
+    return out
+
+
 def shift_right(x: jax.Array) -> jax.Array:
     """[B, T-1] per-target values -> [B, T] action-aligned (index 0 gets 0)."""
     return jnp.pad(x, ((0, 0), (1, 0)))
@@ -136,18 +154,23 @@ def sequence_values(critic, input_ids: jax.Array, packing: Packing | None = None
 
 
 def advantage_fn(algo, group_size: int):
-    """`(scores [B], loss_mask, old, ref logprobs, values) -> (adv, returns, token rewards)`.
+    """`(rewards, loss_mask, old, ref logprobs, values) -> (adv, returns, token rewards)`.
 
-    The outcome score sits on the last trained token; with `kl_in_reward_coef > 0` the
-    per-token KL to the reference is subtracted (verl `apply_kl_penalty`).
+    `rewards` [B]: outcome scores, each on its row's last trained token; [B, T]: rewards
+    already on their tokens (`turn_token_rewards`), kept where trained. With
+    `kl_in_reward_coef > 0` the per-token KL to the reference is subtracted (verl
+    `apply_kl_penalty`).
     """
     estimator = resolve_declared(
         "advantage", algo.estimator, group_size=group_size, norm_by_std=algo.norm_by_std,
         gamma=algo.gamma, lam=algo.lam,
     )  # fmt: skip
 
-    def fn(scores, loss_mask, old_logprobs, ref_logprobs, values):
-        token_rewards = outcome_token_rewards(scores, loss_mask)
+    def fn(rewards, loss_mask, old_logprobs, ref_logprobs, values):
+        if rewards.ndim == 1:
+            token_rewards = outcome_token_rewards(rewards, loss_mask)
+        else:
+            token_rewards = rewards * loss_mask
         if algo.kl_in_reward_coef > 0:
             token_rewards = kl_shaped_rewards(
                 token_rewards, old_logprobs, ref_logprobs, loss_mask,
@@ -166,10 +189,11 @@ def make_experience_fn(
     """The jitted experience pass:
 
         fn(params, ref_params | None, critic_params | None, input_ids, response_mask,
-           loss_mask, scores [B], rollout_logprobs, packing | None)
+           loss_mask, rewards, rollout_logprobs, packing | None)
             -> (TrainBatch, sequence rewards [B], metrics)
 
-    All arrays [B, T] unless noted, in and out on the mesh. Per micro-batch (`lax.map`) one
+    All arrays [B, T] unless noted, in and out on the mesh; `rewards` are the scores [B] or
+    rewards on tokens [B, T] (`advantage_fn`). Per micro-batch (`lax.map`) one
     body runs the policy (old logprobs; skipped with `old_logprobs=False`, the on-policy
     shortcut, leaving zeros), the reference and the critic, each only where the run has it;
     logprobs are computed on the positions of `response_mask` (model tokens) or `loss_mask`
@@ -201,7 +225,7 @@ def make_experience_fn(
         return old, ref, values
 
     @jax.jit
-    def fn(params, ref_params, critic_params, input_ids, response_mask, loss_mask, scores,
+    def fn(params, ref_params, critic_params, input_ids, response_mask, loss_mask, rewards,
            rollout_logprobs, packing=None):  # fmt: skip
         B, T = input_ids.shape
         mb = min(micro_batch, B)
@@ -212,7 +236,7 @@ def make_experience_fn(
         zeros = jnp.zeros((B, T), jnp.float32)
         old, ref, values = (zeros if x is None else x.reshape(B, T) for x in outs)
         adv, returns, token_rewards = advantages(
-            scores, loss_mask, old, ref, None if outs[2] is None else values
+            rewards, loss_mask, old, ref, None if outs[2] is None else values
         )
         behaviour = jnp.where((loss_mask > 0) & (response_mask == 0), old, rollout_logprobs)
         batch = TrainBatch(

@@ -25,6 +25,7 @@ from jaxrl_llm.data.pipeline import PromptIterator
 from jaxrl_llm.learner.experience import (
     all_equal_groups,
     pack_sequences,
+    turn_token_rewards,
 )
 from jaxrl_llm.learner.export import export_final
 from jaxrl_llm.learner.packing import (
@@ -236,10 +237,14 @@ def _make_experience(
         loss_mask = loss_mask * (~seqs.truncated)[:, None]
     rows = lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape))
     critic = state.critic.params if state.critic is not None else None
+    # An environment's per-turn rewards go on their turns' tokens; else each score on the
+    # sample's last trained token (inside the experience pass).
+    per_turn = any(c.turn_rewards for c in samples.completions)
+    rewards = turn_token_rewards(samples.completions, cfg.seq_len) if per_turn else samples.scores
     batch, sequence_rewards, metrics = learner.experience_fn(
         learner.policy_params(), learner.ref_params, critic,
         rows(seqs.input_ids), rows(seqs.response_mask), rows(loss_mask),
-        rows(samples.scores), rows(seqs.rollout_logprobs), _put_packing(mesh, packing),
+        rows(rewards), rows(seqs.rollout_logprobs), _put_packing(mesh, packing),
     )  # fmt: skip
     exp = Experience(
         rollout=samples,

@@ -182,6 +182,7 @@ class RolloutStage:
                 prompt_indices=_global_rows(len(mine)) if rows is None else mine,
             )  # fmt: skip
             scores = [episodes.finish(i, c) for i, c in enumerate(completions)]
+            completions = [episodes.placed(i, c) for i, c in enumerate(completions)]
         finally:
             episodes.close()
         self._episode_metrics.append(episodes.metrics())

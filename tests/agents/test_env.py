@@ -14,6 +14,8 @@ from jaxrl_llm.agents.arithmetic import ArithmeticEnv
 from jaxrl_llm.agents.episodes import summarise
 from jaxrl_llm.agents.factory import env_factory
 from jaxrl_llm.assets import builtin_checkpoint
+from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.learner.experience import turn_token_rewards
 from jaxrl_llm.models import load_tokenizer
 from jaxrl_llm.rollout import RolloutDriver, SamplingParams
 from jaxrl_llm.rollout.config import RolloutConfig
@@ -118,6 +120,32 @@ def test_turn_rewards_combine_by_the_rule_and_every_env_closes(tokenizer):
     assert [c.tool_calls for c in out] == [2, 2]
     assert _Scripted.log.count("reset") == 2 and _Scripted.log.count("close") == 2
     assert summarise(episodes.metrics())["x"] == 4.0  # two turns x two episodes
+
+
+def test_per_turn_rewards_land_on_each_turns_last_token(tokenizer):
+    """`reward_placement = "turns"`: the completion carries the turn rewards, and
+    `turn_token_rewards` puts each on the last token of its model turn (the runs of mask 1),
+    summing to the score."""
+    _Scripted.log = []
+    cfg = EpisodeConfig(reward_rule="sum", reward_placement="turns")
+    episodes, out, scores = _run(tokenizer, _Scripted, ["a<|im_end|>", "b<|im_end|>", ANSWER],
+                                 n=2, cfg=cfg)  # fmt: skip
+    placed = [episodes.placed(i, c) for i, c in enumerate(out)]
+    assert [c.turn_rewards for c in placed] == [(0.5, 0.5, 2.0)] * 2
+    rows = turn_token_rewards(placed, 512)
+    c, P = placed[0], len(placed[0].prompt_ids)
+    mask = np.asarray(c.response_mask)
+    ends = [t for t in range(len(mask)) if mask[t] and (t + 1 == len(mask) or not mask[t + 1])]
+    assert len(ends) == 3 and ends[-1] == len(mask) - 1
+    np.testing.assert_array_equal(np.flatnonzero(rows[0]), [P + t for t in ends])
+    np.testing.assert_array_equal(rows[0][[P + t for t in ends]], [0.5, 0.5, 2.0])
+    assert rows.sum(1).tolist() == scores == [3.0, 3.0]
+    assert episodes.placed(0, out[0]) is not out[0]
+    plain = Episodes(_Scripted, [ROW], 1, tokenizer, EpisodeConfig(reward_rule="sum"))
+    plain.close()
+    assert plain.placed(0, out[0]) is out[0]  # "end": the score alone, on the last token
+    with pytest.raises(ConfigError, match="reward_rule = 'sum'"):
+        EpisodeConfig(reward_placement="turns")
 
 
 def test_envs_close_when_generation_fails(tokenizer):

@@ -162,6 +162,31 @@ def test_experience_pass_without_reference_or_critic(models):
     assert "critic/values/mean" not in metrics
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "gae", "reinforce_plus_plus"])
+def test_rewards_on_tokens_equal_outcome_scores_placed_there(estimator):
+    """`advantage_fn` takes scores [B] (each on its row's last trained token) or rewards
+    already on tokens [B, T]; the same placement gives the same advantages, and a reward on
+    an untrained token is dropped. Per-turn rewards reach GAE as its token rewards."""
+    _, _, loss, scores, _ = _rows()
+    rng = np.random.default_rng(1)
+    old, ref, values = (jnp.asarray(rng.normal(size=(B, T)), jnp.float32) for _ in range(3))
+    algo = AlgoConfig(estimator=estimator, kl_in_reward_coef=0.05)
+    fn = advantage_fn(algo, G)
+    on_tokens = alg.outcome_token_rewards(scores, loss)
+    outside = on_tokens + (1.0 - loss) * 7.0  # rewards on untrained tokens: ignored
+    for got, want in zip(fn(outside, loss, old, ref, values), fn(scores, loss, old, ref, values)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    if estimator == "gae":
+        turns = np.zeros((B, T), np.float32)
+        turns[:, 2], turns[:, -1] = 0.5, 1.0
+        turns = jnp.asarray(turns) * loss
+        shaped = alg.kl_shaped_rewards(turns, old, ref, loss, kl_coef=0.05, kind="k1")
+        adv, returns = alg.gae_advantages(shaped, values, loss, gamma=algo.gamma, lam=algo.lam)
+        got = fn(turns, loss, old, ref, values)
+        np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(adv))
+        np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(returns))
+
+
 def test_kl_in_the_reward_needs_the_old_logprobs(models):
     graphdef = nnx.split(models[0])[0]
     with pytest.raises(ValueError, match="old logprobs"):
