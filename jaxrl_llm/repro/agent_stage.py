@@ -4,14 +4,19 @@
 Episodes (`agents.arithmetic.demonstration`) are encoded exactly as RL's episodes are
 (`agents.demonstrations.encode_episode`: tool answers masked), on training-split problems of
 all four levels; the validation problems of the RL runs are the other split, never seen.
+A run that finds the checkpoint of an SFT with the same settings in its output folder
+(`prepared.json`) reuses it rather than training it again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+from pathlib import Path
 
 from jaxrl_llm.agents.arithmetic import ArithmeticEnv, demonstration
+from jaxrl_llm.config import resolve_gin_file
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.repro.specs import Prepared, PrepOptions
 from jaxrl_llm.repro.torl_stage import sft_run
@@ -21,7 +26,8 @@ N_PROBLEMS = 4000
 
 
 def prepare_agent(opts: PrepOptions) -> Prepared:
-    """Writes the demonstrations, fine-tunes one checkpoint, points the arm at it."""
+    """Writes the demonstrations, fine-tunes one checkpoint (or reuses the one a run with the
+    same settings left in OUT: `_finished`), points the arm at it."""
     problems = arithmetic.generate_problems(N_PROBLEMS, seed=0, id_prefix="sft", split="train")
     tools = ArithmeticEnv().tools
     data = opts.out_dir / "sft_data" / "episodes.jsonl"
@@ -33,10 +39,40 @@ def prepare_agent(opts: PrepOptions) -> Prepared:
     params = [f"SFTConfig.train_file = '{data}'", f"SFTConfig.out_dir = '{out}'"]
     if opts.prep_steps is not None:
         params.append(f"SFTConfig.steps = {opts.prep_steps}")
-    t0 = time.perf_counter()
-    last = sft_run([SFT_GIN], params)
-    notes = {
-        "sft_val_loss": round(float(last.get("val/loss", float("nan"))), 4),
-        "sft_s": round(time.perf_counter() - t0, 1),
-    }
+    signature = _signature(data, params)
+    notes = _finished(out, signature)
+    if notes is None:
+        t0 = time.perf_counter()
+        last = sft_run([SFT_GIN], params)
+        notes = {
+            "sft_val_loss": round(float(last.get("val/loss", float("nan"))), 4),
+            "sft_s": round(time.perf_counter() - t0, 1),
+        }
+        (out / RECORD).write_text(json.dumps({"signature": signature, **notes}) + "\n")
     return Prepared(arm_params={"grpo": (f"CHECKPOINT = '{out / 'hf'}'",)}, notes={"grpo": notes})
+
+
+RECORD = "prepared.json"  # in the SFT's out_dir: what it was trained from, and its notes
+
+
+def _signature(data: Path, params: list[str]) -> str:
+    """What decides the SFT's result besides the code: the gin file, the bindings (the
+    step budget among them) and the demonstrations."""
+    h = hashlib.sha256()
+    for part in (resolve_gin_file(SFT_GIN).read_bytes(), "\n".join(params).encode(),
+                 data.read_bytes()):  # fmt: skip
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()
+
+
+def _finished(out: Path, signature: str) -> dict | None:
+    """The notes of an SFT already finished in `out` from the same settings (its checkpoint
+    written, its record matching), with `reused`; None when it must be trained. A changed
+    code is not seen: delete OUT/sft to retrain after changing the trainer."""
+    record = out / RECORD
+    if not (record.is_file() and (out / "hf" / "config.json").is_file()):
+        return None
+    notes = json.loads(record.read_text())
+    if notes.pop("signature", None) != signature:
+        return None
+    return {**notes, "reused": True}

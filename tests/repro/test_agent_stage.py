@@ -13,6 +13,9 @@ def test_episodes_are_written_and_the_arm_starts_from_their_sft(tmp_path, monkey
 
     def fake_sft(gin_files, params):
         calls.append((gin_files, params))
+        hf = tmp_path / "sft/agent/hf"
+        hf.mkdir(parents=True, exist_ok=True)
+        (hf / "config.json").write_text("{}")
         return {"val/loss": 0.25}
 
     monkeypatch.setattr(agent_stage, "sft_run", fake_sft)
@@ -26,3 +29,10 @@ def test_episodes_are_written_and_the_arm_starts_from_their_sft(tmp_path, monkey
     assert prepared.params("grpo", 1) == (f"CHECKPOINT = '{tmp_path / 'sft/agent/hf'}'",)
     assert prepared.notes["grpo"]["sft_val_loss"] == 0.25
     assert get_repro("agent").prepare_fn() is agent_stage.prepare_agent
+    # The same settings again: the finished SFT is reused, not trained again.
+    again = agent_stage.prepare_agent(PrepOptions(tmp_path, (0,), prep_steps=3))
+    assert len(calls) == 1 and again.notes["grpo"]["reused"] is True
+    assert again.notes["grpo"]["sft_val_loss"] == 0.25
+    # Another budget is another SFT.
+    agent_stage.prepare_agent(PrepOptions(tmp_path, (0,), prep_steps=4))
+    assert len(calls) == 2 and calls[1][1][2] == "SFTConfig.steps = 4"
