@@ -4,7 +4,9 @@ Each RL step, `GenerationLog.write` records the first `limit` samples of the ste
 (whole GRPO groups come first, so a group's samples can be compared) as
 run_dir/generations/step_N.jsonl, one `Generation` per line: the prompt as the model saw it
 (chat template included), the response (tool outputs included), its reward, the prompt's
-ground truth, finish reason, tool calls and each tool output. The same text goes to
+ground truth, finish reason, tool calls and each tool output, and the response's turns
+(model and tool runs, special tokens kept). `jaxrl-llm samples` prints a multi-turn
+response turn by turn: an agent episode reads as the model wrote and saw it. The same text goes to
 TensorBoard's Text tab (tag "generations") when tensorboardX is installed. A resumed run
 rewrites the steps it repeats. `samples/step_N.jsonl` (ids and rewards, for LIMR) is
 separate (`metrics/samples.py`).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -32,6 +35,7 @@ from jaxrl_llm.types import Rollout
 
 log = logging.getLogger(__name__)
 FOLDER = "generations"
+Run = tuple[str, str]  # ("model" | "tool", decoded text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +52,9 @@ class Generation:
     finish_reason: str
     tool_calls: int
     tool_outputs: list[str]  # each tool observation inserted into the response, in order
+    # The response as its runs, ("model" | "tool", text with special tokens): an episode's
+    # turns as the model wrote and saw them (end-of-turn and role tokens included).
+    turns: list[Run] = dataclasses.field(default_factory=list)
 
 
 def generations_of(rollout: Rollout, tokenizer: Any, step: int, limit: int) -> list[Generation]:
@@ -67,6 +74,7 @@ def generations_of(rollout: Rollout, tokenizer: Any, step: int, limit: int) -> l
                 finish_reason=c.finish_reason,
                 tool_calls=int(c.tool_calls),
                 tool_outputs=_tool_outputs(c.token_ids, c.response_mask, tokenizer),
+                turns=_turns(c.token_ids, c.response_mask, tokenizer),
             )
         )
     return out
@@ -74,9 +82,18 @@ def generations_of(rollout: Rollout, tokenizer: Any, step: int, limit: int) -> l
 
 def _tool_outputs(token_ids: np.ndarray, response_mask: np.ndarray, tokenizer: Any) -> list[str]:
     """The decoded runs of inserted tokens (mask 0) in a response."""
+    return [text for role, text in _turns(token_ids, response_mask, tokenizer) if role == "tool"]
+
+
+def _turns(token_ids: np.ndarray, response_mask: np.ndarray, tokenizer: Any) -> list[Run]:
+    """The response's runs of model (mask 1) and tool (mask 0) tokens, decoded in order."""
     ids, mask = np.asarray(token_ids), np.asarray(response_mask)
-    edges = np.flatnonzero(np.diff(np.concatenate([[1], mask, [1]]) == 0) != 0)
-    return [tokenizer.decode(ids[s:e].tolist()) for s, e in zip(edges[::2], edges[1::2])]
+    cuts = [0, *(np.flatnonzero(np.diff(mask) != 0) + 1).tolist(), len(ids)]
+    return [
+        ("model" if mask[s] else "tool", tokenizer.decode(ids[s:e].tolist()))
+        for s, e in itertools.pairwise(cuts)
+        if e > s
+    ]
 
 
 class GenerationLog:
@@ -165,6 +182,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw jsonl records")
 
 
+def _print_response(g: dict[str, Any]) -> None:
+    """The response whole, then each tool output; a multi-turn one (records that hold its
+    `turns`) turn by turn instead, as the model wrote and saw it."""
+    turns = g.get("turns") or []
+    if len(turns) < 2:
+        print(f"--- response\n{g['response']}")
+        for i, output in enumerate(g["tool_outputs"], 1):
+            print(f"--- tool output {i}\n{output}")
+        return
+    print("--- response, turn by turn (special tokens kept; tool turns are masked from the loss)")
+    model = 0
+    for role, text in turns:
+        model += role == "model"
+        print(f"--- model turn {model}" if role == "model" else "--- tool (masked)")
+        print(text)
+
+
 def main(args: argparse.Namespace) -> int:
     """`jaxrl-llm samples RUN [--step N]`: print a step's logged generations."""
     step, records = read_generations(args.run_dir, args.step)
@@ -174,9 +208,8 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps(g))
             continue
         print(f"=== {header(g)}")
-        print(f"--- prompt\n{g['prompt']}\n--- response\n{g['response']}")
-        for i, output in enumerate(g["tool_outputs"], 1):
-            print(f"--- tool output {i}\n{output}")
+        print(f"--- prompt\n{g['prompt']}")
+        _print_response(g)
         print()
     if not args.json:
         steps = logged_steps(args.run_dir)

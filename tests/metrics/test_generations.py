@@ -77,6 +77,8 @@ def test_a_step_is_written_as_readable_text(tmp_path, tokenizer):
     assert first["prompt"] == tokenizer.decode(tokenizer("6*7?")["input_ids"])
     assert first["response"] == MODEL_1 + TOOL + MODEL_2
     assert first["tool_outputs"] == [TOOL] and first["tool_calls"] == 1
+    assert first["turns"] == [["model", MODEL_1], ["tool", TOOL], ["model", MODEL_2]]
+    assert records[1]["turns"] == [["model", "41"]]
     assert (first["prompt_id"], first["sample"], first["answer"]) == ("a", 0, "42")
     assert [r["reward"] for r in records] == [1.0, 0.0, 1.0]
     assert [r["finish_reason"] for r in records] == ["eos", "length", "eos"]
@@ -93,12 +95,14 @@ def test_samples_command_prints_a_step(tmp_path, tokenizer, capsys):
     assert cli.main(["samples", str(tmp_path), "--step", "1", "--limit", "1"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("=== step 1 · prompt a · sample 0 · reward 1 · eos")
-    assert f"--- response\n{MODEL_1 + TOOL + MODEL_2}\n" in printed
-    assert f"--- tool output 1\n{TOOL}\n" in printed
+    turns = f"--- model turn 1\n{MODEL_1}\n--- tool (masked)\n{TOOL}\n--- model turn 2\n{MODEL_2}\n"
+    assert "--- response, turn by turn (special tokens kept;" in printed and turns in printed
     assert "(1 samples of step 1; steps logged: [1, 2])" in printed
     assert cli.main(["samples", str(tmp_path), "--json"]) == 0  # the latest step
     lines = capsys.readouterr().out.splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2, 2, 2, 2]
+    assert cli.main(["samples", str(tmp_path), "--step", "2", "--limit", "2"]) == 0
+    assert "--- response\n41\n" in capsys.readouterr().out  # one turn: printed whole
     with pytest.raises(FileNotFoundError, match=r"no generations for step 7.*logged: \[1, 2\]"):
         read_generations(tmp_path, 7)
     with pytest.raises(FileNotFoundError, match="log_generations = 0"):
