@@ -18,6 +18,7 @@ from jaxrl_llm.algorithms.kl import adaptive_kl_coef, kl_penalty
 from jaxrl_llm.algorithms.logprobs import entropy, head_logprobs, token_logprobs
 from jaxrl_llm.algorithms.losses import gspo_policy_loss, policy_loss, value_loss
 from jaxrl_llm.algorithms.masked import masked_mean, masked_whiten
+from jaxrl_llm.algorithms.off_policy import importance_weights
 from jaxrl_llm.algorithms.registry import available, lookup, register, resolve
 from jaxrl_llm.algorithms.shaping import kl_shaped_rewards, outcome_token_rewards
 
@@ -30,6 +31,7 @@ __all__ = [
     "grpo_advantages",
     "gspo_policy_loss",
     "head_logprobs",
+    "importance_weights",
     "kl_penalty",
     "kl_shaped_rewards",
     "lookup",

@@ -12,7 +12,8 @@ import time
 
 import gin
 
-from jaxrl_llm.config_checks import Ge, Gt, Interval, checked_fields, documented
+from jaxrl_llm.algorithms.off_policy import IS_LEVELS, IS_MODES
+from jaxrl_llm.config_checks import ConfigError, Ge, Gt, Interval, checked_fields, documented
 from jaxrl_llm.data.config import DataConfig
 from jaxrl_llm.learner.optim import OptimConfig
 from jaxrl_llm.models.lora import LoraConfig
@@ -89,7 +90,10 @@ class MeshConfig:
     micro_batch_size=Ge(1),
     value_clip=Ge(0),
     max_sampling_tries=Ge(1),
-    tis_cap=Gt(0),
+    is_cap=Gt(0),
+    is_floor=Ge(0),
+    is_level=IS_LEVELS,
+    is_mode=IS_MODES,
 )
 class AlgoConfig:
     """Algorithm options, named as in verl (docs/algorithms.md)."""
@@ -152,11 +156,19 @@ class AlgoConfig:
     max_sampling_tries: int = documented(
         3, "Most rollout batches a step draws while dynamic sampling refills."
     )
-    tis_cap: float | None = documented(
+    is_cap: float | None = documented(
         None,
-        "Truncated importance sampling: weight the loss by the trainer/rollout probability "
-        "ratio, capped here; None: off.",
+        "Off-policy correction: weight each token's advantage by the trainer/sampler "
+        "probability ratio (algorithms/off_policy.py), truncated at (or masked above) this "
+        "cap; None: off.",
     )
+    is_level: str = documented(
+        "token", "Ratio of the correction: 'token', 'sequence' or 'geometric' (per-token mean)."
+    )
+    is_mode: str = documented(
+        "truncate", "'truncate' (TIS: min(w, cap)) or 'mask' (MIS: w outside [is_floor, cap] is 0)."
+    )
+    is_floor: float = documented(0.0, "Lower bound of the 'mask' mode's weights.")
     overlong_filter: bool = documented(
         False, "Leave responses cut at the token budget out of the loss."
     )
@@ -166,6 +178,13 @@ class AlgoConfig:
         "Mask tool output inserted into a response from the loss; False trains on it too "
         "(Search-R1's masking ablation, docs/agents.md).",
     )
+
+    def __post_init__(self):
+        if self.is_cap is not None and self.is_floor > self.is_cap:
+            raise ConfigError(
+                f"AlgoConfig.is_floor = {self.is_floor} is above is_cap = {self.is_cap}: "
+                "the 'mask' mode keeps weights in [is_floor, is_cap]"
+            )
 
 
 @gin.configurable

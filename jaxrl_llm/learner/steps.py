@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_llm.algorithms import aggregate_loss, kl_penalty, loss_normalizer, value_loss
+from jaxrl_llm.algorithms.off_policy import importance_weights
 from jaxrl_llm.algorithms.registry import resolve_declared
 from jaxrl_llm.learner.experience import logprob_diff_metrics, policy_logprobs, sequence_values
 from jaxrl_llm.learner.packing import Packing
@@ -69,14 +69,19 @@ def make_policy_step(
         assert ent is not None  # asked for
         old = jax.lax.stop_gradient(logp) if on_policy else mb.old_logprobs
         advantages = mb.advantages
-        if algo.tis_cap is not None:
-            # Truncated importance sampling (Yao et al. 2025): weight by
-            # min(pi_old_trainer / pi_rollout, C); positive, so it scales the advantage.
-            w = jnp.minimum(jnp.exp(old - mb.rollout_logprobs), algo.tis_cap)
+        is_metrics = {}
+        if algo.is_cap is not None:
+            # Off-policy correction (decoupled PPO): the advantage weighted by
+            # pi_old / pi_sampler, truncated or masked (algorithms/off_policy.py).
+            w, is_metrics = importance_weights(
+                old, mb.rollout_logprobs, mask, level=algo.is_level, mode=algo.is_mode,
+                cap=algo.is_cap, floor=algo.is_floor,
+            )  # fmt: skip
             advantages = advantages * jax.lax.stop_gradient(w)
         pg_loss, m = pg_fn(logp, old, advantages, mask, agg=agg, normalizer=normalizer)
         total = pg_loss
         metrics = {"actor/pg_loss": pg_loss, **{f"actor/{k}": v for k, v in m.items()}}
+        metrics.update(is_metrics)
         if algo.use_kl_loss:
             kl = kl_penalty(logp, mb.ref_logprobs, algo.kl_loss_kind)
             kl_loss = aggregate_loss(kl, mask, agg, normalizer=normalizer)

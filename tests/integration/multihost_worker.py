@@ -91,7 +91,7 @@ def run_layout(shape) -> tuple[dict, dict[str, np.ndarray]]:
     model = init_model(cfg, seed=1, mesh=mesh, rules=TRAIN_RULES)
     graphdef, params = nnx.split(model)
     tx = make_optimizer(OptimConfig(lr=1e-3, weight_decay=0.01, max_grad_norm=1.0), 1)
-    algo = AlgoConfig(use_kl_loss=True, entropy_coef=0.01, tis_cap=2.0, micro_batch_size=MB)
+    algo = AlgoConfig(use_kl_loss=True, entropy_coef=0.01, is_cap=2.0, micro_batch_size=MB)
     state = TrainState.create(params, tx, jax.random.PRNGKey(0))
     step = make_policy_step(graphdef, tx, algo, temperature=1.0)
 

@@ -160,7 +160,7 @@ def test_packed_policy_and_critic_steps_equal_unpacked(models, loss_agg):
     rng, ids, mask, lengths = _rows(2)
     batch = to_micro_batches(_batch(rng, ids, mask), jnp.arange(B), MB)
     packing = _packing(lengths, MB)
-    algo = AlgoConfig(loss_agg=loss_agg, use_kl_loss=True, entropy_coef=0.01, tis_cap=2.0)
+    algo = AlgoConfig(loss_agg=loss_agg, use_kl_loss=True, entropy_coef=0.01, is_cap=2.0)
     tx = optax.sgd(0.1)
     for model, make in ((policy, make_policy_step), (critic, make_critic_step)):
         graphdef, params = nnx.split(model)

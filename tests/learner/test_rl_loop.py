@@ -112,7 +112,7 @@ def test_ppo_with_critic_and_kl_options(tmp_path):
         "AlgoConfig.use_kl_loss = True",
         "AlgoConfig.kl_in_reward_coef = 0.01",
         "AlgoConfig.entropy_coef = 0.001",
-        "AlgoConfig.tis_cap = 2.0",
+        "AlgoConfig.is_cap = 2.0",
         "AlgoConfig.overlong_filter = True",
         "AlgoConfig.ppo_epochs = 2",
         "PolicyConfig.rollout_dtype = 'bfloat16'",

@@ -55,7 +55,7 @@ def _policy_state(model, tx):
     return graphdef, TrainState.create(params, tx, jax.random.PRNGKey(0))
 
 
-ALGO = AlgoConfig(use_kl_loss=True, entropy_coef=0.01, tis_cap=2.0)
+ALGO = AlgoConfig(use_kl_loss=True, entropy_coef=0.01, is_cap=2.0)
 
 
 def _run_policy(model, batch, micro, algo=ALGO, **kw):
