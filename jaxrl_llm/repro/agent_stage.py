@@ -4,8 +4,9 @@
 Episodes (`agents.arithmetic.demonstration`) are encoded exactly as RL's episodes are
 (`agents.demonstrations.encode_episode`: tool answers masked), on training-split problems of
 all four levels; the validation problems of the RL runs are the other split, never seen.
-A run that finds the checkpoint of an SFT with the same settings in its output folder
-(`prepared.json`) reuses it rather than training it again.
+`TOOL_SHARE` of the episodes call the tools, the rest solve the problem in words (1.0 now:
+all call them). A run that finds the checkpoint of an SFT with the same settings in its
+output folder (`prepared.json`) reuses it rather than training it again.
 """
 
 from __future__ import annotations
@@ -15,14 +16,20 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
 from jaxrl_llm.agents.arithmetic import ArithmeticEnv, demonstration
 from jaxrl_llm.config import resolve_gin_file
 from jaxrl_llm.data.tasks import arithmetic
+from jaxrl_llm.data.tasks.stepwise import stepwise_solution
 from jaxrl_llm.repro.specs import Prepared, PrepOptions
 from jaxrl_llm.repro.torl_stage import sft_run
 
 SFT_GIN = "agent_sft_tiny.gin"
 N_PROBLEMS = 4000
+# The share of demonstrations that call the calculator tools; the others solve the problem
+# in words (`_in_words`), so that the SFT policy has a choice for RL to sharpen: when to call.
+TOOL_SHARE = 1.0
 
 
 def prepare_agent(opts: PrepOptions) -> Prepared:
@@ -32,9 +39,11 @@ def prepare_agent(opts: PrepOptions) -> Prepared:
     tools = ArithmeticEnv().tools
     data = opts.out_dir / "sft_data" / "episodes.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
+    with_tools = np.random.default_rng(0).random(len(problems)) < TOOL_SHARE
     with data.open("w") as f:
-        for p in problems:
-            f.write(json.dumps({"messages": demonstration(p), "tools": tools}) + "\n")
+        for p, tool in zip(problems, with_tools, strict=True):
+            messages = demonstration(p) if tool else _in_words(p)
+            f.write(json.dumps({"messages": messages, "tools": tools}) + "\n")
     out = opts.out_dir / "sft" / "agent"
     params = [f"SFTConfig.train_file = '{data}'", f"SFTConfig.out_dir = '{out}'"]
     if opts.prep_steps is not None:
@@ -48,8 +57,18 @@ def prepare_agent(opts: PrepOptions) -> Prepared:
             "sft_val_loss": round(float(last.get("val/loss", float("nan"))), 4),
             "sft_s": round(time.perf_counter() - t0, 1),
         }
+        out.mkdir(parents=True, exist_ok=True)
         (out / RECORD).write_text(json.dumps({"signature": signature, **notes}) + "\n")
     return Prepared(arm_params={"grpo": (f"CHECKPOINT = '{out / 'hf'}'",)}, notes={"grpo": notes})
+
+
+def _in_words(problem: dict) -> list[dict[str, str]]:
+    """An episode that calls no tool: the problem solved in text, step by step (as ToRL's
+    no-tool SFT solutions are), in one turn; the tools are still offered in the prompt."""
+    return [
+        {"role": "user", "content": str(problem["prompt"])},
+        {"role": "assistant", "content": stepwise_solution(problem)},
+    ]
 
 
 RECORD = "prepared.json"  # in the SFT's out_dir: what it was trained from, and its notes

@@ -36,3 +36,18 @@ def test_episodes_are_written_and_the_arm_starts_from_their_sft(tmp_path, monkey
     # Another budget is another SFT.
     agent_stage.prepare_agent(PrepOptions(tmp_path, (0,), prep_steps=4))
     assert len(calls) == 2 and calls[1][1][2] == "SFTConfig.steps = 4"
+
+
+def test_a_tool_share_below_one_mixes_in_episodes_solved_in_words(tmp_path, monkeypatch):
+    monkeypatch.setattr(agent_stage, "sft_run", lambda gin_files, params: {"val/loss": 0.5})
+    monkeypatch.setattr(agent_stage, "N_PROBLEMS", 40)
+    monkeypatch.setattr(agent_stage, "TOOL_SHARE", 0.5)
+    agent_stage.prepare_agent(PrepOptions(tmp_path, (0,), prep_steps=3))
+    rows = [json.loads(x) for x in (tmp_path / "sft_data/episodes.jsonl").read_text().splitlines()]
+    words = [r for r in rows if len(r["messages"]) == 2]
+    assert 10 <= len(words) <= 30 and all(r["tools"] == ArithmeticEnv().tools for r in rows)
+    for r in words:
+        text = r["messages"][1]["content"]
+        assert "<tool_call>" not in text and text.endswith("}.") and "\\boxed{" in text
+    called = [r for r in rows if r not in words]
+    assert all(r["messages"][1]["content"].startswith("<tool_call>") for r in called)
