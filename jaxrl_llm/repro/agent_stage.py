@@ -4,8 +4,8 @@
 Episodes (`agents.arithmetic.demonstration`) are encoded exactly as RL's episodes are
 (`agents.demonstrations.encode_episode`: tool answers masked), on training-split problems of
 all four levels; the validation problems of the RL runs are the other split, never seen.
-`TOOL_SHARE` of the episodes call the tools, the rest solve the problem in words (1.0 now:
-all call them). A run that finds the checkpoint of an SFT with the same settings in its
+Half of the episodes (`TOOL_SHARE`) call the tools, the others solve the problem in words,
+step by step: the SFT policy then chooses, and RL learns when calling pays. A run that finds the checkpoint of an SFT with the same settings in its
 output folder (`prepared.json`) reuses it rather than training it again.
 """
 
@@ -29,7 +29,7 @@ SFT_GIN = "agent_sft_tiny.gin"
 N_PROBLEMS = 4000
 # The share of demonstrations that call the calculator tools; the others solve the problem
 # in words (`_in_words`), so that the SFT policy has a choice for RL to sharpen: when to call.
-TOOL_SHARE = 1.0
+TOOL_SHARE = 0.5
 
 
 def prepare_agent(opts: PrepOptions) -> Prepared:

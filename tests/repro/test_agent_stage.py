@@ -2,6 +2,7 @@
 of the built-in environment as {messages, tools} rows, one checkpoint for the arm."""
 
 import json
+import re
 
 from jaxrl_llm.agents.arithmetic import ArithmeticEnv
 from jaxrl_llm.repro import agent_stage
@@ -25,7 +26,8 @@ def test_episodes_are_written_and_the_arm_starts_from_their_sft(tmp_path, monkey
     assert gin_files == ["agent_sft_tiny.gin"] and params[2] == "SFTConfig.steps = 3"
     rows = [json.loads(x) for x in (tmp_path / "sft_data/episodes.jsonl").read_text().splitlines()]
     assert len(rows) == 20 and all(r["tools"] == ArithmeticEnv().tools for r in rows)
-    assert all(r["messages"][-1]["content"].startswith("The answer is \\boxed{") for r in rows)
+    answer = re.compile(r"(^|\n)The answer is \\boxed\{[^}]+\}\.$")
+    assert all(answer.search(r["messages"][-1]["content"]) for r in rows)
     assert prepared.params("grpo", 1) == (f"CHECKPOINT = '{tmp_path / 'sft/agent/hf'}'",)
     assert prepared.notes["grpo"]["sft_val_loss"] == 0.25
     assert get_repro("agent").prepare_fn() is agent_stage.prepare_agent
