@@ -5,8 +5,9 @@ Episodes (`agents.arithmetic.demonstration`) are encoded exactly as RL's episode
 (`agents.demonstrations.encode_episode`: tool answers masked), on training-split problems of
 all four levels; the validation problems of the RL runs are the other split, never seen.
 Half of the episodes (`TOOL_SHARE`) call the tools, the others solve the problem in words,
-step by step: the SFT policy then chooses, and RL learns when calling pays. A run that finds the checkpoint of an SFT with the same settings in its
-output folder (`prepared.json`) reuses it rather than training it again.
+step by step: the SFT policy then chooses, and RL learns when calling pays. A run that
+finds the checkpoint of an SFT with the same settings in its output folder
+(`prepared.json`) reuses it rather than training it again.
 """
 
 from __future__ import annotations
