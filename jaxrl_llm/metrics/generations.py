@@ -62,6 +62,7 @@ def generations_of(rollout: Rollout, tokenizer: Any, step: int, limit: int) -> l
     out = []
     G = rollout.group_size
     for b, c in enumerate(rollout.completions[:limit]):
+        turns = _turns(c.token_ids, c.response_mask, tokenizer)  # decoded once for both
         out.append(
             Generation(
                 step=step,
@@ -73,16 +74,11 @@ def generations_of(rollout: Rollout, tokenizer: Any, step: int, limit: int) -> l
                 answer=rollout.answers[b],
                 finish_reason=c.finish_reason,
                 tool_calls=int(c.tool_calls),
-                tool_outputs=_tool_outputs(c.token_ids, c.response_mask, tokenizer),
-                turns=_turns(c.token_ids, c.response_mask, tokenizer),
+                tool_outputs=[text for role, text in turns if role == "tool"],
+                turns=turns,
             )
         )
     return out
-
-
-def _tool_outputs(token_ids: np.ndarray, response_mask: np.ndarray, tokenizer: Any) -> list[str]:
-    """The decoded runs of inserted tokens (mask 0) in a response."""
-    return [text for role, text in _turns(token_ids, response_mask, tokenizer) if role == "tool"]
 
 
 def _turns(token_ids: np.ndarray, response_mask: np.ndarray, tokenizer: Any) -> list[Run]:

@@ -31,6 +31,7 @@ N_PROBLEMS = 4000
 # The share of demonstrations that call the calculator tools; the others solve the problem
 # in words (`_in_words`), so that the SFT policy has a choice for RL to sharpen: when to call.
 TOOL_SHARE = 0.5
+RECORD = "prepared.json"  # in the SFT's out_dir: what it was trained from, and its notes
 
 
 def prepare_agent(opts: PrepOptions) -> Prepared:
@@ -70,9 +71,6 @@ def _in_words(problem: dict) -> list[dict[str, str]]:
         {"role": "user", "content": str(problem["prompt"])},
         {"role": "assistant", "content": stepwise_solution(problem)},
     ]
-
-
-RECORD = "prepared.json"  # in the SFT's out_dir: what it was trained from, and its notes
 
 
 def _signature(data: Path, params: list[str]) -> str:
