@@ -119,7 +119,9 @@ class Rollout:
     prompt_ids: tuple[Any, ...]  # [P]
     scores: Float[np.ndarray, " B"]
     group_size: int  # G
-    policy_version: int  # the trainer step whose weights sampled these
+    # The step whose synchronous weights sampled these (the weights after policy_version - 1
+    # updates); the step that trains on them minus this is their staleness.
+    policy_version: int
 
     def __post_init__(self):
         B, P, G = len(self.completions), len(self.prompt_ids), self.group_size

@@ -19,6 +19,13 @@ included, so nothing is hidden):
                  transfer of its metrics), per step
     total        the whole step (`timing/step`)
 
+With `--gin_param RLConfig.max_staleness=K` (K >= 1: the next batches are sampled while
+one trains, `learner/overlap.py`) the phases overlap: `rollout_wait` is the trainer's time
+waiting for its batch (idle), `untimed` is total - (rollout_wait + experience + update),
+`overlap` = (rollout + experience + update - total) / min(rollout, experience + update): 0
+for phases in turn, 1 when the shorter side ran wholly beside the longer; `weight_sync`
+then includes the producer's wait for the update that makes the weights it receives.
+
 `fractions` are those medians over the median total. Each is a median on its own, so they
 sum to exactly 1 only with one timed step; with several, to about 1.
 
@@ -144,11 +151,24 @@ def step_end_times():
 
 
 def step_phases(record: dict) -> dict[str, float]:
-    """One step record -> phase seconds, `untimed` (total - timed phases), total, tokens/s."""
+    """One step record -> phase seconds, `untimed` (total - timed phases), total, tokens/s.
+
+    Overlapped (`RLConfig.max_staleness` >= 1, the record has `timing/rollout_wait`): the
+    step is the trainer's wait for its batch plus experience and update, so `untimed` is
+    total - (rollout_wait + experience + update); `overlap` = (rollout + training - total)
+    / min(rollout, training), training = experience + update: 0 when they ran in turn, 1
+    when the shorter ran wholly beside the longer. (Overlapped, `weight_sync` includes the
+    producer's wait for the update that makes the weights it hands over.)"""
     out = {p: float(record[f"timing/{p}"]) for p in PHASES}
     out["total"] = float(record["timing/step"])
-    out["untimed"] = out["total"] - sum(out[p] for p in PHASES)
     out["tokens_per_s"] = float(record["perf/tokens_per_s"])
+    if "timing/rollout_wait" not in record:
+        out["untimed"] = out["total"] - sum(out[p] for p in PHASES)
+        return out
+    out["rollout_wait"] = float(record["timing/rollout_wait"])
+    rollout, training = out["rollout"], out["experience"] + out["update"]
+    out["untimed"] = out["total"] - out["rollout_wait"] - training
+    out["overlap"] = (rollout + training - out["total"]) / min(rollout, training)
     return out
 
 
@@ -161,13 +181,17 @@ def summarize(records: list[dict], compile_s: list[float] | None = None) -> dict
     for s, c in zip(per_step, compile_s or ()):
         s["xla_compile_s"] = c
     timed = [s for s in per_step if s["step"] > 1] or per_step  # step 1 compiles
-    keys = (*PHASES, "untimed", "total")
-    phases = {k: statistics.median(s[k] for s in timed) for k in keys}
+    keys = (*PHASES, "rollout_wait", "overlap", "untimed", "total")
+    phases = {k: statistics.median(s[k] for s in timed) for k in keys if k in timed[0]}
     return {
         "timed_steps": [s["step"] for s in timed],
         "timed_steps_that_compiled": [s["step"] for s in timed if s.get("xla_compile_s", 0) > 0],
         "phases_s": phases,
-        "fractions": {k: phases[k] / phases["total"] for k in (*PHASES, "untimed")},
+        "fractions": {
+            k: phases[k] / phases["total"]
+            for k in (*PHASES, "rollout_wait", "untimed")
+            if k in phases
+        },
         "tokens_per_s": statistics.median(s["tokens_per_s"] for s in timed),
         "per_step": per_step,
     }

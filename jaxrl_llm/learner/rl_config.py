@@ -189,7 +189,7 @@ class AlgoConfig:
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-@checked_fields(steps=Ge(0), eval_every=Ge(0), save_every=Ge(0))
+@checked_fields(steps=Ge(0), eval_every=Ge(0), save_every=Ge(0), max_staleness=Ge(0))
 class RLConfig:
     """An RL run: its length and schedule, composed of one config per concern."""
 
@@ -203,6 +203,13 @@ class RLConfig:
     )
     save_every: int = documented(5, "Steps between checkpoints (and at the last step); 0: none.")
     seed: int = documented(0, "Seed of the model state, sampling and the critic.")
+    max_staleness: int = documented(
+        0,
+        "Policy versions a sample lags behind the update that trains on it. 0: rollout, then "
+        "update, in turn. k >= 1: the next k steps' batches are sampled while the current one "
+        "trains, step s always with the weights after s - 1 - k updates (deterministic; none "
+        "dropped); pair with `AlgoConfig.is_cap` to correct the lag (learner/overlap.py).",
+    )
     log_generations: int = documented(
         8, "Samples per step written out as text for reading (metrics/generations.py)."
     )

@@ -21,6 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.config import write_resolved_config
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.pipeline import PromptIterator
 from jaxrl_llm.learner.experience import (
     all_equal_groups,
@@ -28,6 +29,7 @@ from jaxrl_llm.learner.experience import (
     turn_token_rewards,
 )
 from jaxrl_llm.learner.export import export_final
+from jaxrl_llm.learner.overlap import RolloutProducer
 from jaxrl_llm.learner.packing import (
     Packing,
     forward_positions,
@@ -57,12 +59,14 @@ def run_rl(cfg: RLConfig, *, resume: bool = False, stop_after: int | None = None
 
 
 def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
-    """Step until `cfg.steps`: rollout -> experience -> update, then log / validate / save."""
+    """Step until `cfg.steps`: rollout -> experience -> update, then log / validate / save;
+    with `RLConfig.max_staleness` >= 1 the rollout of later steps overlaps (`overlap.py`)."""
     cfg, state, run_dir = run.cfg, run.learner.state, run.run_dir
     try:
         if jax.process_index() == 0:
             write_resolved_config(run_dir)
         writer = MetricsWriter(run_dir, resume_step=state.step if run.resumed else None)
+        producer = _producer(run)
     except BaseException:
         close_run(run)
         raise
@@ -70,17 +74,19 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
     records: list[dict] = []
     try:
         if state.step == 0 and cfg.eval_every:
-            m = _validate(run)
+            m = _validate(run, producer)
             writer.write(0, m)
             records.append({"step": 0, **m})
             _refresh_dashboard(run_dir)
+        if producer is not None:
+            producer.start(state.policy.params, run.learner.frozen)
         while state.step < cfg.steps:
             step = state.step + 1
-            metrics = train_step(run, step)
+            metrics = train_step(run, step, producer)
             state.step = step
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                 t0 = time.perf_counter()
-                metrics.update(_validate(run))
+                metrics.update(_validate(run, producer))
                 metrics["timing/validate"] = time.perf_counter() - t0
             writer.write(step, metrics)
             records.append({"step": step, **metrics})
@@ -90,17 +96,42 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
                 if "val/test_score" in metrics:
                     _refresh_dashboard(run_dir)
             if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
-                extra = {"data": run.prompts.get_state(), "step": step}
-                run.ckpt.save(step, device_state(state), extra)
+                data = (
+                    run.prompts.get_state() if producer is None else producer.data_state_after(step)
+                )
+                run.ckpt.save(step, device_state(state), {"data": data, "step": step})
             if stop_after is not None and step >= stop_after:
                 break
+        if producer is not None:
+            producer.close()  # the sampler is free again (export below never samples)
         if state.step >= cfg.steps:
             learner = run.learner
             model = nnx.merge(learner.graphdef, learner.policy_params())
             export_final(model, run_dir, cfg.policy.checkpoint, tokenizer=learner.tokenizer)
     finally:
+        if producer is not None:
+            producer.close()  # before the sampler it uses closes
         close_run(run, writer)
     return records
+
+
+def _producer(run: Run) -> RolloutProducer | None:
+    """The overlapped rollout of `RLConfig.max_staleness` >= 1, not yet started."""
+    cfg = run.cfg
+    if not cfg.max_staleness:
+        return None
+    if jax.process_count() > 1:
+        # The producer's weight hand-over gathers across hosts from its own thread, which
+        # could interleave with the trainer's collectives differently on each host.
+        raise ConfigError(
+            f"RLConfig.max_staleness = {cfg.max_staleness} runs on one process only so far "
+            f"(this run has {jax.process_count()}); use 0 for multi-host runs"
+        )
+    collect = lambda step, params, version: _collect(
+        cfg, step, run.prompts, run.rollout, run.reward, params, version
+    )
+    first = run.learner.state.step + 1
+    return RolloutProducer(collect, run.prompts, first=first, last=cfg.steps, k=cfg.max_staleness)
 
 
 def close_run(run: Run, writer: MetricsWriter | None = None) -> None:
@@ -112,14 +143,22 @@ def close_run(run: Run, writer: MetricsWriter | None = None) -> None:
             stack.callback(close)
 
 
-def train_step(run: Run, step: int) -> dict[str, float]:
+def train_step(run: Run, step: int, producer: RolloutProducer | None = None) -> dict[str, float]:
     """One RL step as data flow; returns its metrics (`timing/*` per phase). Device metrics
-    stay on the device until the step's one transfer at the end (`_fetch`)."""
+    stay on the device until the step's one transfer at the end (`_fetch`). With a
+    `producer` the batch was sampled ahead (`timing/rollout_wait`: the time waited for it)
+    and the updated weights go to it."""
     cfg, learner = run.cfg, run.learner
     t0 = time.perf_counter()
-    samples, metrics = _collect(cfg, step, run.prompts, run.rollout, run.reward, learner)
-    # Generation and rewards; the weight hand-over is timed apart (timing/weight_sync).
-    metrics["timing/rollout"] = time.perf_counter() - t0 - metrics["timing/weight_sync"]
+    if producer is None:
+        params = learner.policy_params()
+        samples, metrics = _collect(cfg, step, run.prompts, run.rollout, run.reward, params, step)
+        # Generation and rewards; the weight hand-over is timed apart (timing/weight_sync).
+        metrics["timing/rollout"] = time.perf_counter() - t0 - metrics["timing/weight_sync"]
+    else:
+        samples, metrics = producer.take(step)
+    lag = step - samples.policy_version  # one version per batch: every token lags alike
+    metrics["rollout/staleness/mean"] = metrics["rollout/staleness/max"] = float(lag)
     same = all_equal_groups(samples.scores, cfg.rollout.n)
     metrics["batch/all_equal_groups_frac"] = float(same.mean())
     t1 = time.perf_counter()
@@ -134,6 +173,8 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     t2 = time.perf_counter()
     policy, critic, updates, metrics["perf/padding_frac"] = _update(cfg, learner, step, exp)
     learner.state.policy, learner.state.critic = policy, critic
+    if producer is not None:  # before the fetch below waits for the update to end
+        producer.publish(step, policy.params, learner.frozen)
     # The step's one transfer; the update's metrics come out of its last program, so the
     # transfer also ends the update's timer (no separate wait on the params).
     metrics.update(_fetch({**{k: [v] for k, v in device.items()}, **updates}))
@@ -146,14 +187,17 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     return metrics
 
 
-def _validate(run: Run) -> dict[str, float]:
+def _validate(run: Run, producer: RolloutProducer | None) -> dict[str, float]:
+    """Greedy validation with the weights after this step; with a producer, between two of
+    its batches (they share the sampler)."""
     if run.data.val is None:
         return {}
-    run.rollout.sync_weights(run.learner.policy_params())  # the weights after this step
-    try:
-        return run.rollout.validate(run.data.val, run.reward, run.cfg.reward.correct)
-    finally:
-        run.rollout.release_weights()
+    with producer.rollout_lock if producer is not None else contextlib.nullcontext():
+        run.rollout.sync_weights(run.learner.policy_params())
+        try:
+            return run.rollout.validate(run.data.val, run.reward, run.cfg.reward.correct)
+        finally:
+            run.rollout.release_weights()
 
 
 def _refresh_dashboard(run_dir: os.PathLike) -> None:
@@ -172,10 +216,11 @@ def _collect(
     prompts: PromptIterator,
     rollout: RolloutStage,
     reward: RewardPool,
-    learner: Learner,
+    params: Any,
+    version: int,
 ) -> tuple[Rollout, dict[str, float]]:
-    """Rollouts and rewards for one step, with the learner's current policy, and their
-    metrics; DAPO dynamic sampling refills all-equal groups."""
+    """Rollouts and rewards for one step with the policy `params` (the synchronous weights
+    of step `version`), and their metrics; DAPO dynamic sampling refills all-equal groups."""
     n = cfg.rollout.n
     want = cfg.data.prompts_per_step
     mixed: list[Rollout] = []  # groups with a learning signal
@@ -183,13 +228,13 @@ def _collect(
     tries = dropped = 0
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
-    push = rollout.sync_weights(learner.policy_params())  # in place when it returns
+    push = rollout.sync_weights(params)  # in place when it returns
     metrics["timing/weight_sync"] = time.perf_counter() - t0
     metrics["weight_sync/bytes"] = float(push.bytes)
     while True:
         tries += 1
         batch = next(prompts)
-        got = rollout.generate(batch, step, tries, reward)  # the whole batch, scored
+        got = rollout.generate(batch, step, tries, reward, version)  # the whole batch, scored
         if tries == 1:
             metrics.update(rollout.env_metrics(got))
         if not cfg.algo.dynamic_sampling:

@@ -129,10 +129,13 @@ class RolloutStage:
         if callable(close):
             close()
 
-    def generate(self, batch, step: int, attempt: int, reward) -> Rollout:
+    def generate(
+        self, batch, step: int, attempt: int, reward, version: int | None = None
+    ) -> Rollout:
         """Scored samples of this host's `batch` (its share of the global batch) with the
         weights of the last `sync_weights`, gathered from every host in global-batch order: every
-        process gets the same whole-batch `Rollout`. `step` is its policy version."""
+        process gets the same whole-batch `Rollout`. `version`: the step whose synchronous
+        weights those are (`Rollout.policy_version`; default `step`)."""
         r = self.cfg
         seed = int(np.random.default_rng([self.seed, step, attempt]).integers(2**31))
         sampling = self._sampling(seed, n=r.n, temperature=r.temperature)
@@ -159,7 +162,7 @@ class RolloutStage:
             prompt_ids=tuple(batch.ids),
             scores=np.asarray(scores, np.float32),
             group_size=r.n,
-            policy_version=step,
+            policy_version=step if version is None else version,
         )
         rollout, counts = _gather_rows(mine, counts)
         self._reward_counts = self._reward_counts + counts

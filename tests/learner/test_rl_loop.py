@@ -331,3 +331,39 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch, masked):
     old = np.asarray(batch.old_logprobs)
     assert np.all(old[tool_tokens] < 0)  # the trainer's own logprobs on the passages
     np.testing.assert_array_equal(np.asarray(batch.rollout_logprobs)[tool_tokens], old[tool_tokens])
+
+
+def _trained_prompts(run_dir, step):
+    path = Path(run_dir) / "samples" / f"step_{step}.jsonl"
+    return [json.loads(line)["prompt_id"] for line in path.read_text().splitlines()]
+
+
+def test_overlapped_run_lags_exactly_k_and_trains_every_prompt_once(tmp_path, three_step_run):
+    """`RLConfig.max_staleness = 1`: step 1 samples with the initial weights as the
+    synchronous run does (its metrics equal to the digit); steps 2-3 sample with the weights
+    one update behind (staleness 1, reported). Every step trains the same prompts as the
+    synchronous run (none dropped, none repeated), also after a stop and resume from a
+    checkpoint taken while the next batch was already being sampled."""
+    sync = read_metrics(three_step_run)
+    k1 = tmp_path / "k1"
+    ahead = run_rl(_config(k1, "RLConfig.steps = 3", "RLConfig.save_every = 3",
+                           "RLConfig.max_staleness = 1"))  # fmt: skip
+    assert [r["rollout/staleness/max"] for r in ahead] == [0.0, 1.0, 1.0]
+    assert [r["rollout/staleness/max"] for r in sync] == [0.0, 0.0, 0.0]
+    assert _comparable(ahead)[0] == _comparable(sync)[0]
+    assert _comparable(ahead)[1] != _comparable(sync)[1]  # sampled with older weights
+    assert all(r["timing/rollout_wait"] >= 0 for r in ahead)
+    for step in (1, 2, 3):
+        assert _trained_prompts(k1, step) == _trained_prompts(three_step_run, step)
+
+    # Stopped after step 1 (its checkpoint taken while step 2 was sampled ahead), resumed.
+    stopped = tmp_path / "stopped"
+    cfg = lambda: _config(stopped, "RLConfig.steps = 3", "RLConfig.save_every = 1",
+                          "RLConfig.max_staleness = 1")  # fmt: skip
+    run_rl(cfg(), stop_after=1)
+    resumed = run_rl(cfg(), resume=True)
+    assert [r["step"] for r in resumed] == [2, 3]
+    # The resumed run starts from the weights after 1 update: step 2 is not stale.
+    assert [r["rollout/staleness/max"] for r in resumed] == [0.0, 1.0]
+    for step in (1, 2, 3):
+        assert _trained_prompts(stopped, step) == _trained_prompts(three_step_run, step)

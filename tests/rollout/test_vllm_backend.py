@@ -15,6 +15,7 @@
 """
 
 import dataclasses
+import threading
 from typing import ClassVar
 
 import jax
@@ -90,6 +91,23 @@ def test_greedy_tokens_equal_the_jax_engine(setup):
         assert x.token_ids.tolist() == y.token_ids.tolist()
         assert (x.finish_reason, x.text) == (y.finish_reason, y.text)
         assert (y.logprobs == 0).all()  # a greedy sample's distribution is a point mass
+
+
+def test_a_thread_other_than_the_creators_samples_alike(setup):
+    """`RLConfig.max_staleness >= 1` pushes weights and samples on the producer's thread
+    (learner/overlap.py), one thread at a time."""
+    model, _, _, vllm_s, prompts = setup
+    want = vllm_s.generate(prompts, _greedy())
+    got = []
+
+    def sample():
+        vllm_s.push_weights(nnx.state(model))
+        got.extend(vllm_s.generate(prompts, _greedy()))
+
+    worker = threading.Thread(target=sample)
+    worker.start()
+    worker.join(timeout=300)
+    assert [c.token_ids.tolist() for c in got] == [c.token_ids.tolist() for c in want]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -1,0 +1,150 @@
+"""Overlapped RL (`RLConfig.max_staleness = k >= 1`): a producer thread samples the next
+steps' batches while the trainer computes the current one's experience and updates.
+
+Staleness is fixed, not opportunistic: step s always samples with the weights after
+`max(u0, s - 1 - k)` updates (u0: the updates the run started from, 0 or the resumed
+checkpoint's step), so a run is as deterministic as a synchronous one (same batches, same
+seeds, same weights for each; only the order of device work differs) and every sample lags
+exactly `min(k, s - 1 - u0)` policy versions. The producer waits for those weights rather
+than exceed the bound, so no sample is ever dropped for staleness and a batch of slow
+(long) samples is trained on like any other: nothing biases training toward easy prompts.
+
+Weights: the trainer's update donates its params, so each version the producer needs is
+copied once (a jitted copy on the training layout; the LoRA base is shared, never copied)
+and dropped once no later step samples with it: at most k + 1 copies of the trained params
+are alive beside the trainer's.
+
+Locks: `rollout_lock` is held by a batch's whole sampling and by a validation (the two share
+the sampler and its weights); `_cond` guards the books (copies, finished batches, the data
+iterator's state before each batch) and is never held while sampling.
+
+Data state: a checkpoint at step s records the iterator's state before step s + 1's first
+prompt (`data_state_after`), not its state at save time (the producer has drawn ahead); a
+resumed run samples steps s + 1 ... again, so every prompt of the data order is trained once.
+The samples in flight at a stop are the only work lost (their prompts are sampled again).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.learner import lora as lora_lib
+from jaxrl_llm.types import Rollout
+
+Collect = Callable[[int, Any, int], tuple[Rollout, dict[str, float]]]
+
+
+class RolloutProducer:
+    """Samples steps `first .. last` in order on its own thread; `take(step)` hands them to
+    the trainer, `publish(updates, params)` receives the weights after each update."""
+
+    def __init__(self, collect: Collect, prompts: Any, *, first: int, last: int, k: int):
+        if k < 1:
+            raise ValueError(f"RolloutProducer needs max_staleness >= 1, got {k}")
+        self._collect, self._prompts = collect, prompts
+        self._first, self._last, self._k = first, last, k
+        self.rollout_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._weights: dict[int, Any] = {}  # updates -> a copy of the trained params
+        self._done: dict[int, tuple[Rollout, dict[str, float]]] = {}
+        self._data_state: dict[int, Any] = {}  # step -> iterator state before its prompts
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
+
+    def start(self, trained: Any, frozen: Any) -> None:
+        """Begin with the weights the run starts from (after `first - 1` updates)."""
+        self.publish(self._first - 1, trained, frozen)
+        self._thread.start()
+
+    def needs(self, updates: int) -> bool:
+        """Whether a step still to be sampled uses the weights after `updates` updates."""
+        return self._updates_for(self._last) >= updates >= self._first - 1
+
+    def publish(self, updates: int, trained: Any, frozen: Any) -> None:
+        """The trainer's weights after `updates` updates: its trained params, copied here
+        (the next update donates them), and with LoRA the frozen base, shared (never
+        donated or changed); ignored when no step to come samples with them."""
+        if not self.needs(updates):
+            return
+        copy = lora_lib.full_params(_copy(trained), frozen)
+        with self._cond:
+            self._weights[updates] = copy
+            self._cond.notify_all()
+
+    def take(self, step: int) -> tuple[Rollout, dict[str, float]]:
+        """Step `step`'s scored batch and its rollout metrics, waiting for it (the wait is
+        `timing/rollout_wait`: the trainer idle)."""
+        t0 = time.perf_counter()
+        with self._cond:
+            while step not in self._done and self._error is None:
+                self._cond.wait()
+            if step not in self._done:  # it failed sampling this step or an earlier one
+                assert self._error is not None  # the wait ends on one or the other
+                raise self._error  # as the synchronous loop would: same type, same text
+            samples, metrics = self._done.pop(step)
+            for done in [s for s in self._data_state if s <= step]:
+                del self._data_state[done]  # a checkpoint from now on asks for a later one
+        metrics["timing/rollout_wait"] = time.perf_counter() - t0
+        return samples, metrics
+
+    def data_state_after(self, step: int) -> Any:
+        """The data iterator's state once step `step`'s prompts are drawn and no later
+        step's: what a checkpoint at `step` must record."""
+        with self._cond:
+            if step + 1 in self._data_state:
+                return self._data_state[step + 1]
+            # Not recorded: the producer has not begun step + 1 and cannot while we hold
+            # the books (it records before it draws), so the live state is the one.
+            return self._prompts.get_state()
+
+    def close(self) -> None:
+        """Stop after the batch being sampled (if any) and wait for the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _updates_for(self, step: int) -> int:
+        return max(self._first - 1, step - 1 - self._k)
+
+    def _run(self) -> None:
+        try:
+            for step in range(self._first, self._last + 1):
+                updates = self._updates_for(step)
+                with self._cond:
+                    while updates not in self._weights and not self._stopping:
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                    params = self._weights[updates]
+                    for old in [u for u in self._weights if u < self._updates_for(step + 1)]:
+                        del self._weights[old]  # no later step samples with these
+                    self._data_state[step] = self._prompts.get_state()
+                with self.rollout_lock:
+                    t0 = time.perf_counter()
+                    samples, metrics = self._collect(step, params, updates + 1)
+                    metrics["timing/rollout"] = (
+                        time.perf_counter() - t0 - metrics["timing/weight_sync"]
+                    )
+                del params  # this version's copy is no longer needed
+                with self._cond:
+                    self._done[step] = (samples, metrics)
+                    self._cond.notify_all()
+        except BaseException as e:  # handed to the trainer's next `take`
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+
+@jax.jit
+def _copy(tree: Any) -> Any:
+    """New buffers, on the same shardings (a copy is elementwise)."""
+    return jax.tree.map(jnp.copy, tree)

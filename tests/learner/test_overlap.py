@@ -1,0 +1,112 @@
+"""`RolloutProducer` on its own: the staleness bound, the data state a checkpoint records,
+errors and stopping (the loop end to end: tests/learner/test_rl_loop.py)."""
+
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm.learner.overlap import RolloutProducer
+from jaxrl_llm.types import Completion, Rollout
+
+
+class _Prompts:
+    """A data iterator whose state is the number of batches drawn."""
+
+    def __init__(self):
+        self.drawn = 0
+
+    def get_state(self):
+        return {"drawn": self.drawn}
+
+
+def _rollout(version: int) -> Rollout:
+    one = lambda dtype: np.ones(1, dtype)
+    c = Completion(0, 0, one(np.int32), one(np.int32), one(np.float32), None, one(np.int32),
+                   "stop", "x")  # fmt: skip
+    return Rollout((c,), (None,), ("p",), np.zeros(1, np.float32), 1, version)
+
+
+class _Trainer:
+    """Drives a producer as the loop does; `collect` records what it was given."""
+
+    def __init__(self, k: int, steps: int, first: int = 1, fail_at: int | None = None):
+        self.prompts, self.seen, self.published = _Prompts(), [], first - 1
+        self.fail_at = fail_at
+        self.producer = RolloutProducer(self.collect, self.prompts, first=first, last=steps, k=k)
+
+    def collect(self, step, params, version):
+        if step == self.fail_at:
+            raise ValueError(f"reward failed at step {step}")
+        self.seen.append((step, int(params["w"][0]), version, self.published))
+        self.prompts.drawn += 1
+        return _rollout(version), {"timing/weight_sync": 0.0}
+
+    def publish(self, updates):
+        self.published = updates
+        self.producer.publish(updates, {"w": jnp.full(2, updates)}, None)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_each_step_samples_with_the_weights_exactly_k_updates_behind(k):
+    t = _Trainer(k, steps=7)
+    t.producer.start({"w": jnp.zeros(2)}, None)
+    for step in range(1, 8):
+        samples, metrics = t.producer.take(step)
+        assert samples.policy_version == max(1, step - k)  # staleness min(k, step - 1)
+        assert metrics["timing/rollout_wait"] >= 0 and "timing/rollout" in metrics
+        t.publish(step)
+    t.producer.close()
+    assert [s for s, *_ in t.seen] == list(range(1, 8))  # in order, each once
+    for step, weights, version, published in t.seen:
+        assert weights == version - 1 == max(0, step - 1 - k)  # the copy of that version
+        assert published - weights <= k  # never ran ahead of the bound
+
+
+def test_a_resumed_producer_starts_from_the_resumed_weights():
+    t = _Trainer(2, steps=6, first=4)  # resumed after 3 updates
+    t.producer.start({"w": jnp.full(2, 3)}, None)
+    versions = []
+    for step in range(4, 7):
+        versions.append(t.producer.take(step)[0].policy_version)
+        t.publish(step)
+    t.producer.close()
+    assert versions == [4, 4, 4]  # the weights after 3 updates, until step 7 would move on
+
+
+def test_a_checkpoint_records_the_data_state_before_the_next_step():
+    t = _Trainer(2, steps=6)
+    t.producer.start({"w": jnp.zeros(2)}, None)
+    t.producer.take(1)
+    # Steps 2 and 3 sample with the initial weights: the producer draws ahead of step 1.
+    while len(t.seen) < 3:
+        threading.Event().wait(0.01)
+    assert t.prompts.drawn == 3
+    assert t.producer.data_state_after(1) == {"drawn": 1}  # step 2's prompts come next
+    t.publish(1)
+    t.producer.take(2)
+    assert t.producer.data_state_after(2) == {"drawn": 2}
+    t.producer.close()
+
+
+def test_an_error_while_sampling_reaches_the_trainer_as_itself():
+    t = _Trainer(1, steps=4, fail_at=2)
+    t.producer.start({"w": jnp.zeros(2)}, None)
+    t.producer.take(1)
+    with pytest.raises(ValueError, match="reward failed at step 2"):
+        t.producer.take(2)
+    t.producer.close()
+
+
+def test_close_stops_a_producer_waiting_for_weights():
+    t = _Trainer(1, steps=5)
+    t.producer.start({"w": jnp.zeros(2)}, None)
+    t.producer.take(1)
+    t.producer.close()  # it waits for update 1, never published: close must not hang
+    assert [s for s, *_ in t.seen] == [1, 2]
+
+
+def test_max_staleness_zero_is_the_synchronous_loop():
+    with pytest.raises(ValueError, match="max_staleness >= 1"):
+        RolloutProducer(lambda *a: None, _Prompts(), first=1, last=2, k=0)  # pyright: ignore
