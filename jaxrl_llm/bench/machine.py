@@ -1,10 +1,48 @@
 """What every benchmark measures besides its subject: the machine's ceilings, measured in
-the same run (float32 matmul FLOP/s, streaming read bytes/s), and the checkpoint to load."""
+the same run (float32 matmul FLOP/s, streaming read bytes/s), the host they ran on, and the
+checkpoint to load."""
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 from pathlib import Path
+
+# Instruction-set extensions that change XLA:CPU's (and PyTorch's) kernels, hence the numbers
+# and float32 summation orders: two hosts of one machine kind differ here (AVX2 only or
+# AVX-512, AMX), so a benchmark names the ones its host has.
+ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16",
+             "amx_int8", "asimd", "sve")  # fmt: skip
+
+
+def host(cpuinfo: str | None = None) -> dict:
+    """The CPU (model name, cores this process may use, ISA extensions from ISA_FLAGS), and
+    the JAX build; `cpuinfo`: /proc/cpuinfo's text (read when None, empty off Linux)."""
+    import jax
+
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    model, flags = platform.processor() or platform.machine(), set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name":
+            model = value.strip()
+        elif key in ("flags", "Features"):  # x86, ARM
+            flags |= set(value.split())
+    return {
+        "cpu": model,
+        "cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "jax": jax.__version__,
+        "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+    }
 
 
 def machine_ceilings() -> dict:
@@ -28,7 +66,7 @@ def machine_ceilings() -> dict:
         total(big).block_until_ready()
         best = min(best, time.perf_counter() - t0)
     bandwidth = big.nbytes / best
-    return {"matmul_flops": flops, "read_bytes_per_s": bandwidth}
+    return {"matmul_flops": flops, "read_bytes_per_s": bandwidth, "host": host()}
 
 
 def bench_checkpoint(name: str, tmp: Path) -> Path:

@@ -381,6 +381,7 @@ def run_steps(cfg, clock: CompileClock) -> tuple[list[dict], list[float] | None,
 
 
 def main(args: argparse.Namespace) -> int:
+    from jaxrl_llm.bench.machine import host
     from jaxrl_llm.config import parse_gin
     from jaxrl_llm.learner.rl_config import RLConfig
 
@@ -421,6 +422,7 @@ def main(args: argparse.Namespace) -> int:
             "experience_vs_bare": phases["experience"] / bare["experience_s"],
             "update_vs_bare": phases["update"] / bare["update_s"],
         },
+        "host": host(),
         "run_wall_s": wall,
         "outside_steps_s": wall - sum(s["total"] for s in summary["per_step"]),
         "per_step": summary["per_step"],

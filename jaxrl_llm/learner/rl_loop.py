@@ -102,15 +102,13 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
                 run.ckpt.save(step, device_state(state), {"data": data, "step": step})
             if stop_after is not None and step >= stop_after:
                 break
-        if producer is not None:
-            producer.close()  # the sampler is free again (export below never samples)
         if state.step >= cfg.steps:
             learner = run.learner
             model = nnx.merge(learner.graphdef, learner.policy_params())
             export_final(model, run_dir, cfg.policy.checkpoint, tokenizer=learner.tokenizer)
     finally:
-        if producer is not None:
-            producer.close()  # before the sampler it uses closes
+        if producer is not None:  # before the sampler it uses closes; a stop waits for
+            producer.close()  # the batch being sampled, if any, to end
         close_run(run, writer)
     return records
 

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from jaxrl_llm import cli
-from jaxrl_llm.bench.rl_step import PHASES, summarize
+from jaxrl_llm.bench.machine import host
+from jaxrl_llm.bench.rl_step import PHASES, step_phases, summarize
 
 # Two steps: step 1 compiles and is dropped, so step 2 is the one timed step (the least that
 # exercises the median and the baseline). Tiny batch and budget, no tool, one reward worker.
@@ -60,6 +61,7 @@ def test_bench_rl_step_json(capsys):
         assert math.isfinite(value) and value > 0, key
     assert out["ratios"]["overhead_ratio"] == pytest.approx(phases["total"] / bare["total_s"])
     assert out["outside_steps_s"] > 0
+    assert out["host"]["cpu"] and out["host"]["cores"] >= 1 and "devices" in out["host"]
 
 
 def test_summarize_drops_the_compile_step_and_takes_medians():
@@ -74,3 +76,30 @@ def test_summarize_drops_the_compile_step_and_takes_medians():
     assert s["fractions"]["update"] == pytest.approx(8 / 22)
     assert s["tokens_per_s"] == pytest.approx(50.0)
     assert len(s["per_step"]) == 4
+
+
+def test_an_overlapped_step_reports_its_wait_and_overlap():
+    """`max_staleness >= 1`: the step is wait + experience + update; overlap 1 when the
+    rollout ran wholly beside training, 0 when the trainer waited for all of it."""
+    base = {"timing/weight_sync": 0.5, "timing/experience": 1.0, "timing/update": 3.0,
+            "perf/tokens_per_s": 10.0}  # fmt: skip
+    beside = step_phases({**base, "timing/rollout": 2.0, "timing/rollout_wait": 0.0,
+                          "timing/step": 4.25})  # fmt: skip
+    assert beside["overlap"] == pytest.approx(1.0 - 0.25 / 2.0)
+    assert beside["untimed"] == pytest.approx(0.25)
+    in_turn = step_phases({**base, "timing/rollout": 2.0, "timing/rollout_wait": 2.0,
+                           "timing/step": 6.0})  # fmt: skip
+    assert in_turn["overlap"] == pytest.approx(0.0) and in_turn["untimed"] == pytest.approx(0)
+    s = summarize([{"step": i, **base, "timing/rollout": 2.0, "timing/rollout_wait": 0.0,
+                    "timing/step": 4.0} for i in (1, 2)])  # fmt: skip
+    assert s["phases_s"]["overlap"] == 1.0 and s["fractions"]["rollout_wait"] == 0.0
+
+
+def test_host_names_the_cpu_and_its_isa_extensions():
+    cpuinfo = ("processor\t: 0\nmodel name\t: AMD EPYC 7B13\n"
+               "flags\t\t: fpu sse2 avx avx2 fma bmi2\n")  # fmt: skip
+    h = host(cpuinfo)
+    assert h["cpu"] == "AMD EPYC 7B13" and h["isa"] == ["avx", "avx2", "fma"]
+    arm = host("Features\t: fp asimd sve\n")
+    assert arm["isa"] == ["asimd", "sve"]
+    assert host()["jax"]  # this machine's, whatever it is

@@ -182,23 +182,12 @@ def _train_cmd(run_dir, *extra, resume=False):
     return [*cmd, "--resume"] if resume else cmd
 
 
-def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
-    # Long enough (24 steps, checkpoints every 3) that the kill lands mid-run however late
-    # this process sees step 3's checkpoint on a loaded machine: a 6-step run once ended
-    # in the ~0.3 s between its checkpoint 3 and its exit, before it could be killed.
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    steps = "RLConfig.steps = 24"
-    straight = tmp_path / "straight"
-    subprocess.run(_train_cmd(straight, steps), env=env, check=True, capture_output=True,
-                   timeout=600)  # fmt: skip
-
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(_train_cmd(killed, steps), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+def _kill_after_checkpoint(cmd, run_dir, env, step):
+    """Start `cmd`, SIGKILL it as soon as its checkpoint `step` is complete."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     try:
-        # Kill as soon as step 3's checkpoint is complete.
-        while time.time() < deadline and not (killed / "checkpoints" / "3").is_dir():
+        while time.time() < deadline and not (run_dir / "checkpoints" / str(step)).is_dir():
             if proc.poll() is not None:
                 pytest.fail("training ended before it could be killed")
             time.sleep(0.05)
@@ -209,6 +198,23 @@ def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
+
+
+def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
+    """Killed after checkpoint 3 and resumed: the metrics of the uninterrupted run. With the
+    rollout overlapped two steps ahead (`max_staleness = 2`: steps 4 and 5 were being sampled
+    at the kill), the resumed run trains every prompt of the data order once, in order."""
+    # Long enough (24 steps, checkpoints every 3) that the kill lands mid-run however late
+    # this process sees step 3's checkpoint on a loaded machine: a 6-step run once ended
+    # in the ~0.3 s between its checkpoint 3 and its exit, before it could be killed.
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    steps = "RLConfig.steps = 24"
+    straight = tmp_path / "straight"
+    subprocess.run(_train_cmd(straight, steps), env=env, check=True, capture_output=True,
+                   timeout=600)  # fmt: skip
+
+    killed = tmp_path / "killed"
+    _kill_after_checkpoint(_train_cmd(killed, steps), killed, env, 3)
     assert not (killed / "checkpoints" / "24").exists()
     assert len(read_metrics(killed)) < 24
     subprocess.run(_train_cmd(killed, steps, resume=True), env=env, check=True,
@@ -219,6 +225,15 @@ def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
         assert ra.keys() == rb.keys()
         for k in ra:
             np.testing.assert_allclose(rb[k], ra[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+    ahead = tmp_path / "ahead"
+    overlapped = [steps, "RLConfig.max_staleness = 2"]
+    _kill_after_checkpoint(_train_cmd(ahead, *overlapped), ahead, env, 3)
+    subprocess.run(_train_cmd(ahead, *overlapped, resume=True), env=env, check=True,
+                   capture_output=True, timeout=600)  # fmt: skip
+    assert [r["step"] for r in read_metrics(ahead)] == list(range(1, 25))
+    for step in range(1, 25):
+        assert _trained_prompts(ahead, step) == _trained_prompts(straight, step), step
 
 
 def test_interrupted_checkpoint_is_never_loaded(tmp_path, three_step_run):
