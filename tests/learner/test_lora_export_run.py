@@ -95,3 +95,20 @@ def test_lora_run_checkpoints_adapters_only_and_resumes(tmp_path):
     assert max(r["rollout/logprob_diff/max"] for r in whole) < 1e-4
     assert (tmp_path / "whole" / "adapter" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "whole" / "hf" / "config.json").is_file()
+
+
+@pytest.mark.slow  # one short run
+def test_an_overlapped_lora_run_moves_adapters_only(tmp_path):
+    """`max_staleness = 1` with LoRA: the producer copies the adapters of each version and
+    shares the frozen base, so the sampler syncs the base once and then adapter bytes only;
+    step 1 samples with the trainer's own weights (no mismatch), later steps one update
+    behind."""
+    register_test_rewards()
+    run_dir = f"RLConfig.run_dir = '{tmp_path / 'r'}'"
+    parse_gin([], [*LORA_PARAMS, "RLConfig.steps = 3", "RLConfig.save_every = 0",
+                   "RLConfig.max_staleness = 1", run_dir])  # fmt: skip
+    records = run_rl(RLConfig())
+    sync = [r["weight_sync/bytes"] for r in records]
+    assert sync[0] > 10 * sync[1] and sync[1] == sync[2] > 0
+    assert [r["rollout/staleness/max"] for r in records] == [0.0, 1.0, 1.0]
+    assert records[0]["rollout/logprob_diff/max"] < 1e-4
