@@ -83,6 +83,9 @@ class Workload:
     reference: bool = False
     critic: bool = False
     lora: Any = None  # `models.lora.LoraConfig`: only adapters trained, reference = base
+    # `RLConfig.max_staleness`: k >= 1 samples while it trains (rollout and train phases at
+    # once) and holds up to k + 1 copies of the trained params for the sampler.
+    max_staleness: int = 0
 
     @classmethod
     def from_rl_config(cls, cfg: Any) -> Workload:
@@ -98,6 +101,7 @@ class Workload:
             reference=cfg.needs_reference,
             critic=cfg.uses_critic,
             lora=cfg.policy.lora,
+            max_staleness=cfg.max_staleness,
         )
 
 
@@ -279,7 +283,8 @@ def activation_bytes(cfg, mesh, w: Workload, remat: bool) -> dict[str, int]:
 
 @dataclasses.dataclass
 class Plan:
-    """Bytes per device, by term; `peak` = resident + max(train phase, rollout phase)."""
+    """Bytes per device, by term; `peak` = resident + max(train phase, rollout phase), or
+    their sum when the rollout overlaps training (`Workload.max_staleness`)."""
 
     model: dict
     mesh: dict
@@ -293,7 +298,8 @@ class Plan:
 
     @property
     def resident(self) -> int:
-        keys = ("params", "optimizer", "reference", "critic_params", "critic_optimizer")
+        keys = ("params", "optimizer", "reference", "critic_params", "critic_optimizer",
+                "overlap_weights")  # fmt: skip
         return sum(self.terms[k] for k in keys)
 
     @property
@@ -312,6 +318,8 @@ class Plan:
 
     @property
     def peak(self) -> int:
+        if self.workload.get("max_staleness"):  # overlapped: both phases at once
+            return self.resident + self.train_phase + self.rollout_phase
         return self.resident + max(self.train_phase, self.rollout_phase)
 
     @property
@@ -402,6 +410,8 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
         "activations": act[cfg.remat] + gathered_bytes(cfg, mesh),
         "kv_cache": kv if w.slots else 0,
         "rollout_weights": _sampling_copy_bytes(cfg, mesh) if w.slots else 0,
+        # The producer's copies of the trained params (learner/overlap.py), on their layout.
+        "overlap_weights": (w.max_staleness + 1) * trained if w.max_staleness else 0,
     }
     return Plan(
         model={

@@ -1,5 +1,6 @@
 """`jaxrl-llm plan`: the estimate tracks XLA's compiled memory analysis of the real step."""
 
+import dataclasses
 import json
 
 import jax
@@ -76,6 +77,17 @@ def test_remat_and_sharding_reduce_the_estimate():
     assert plan_memory(SMALL, (1, 1, 2), work).terms["kv_cache"] == base.terms["kv_cache"] // 2
     pages = 16 * -(-257 // 32)  # slots x pages per sequence
     assert base.terms["kv_cache"] == 2 * 2 * pages * 32 * 2 * 16 * 4  # k, v x L x tokens x K x H
+
+
+def test_overlapped_rollout_counts_its_weight_copies_and_both_phases():
+    work = Workload(micro_batch=8, seq_len=256, slots=16, cache_len=257)
+    sync = plan_memory(SMALL, (1, 1, 1), work)
+    ahead = plan_memory(SMALL, (1, 1, 1), dataclasses.replace(work, max_staleness=2))
+    assert sync.terms["overlap_weights"] == 0
+    assert ahead.terms["overlap_weights"] == 3 * sync.terms["params"]  # k + 1 copies
+    assert ahead.peak == (sync.resident + 3 * sync.terms["params"] + sync.train_phase
+                          + sync.rollout_phase)  # fmt: skip
+    assert ahead.peak > sync.peak
 
 
 @pytest.mark.slow  # 22 s in a loaded 2-worker run, AMD EPYC AVX2
