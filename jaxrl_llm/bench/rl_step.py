@@ -21,7 +21,8 @@ included, so nothing is hidden):
 
 With `--gin_param RLConfig.max_staleness=K` (K >= 1: the next batches are sampled while
 one trains, `learner/overlap.py`) the phases overlap: `rollout_wait` is the trainer's time
-waiting for its batch (idle), `untimed` is total - (rollout_wait + experience + update),
+waiting for its batch (idle), `sampler_wait` the producer's wait for the weights its batch
+needs (the sampler idle), `untimed` is total - (rollout_wait + experience + update),
 `overlap` = (rollout + experience + update - total) / min(rollout, experience + update): 0
 for phases in turn, 1 when the shorter side ran wholly beside the longer; `weight_sync`
 then includes the producer's wait for the update that makes the weights it receives.
@@ -166,6 +167,7 @@ def step_phases(record: dict) -> dict[str, float]:
         out["untimed"] = out["total"] - sum(out[p] for p in PHASES)
         return out
     out["rollout_wait"] = float(record["timing/rollout_wait"])
+    out["sampler_wait"] = float(record.get("timing/sampler_wait", 0.0))
     rollout, training = out["rollout"], out["experience"] + out["update"]
     out["untimed"] = out["total"] - out["rollout_wait"] - training
     out["overlap"] = (rollout + training - out["total"]) / min(rollout, training)
@@ -181,7 +183,7 @@ def summarize(records: list[dict], compile_s: list[float] | None = None) -> dict
     for s, c in zip(per_step, compile_s or ()):
         s["xla_compile_s"] = c
     timed = [s for s in per_step if s["step"] > 1] or per_step  # step 1 compiles
-    keys = (*PHASES, "rollout_wait", "overlap", "untimed", "total")
+    keys = (*PHASES, "rollout_wait", "sampler_wait", "overlap", "untimed", "total")
     phases = {k: statistics.median(s[k] for s in timed) for k in keys if k in timed[0]}
     return {
         "timed_steps": [s["step"] for s in timed],

@@ -80,7 +80,8 @@ class RolloutProducer:
 
     def take(self, step: int) -> tuple[Rollout, dict[str, float]]:
         """Step `step`'s scored batch and its rollout metrics, waiting for it (the wait is
-        `timing/rollout_wait`: the trainer idle)."""
+        `timing/rollout_wait`: the trainer idle; `timing/sampler_wait` is the producer's wait
+        for the weights the batch needed: the sampler idle)."""
         t0 = time.perf_counter()
         with self._cond:
             while step not in self._done and self._error is None:
@@ -119,9 +120,11 @@ class RolloutProducer:
         try:
             for step in range(self._first, self._last + 1):
                 updates = self._updates_for(step)
+                t_wait = time.perf_counter()
                 with self._cond:
                     while updates not in self._weights and not self._stopping:
                         self._cond.wait()
+                    waited = time.perf_counter() - t_wait  # the sampler idle
                     if self._stopping:
                         return
                     params = self._weights[updates]
@@ -134,6 +137,7 @@ class RolloutProducer:
                     metrics["timing/rollout"] = (
                         time.perf_counter() - t0 - metrics["timing/weight_sync"]
                     )
+                metrics["timing/sampler_wait"] = waited
                 del params  # this version's copy is no longer needed
                 with self._cond:
                     self._done[step] = (samples, metrics)
