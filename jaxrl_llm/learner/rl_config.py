@@ -64,7 +64,7 @@ class PolicyConfig:
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-@checked_fields(data=Ge(-1), fsdp=Ge(-1), tensor=Ge(-1))  # -1: the devices left over
+@checked_fields(data=Ge(-1), fsdp=Ge(-1), tensor=Ge(-1), rollout_devices=Ge(0))  # -1: the rest
 class MeshConfig:
     """Device mesh of the trainer: its data, fsdp and tensor axes (one of them may be -1)."""
 
@@ -73,6 +73,13 @@ class MeshConfig:
         -1, "Devices the parameters and optimizer state are split over; -1: the devices left over."
     )
     tensor: int = documented(1, "Devices on the tensor-parallel axis; -1: the devices left over.")
+    rollout_devices: int = documented(
+        0,
+        "Devices set apart for the sampler (the last ones; the trainer's mesh takes the rest): "
+        "rollout and training run on their own devices, the weights moved after each update "
+        "(timing/weight_sync, weight_sync/bytes); 0: the sampler shares the trainer's devices. "
+        "JAX backend, one process.",
+    )
 
 
 @gin.configurable

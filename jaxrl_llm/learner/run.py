@@ -33,7 +33,7 @@ from jaxrl_llm.learner import lora as lora_lib
 from jaxrl_llm.learner.checkpoint import Checkpointer
 from jaxrl_llm.learner.experience import make_experience_fn
 from jaxrl_llm.learner.optim import make_optimizer
-from jaxrl_llm.learner.rl_config import RLConfig
+from jaxrl_llm.learner.rl_config import MeshConfig, RLConfig
 from jaxrl_llm.learner.state import TrainState
 from jaxrl_llm.learner.steps import (
     exactly_on_policy,
@@ -78,6 +78,7 @@ class Learner:
     micro_batches: Callable  # `steps.make_micro_batch_fn`
     on_policy: bool  # `steps.exactly_on_policy`: no old-logprob forward
     checkpoint: Path  # the HF folder the policy was loaded from (a server sampler loads it)
+    sampling_mesh: Mesh | None = None  # the sampler's own devices (`MeshConfig.rollout_devices`)
 
     def policy_params(self) -> Any:
         """The policy's whole State: the trained params, plus the frozen base with LoRA."""
@@ -86,7 +87,7 @@ class Learner:
 
 def build_learner(cfg: RLConfig) -> Learner:
     """Load the policy (and critic) straight into the training layout; build the steps."""
-    mesh = build_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    mesh, sampling_mesh = _meshes(cfg.mesh)
     src = resolve_checkpoint(cfg.policy.checkpoint, "PolicyConfig.checkpoint")
     load = functools.partial(
         from_pretrained,
@@ -140,7 +141,24 @@ def build_learner(cfg: RLConfig) -> Learner:
         micro_batches=make_micro_batch_fn(mesh, a.micro_batch_size),
         on_policy=on_policy,
         checkpoint=Path(src),
+        sampling_mesh=sampling_mesh,
     )
+
+
+def _meshes(m: MeshConfig) -> tuple[Mesh, Mesh | None]:
+    """The trainer's mesh, and the sampler's when `m.rollout_devices` sets the last devices
+    apart for it (its "tensor" axis as the trainer's when that divides them, else 1)."""
+    if not m.rollout_devices:
+        return build_mesh(m.data, m.fsdp, m.tensor), None
+    devices, r = jax.devices(), m.rollout_devices
+    if jax.process_count() > 1 or r >= len(devices):
+        raise ConfigError(
+            f"MeshConfig.rollout_devices = {r} needs one process with more devices than that "
+            f"(this run: {jax.process_count()} processes, {len(devices)} devices)"
+        )
+    tensor = m.tensor if m.tensor > 0 and r % m.tensor == 0 else 1
+    train = build_mesh(m.data, m.fsdp, m.tensor, devices=devices[:-r])
+    return train, build_mesh(-1, 1, tensor, devices=devices[-r:])
 
 
 @dataclasses.dataclass
@@ -194,7 +212,7 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
         cfg.rollout, learner.policy, learner.tokenizer, learner.mesh,
         max_prompt_length=cfg.data.max_prompt_length, seed=cfg.seed,
         rollout_dtype=cfg.policy.rollout_dtype, corpus=data.corpus,
-        checkpoint=learner.checkpoint,
+        checkpoint=learner.checkpoint, sampling_mesh=learner.sampling_mesh,
     )  # fmt: skip
     try:  # the sampler may hold an engine (vLLM) and the tool workers: never leaked
         reward = build_reward_pool(cfg.reward)

@@ -44,7 +44,7 @@ class JaxSampler:
             max_concurrent_decodes=r.max_slots,
             max_cache_length=ctx.max_prompt_length + r.max_new_tokens + 1,
             max_prefill_length=ctx.max_prompt_length,
-            mesh=hosts.local_sampling_mesh(ctx.mesh),
+            mesh=ctx.sampling_mesh or hosts.local_sampling_mesh(ctx.mesh),
             tokenizer=ctx.tokenizer,
             keep_params=False,  # the trainer's live params come with every call
         )

@@ -53,7 +53,8 @@ class SamplerContext:
     """What a backend is built from: the rollout config, the trainer's policy module (its
     architecture, for the JAX engine), the tokenizer, the training mesh, the checkpoint
     folder the policy was loaded from (a server engine loads its own copy from it), the
-    longest prompt, and the dtype the sampler's weights are cast to (None: the trainer's)."""
+    longest prompt, the dtype the sampler's weights are cast to (None: the trainer's), and the
+    sampler's own mesh, if any."""
 
     cfg: RolloutConfig
     policy: Any
@@ -62,6 +63,9 @@ class SamplerContext:
     checkpoint: Path | None
     max_prompt_length: int
     rollout_dtype: str | None = None
+    # The sampler's own devices when they are not the trainer's (`MeshConfig.rollout_devices`);
+    # None: it samples on the training mesh's devices.
+    sampling_mesh: Any = None
 
 
 @runtime_checkable

@@ -44,12 +44,14 @@ class RolloutStage:
         rollout_dtype: str | None = None,
         corpus: Path | None = None,
         checkpoint: Path | None = None,
+        sampling_mesh=None,
     ):
         """`mesh`: the training mesh. With several processes each host samples its share
         of the batch, and the results are gathered so every host continues with the whole
         batch. `seed` seeds every step's samples; `corpus` is the built-in retrieval task's
         (Search-R1 tool); `checkpoint` the HF folder `policy` was loaded from (a server
-        backend such as vLLM loads its own copy from it)."""
+        backend such as vLLM loads its own copy from it); `sampling_mesh` the sampler's own
+        devices (`MeshConfig.rollout_devices`; None: the training mesh's)."""
         from jaxrl_llm.agents.env import EpisodeConfig
         from jaxrl_llm.agents.factory import NO_ENV, env_factory
         from jaxrl_llm.rollout.sampler import SamplerContext, build_sampler
@@ -75,6 +77,7 @@ class RolloutStage:
         ctx = SamplerContext(
             cfg=cfg, policy=policy, tokenizer=tokenizer, mesh=mesh, checkpoint=checkpoint,
             max_prompt_length=max_prompt_length, rollout_dtype=rollout_dtype,
+            sampling_mesh=sampling_mesh,
         )  # fmt: skip
         try:
             self.sampler = build_sampler(ctx)

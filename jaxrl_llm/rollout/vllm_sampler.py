@@ -108,6 +108,11 @@ class VllmSampler:
 
         if ctx.checkpoint is None:
             raise ConfigError("rollout.backend = 'vllm' loads the policy's checkpoint folder")
+        if ctx.sampling_mesh is not None:
+            raise ConfigError(
+                "MeshConfig.rollout_devices sets JAX devices apart for our engine; vLLM places "
+                "itself (its own devices and parallelism): use rollout_devices = 0 with it"
+            )
         v = cfg or VllmConfig()
         r = ctx.cfg
         cpu = current_platform.is_cpu()

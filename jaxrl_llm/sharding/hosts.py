@@ -87,8 +87,10 @@ class WeightSync:
     `params`: the trainer's params (an nnx State of global arrays). `cast`: an optional
     jittable map applied on the way (e.g. to bfloat16). One process: the trainer's own
     arrays when they are already in the sampling layout (no copy), else one jitted
-    cast/reshard. Several processes: one jitted collective into the host-replicated layout,
-    then each host wraps the shards it holds as arrays of its local mesh.
+    cast/reshard; on devices apart from the trainer's (`MeshConfig.rollout_devices`), the
+    cast where the params are, then a transfer (`jax.device_put`). Several processes: one
+    jitted collective into the host-replicated layout, then each host wraps the shards it
+    holds as arrays of its local mesh.
     """
 
     def __init__(
@@ -108,9 +110,19 @@ class WeightSync:
             target = target_shardings(abstract, host_replicated_mesh(train_mesh), rules)
         out = jax.tree.unflatten(treedef, jax.tree.leaves(target))
         self._cast = cast
-        self._move = jax.jit(cast if cast is not None else (lambda p: p), out_shardings=out)
+        # Other devices than the trainer's (`MeshConfig.rollout_devices`): a jitted program
+        # cannot span both, so the cast runs where the params are and a transfer moves them.
+        train = set(train_mesh.devices.flat)
+        self._apart = not self._multi and any(not s.device_set <= train for s in self._local)
+        self._out = out
+        if self._apart:
+            self._move = jax.jit(cast) if cast is not None else (lambda p: p)
+        else:
+            self._move = jax.jit(cast if cast is not None else (lambda p: p), out_shardings=out)
 
     def __call__(self, params: Any) -> Any:
+        if self._apart:
+            return jax.device_put(self._move(params), self._out)
         if not self._multi:
             if self._cast is None and already_placed(params, self._local):
                 return params

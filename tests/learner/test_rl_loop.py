@@ -382,3 +382,26 @@ def test_overlapped_run_lags_exactly_k_and_trains_every_prompt_once(tmp_path, th
     assert [r["rollout/staleness/max"] for r in resumed] == [0.0, 1.0]
     for step in (1, 2, 3):
         assert _trained_prompts(stopped, step) == _trained_prompts(three_step_run, step)
+
+
+def test_a_split_mesh_samples_on_its_own_devices(tmp_path):
+    """`MeshConfig.rollout_devices = 4` of the 8 simulated devices: the trainer's mesh holds
+    the other 4 and the engine's weights live on its own 4 only; they arrive whole (step 1's
+    sampler logprobs are the trainer's), with the rollout overlapped as well."""
+    from jaxrl_llm.learner.rl_loop import train
+    from jaxrl_llm.learner.run import build_run
+
+    cfg = _config(tmp_path / "split", "RLConfig.steps = 2", "RLConfig.save_every = 0",
+                  "MeshConfig.rollout_devices = 4", "RLConfig.max_staleness = 1")  # fmt: skip
+    run = build_run(cfg)
+    assert run.learner.sampling_mesh is not None
+    trainer = set(run.learner.mesh.devices.flat)
+    sampler = set(run.learner.sampling_mesh.devices.flat)
+    assert len(trainer) == len(sampler) == 4 and not trainer & sampler
+    engine = run.rollout.sampler.engine  # pyright: ignore[reportAttributeAccessIssue]
+    assert {d for s in jax.tree.leaves(engine.param_shardings) for d in s.device_set} == sampler
+    records = train(run)
+    assert records[0]["rollout/logprob_diff/max"] < 1e-4
+    assert [r["rollout/staleness/max"] for r in records] == [0.0, 1.0]
+    params = sum(np.asarray(x).nbytes for x in jax.tree.leaves(run.learner.policy_params()))
+    assert [r["weight_sync/bytes"] for r in records] == [params, params]
