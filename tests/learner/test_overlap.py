@@ -111,3 +111,22 @@ def test_close_stops_a_producer_waiting_for_weights():
 def test_max_staleness_zero_is_the_synchronous_loop():
     with pytest.raises(ValueError, match="max_staleness >= 1"):
         RolloutProducer(lambda *a: None, _Prompts(), first=1, last=2, k=0)  # pyright: ignore
+
+
+def test_rollout_devices_split_the_devices_or_say_why_not():
+    from jaxrl_llm.config_checks import ConfigError
+    from jaxrl_llm.learner.rl_config import MeshConfig
+    from jaxrl_llm.learner.run import _meshes
+
+    assert _meshes(MeshConfig())[1] is None  # the sampler on the trainer's devices
+    train, sample = _meshes(MeshConfig(tensor=2, rollout_devices=2))
+    assert sample is not None
+    assert dict(train.shape) == {"data": 1, "fsdp": 3, "tensor": 2}  # 6 devices
+    assert dict(sample.shape) == {"data": 1, "fsdp": 1, "tensor": 2}
+    assert not set(train.devices.flat) & set(sample.devices.flat)
+    _, wide = _meshes(MeshConfig(tensor=2, rollout_devices=6))
+    assert wide is not None and dict(wide.shape) == {"data": 3, "fsdp": 1, "tensor": 2}
+    _, four = _meshes(MeshConfig(tensor=4, rollout_devices=4, data=-1, fsdp=1))
+    assert four is not None and dict(four.shape) == {"data": 1, "fsdp": 1, "tensor": 4}
+    with pytest.raises(ConfigError, match="rollout_devices = 8 needs one process with more"):
+        _meshes(MeshConfig(rollout_devices=8))
