@@ -96,7 +96,7 @@ class WeightSync:
     def __init__(
         self,
         abstract: Any,
-        train_mesh: Mesh,
+        train_mesh: Mesh | None,
         local_shardings: Any,
         *,
         cast: Callable[[Any], Any] | None = None,
@@ -112,8 +112,13 @@ class WeightSync:
         self._cast = cast
         # Other devices than the trainer's (`MeshConfig.rollout_devices`): a jitted program
         # cannot span both, so the cast runs where the params are and a transfer moves them.
-        train = set(train_mesh.devices.flat)
-        self._apart = not self._multi and any(not s.device_set <= train for s in self._local)
+        # (No training mesh: a sampler built on its own, e.g. in tests, places nothing apart.)
+        train = set(train_mesh.devices.flat) if train_mesh is not None else None
+        self._apart = (
+            not self._multi
+            and train is not None
+            and any(not s.device_set <= train for s in self._local)
+        )
         self._out = out
         if self._apart:
             self._move = jax.jit(cast) if cast is not None else (lambda p: p)

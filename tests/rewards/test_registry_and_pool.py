@@ -95,7 +95,11 @@ def test_pool_scores_math_with_a_time_limit():
         start = time.monotonic()
         scores = pool.score([r"\boxed{0.5}", PATHOLOGICAL, r"\boxed{2}"], rows)
         assert scores == [1.0, -1.0, -1.0]
-        assert time.monotonic() - start < 6.0
+        # The time limit, not the reward, ended the pathological sample: math_verify runs
+        # over 30 s on it, so finishing well under that is the limit's doing (a bound of 2x
+        # the limit once failed on a loaded host: the killed worker's restart is not free).
+        assert pool.last_failures[1].kind == "timeout"
+        assert time.monotonic() - start < 20.0
 
 
 def test_pool_reports_reward_errors():
