@@ -152,14 +152,9 @@ def step_end_times():
 
 
 def step_phases(record: dict) -> dict[str, float]:
-    """One step record -> phase seconds, `untimed` (total - timed phases), total, tokens/s.
-
-    Overlapped (`RLConfig.max_staleness` >= 1, the record has `timing/rollout_wait`): the
-    step is the trainer's wait for its batch plus experience and update, so `untimed` is
-    total - (rollout_wait + experience + update); `overlap` = (rollout + training - total)
-    / min(rollout, training), training = experience + update: 0 when they ran in turn, 1
-    when the shorter ran wholly beside the longer. (Overlapped, `weight_sync` includes the
-    producer's wait for the update that makes the weights it hands over.)"""
+    """One step record -> phase seconds, `untimed` (total - timed phases), total, tokens/s;
+    overlapped (the record has `timing/rollout_wait`), also the waits and `overlap`, with
+    `untimed` as the module docstring defines them."""
     out = {p: float(record[f"timing/{p}"]) for p in PHASES}
     out["total"] = float(record["timing/step"])
     out["tokens_per_s"] = float(record["perf/tokens_per_s"])

@@ -21,7 +21,6 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.config import write_resolved_config
-from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.pipeline import PromptIterator
 from jaxrl_llm.learner.experience import (
     all_equal_groups,
@@ -116,15 +115,8 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
 def _producer(run: Run) -> RolloutProducer | None:
     """The overlapped rollout of `RLConfig.max_staleness` >= 1, not yet started."""
     cfg = run.cfg
-    if not cfg.max_staleness:
+    if not cfg.max_staleness:  # (one process only: `run._check_one_process`)
         return None
-    if jax.process_count() > 1:
-        # The producer's weight hand-over gathers across hosts from its own thread, which
-        # could interleave with the trainer's collectives differently on each host.
-        raise ConfigError(
-            f"RLConfig.max_staleness = {cfg.max_staleness} runs on one process only so far "
-            f"(this run has {jax.process_count()}); use 0 for multi-host runs"
-        )
     collect = lambda step, params, version: _collect(
         cfg, step, run.prompts, run.rollout, run.reward, params, version
     )

@@ -145,16 +145,28 @@ def build_learner(cfg: RLConfig) -> Learner:
     )
 
 
+def _check_one_process(cfg: RLConfig) -> None:
+    """Settings that run on one process only so far, refused before anything loads: the
+    overlapped producer and a sampler apart would move weights across hosts from their own
+    thread or devices, interleaving with the trainer's collectives differently per host."""
+    n = jax.process_count()
+    for name, value in (("RLConfig.max_staleness", cfg.max_staleness),
+                        ("MeshConfig.rollout_devices", cfg.mesh.rollout_devices)):  # fmt: skip
+        if value and n > 1:
+            raise ConfigError(f"{name} = {value} runs on one process only so far (this run "
+                              f"has {n}); use 0 for multi-host runs")  # fmt: skip
+
+
 def _meshes(m: MeshConfig) -> tuple[Mesh, Mesh | None]:
     """The trainer's mesh, and the sampler's when `m.rollout_devices` sets the last devices
     apart for it (its "tensor" axis as the trainer's when that divides them, else 1)."""
     if not m.rollout_devices:
         return build_mesh(m.data, m.fsdp, m.tensor), None
     devices, r = jax.devices(), m.rollout_devices
-    if jax.process_count() > 1 or r >= len(devices):
+    if r >= len(devices):
         raise ConfigError(
-            f"MeshConfig.rollout_devices = {r} needs one process with more devices than that "
-            f"(this run: {jax.process_count()} processes, {len(devices)} devices)"
+            f"MeshConfig.rollout_devices = {r} needs more devices than that (this run has "
+            f"{len(devices)}): the trainer takes the rest"
         )
     tensor = m.tensor if m.tensor > 0 and r % m.tensor == 0 else 1
     train = build_mesh(m.data, m.fsdp, m.tensor, devices=devices[:-r])
@@ -188,6 +200,7 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
     checkpoint restored (a run directory with checkpoints and no `resume` is an error)."""
     cfg.validate()
     check_data_files(cfg.data)  # a wrong path fails before the model loads
+    _check_one_process(cfg)
     run_dir = epath.Path(cfg.resolved_run_dir())
     ckpt = Checkpointer(run_dir / "checkpoints")
     step0 = ckpt.latest_step()

@@ -108,7 +108,7 @@ def test_close_stops_a_producer_waiting_for_weights():
     assert [s for s, *_ in t.seen] == [1, 2]
 
 
-def test_max_staleness_zero_is_the_synchronous_loop():
+def test_a_producer_refuses_k_zero():
     with pytest.raises(ValueError, match="max_staleness >= 1"):
         RolloutProducer(lambda *a: None, _Prompts(), first=1, last=2, k=0)  # pyright: ignore
 
@@ -128,5 +128,20 @@ def test_rollout_devices_split_the_devices_or_say_why_not():
     assert wide is not None and dict(wide.shape) == {"data": 3, "fsdp": 1, "tensor": 2}
     _, four = _meshes(MeshConfig(tensor=4, rollout_devices=4, data=-1, fsdp=1))
     assert four is not None and dict(four.shape) == {"data": 1, "fsdp": 1, "tensor": 4}
-    with pytest.raises(ConfigError, match="rollout_devices = 8 needs one process with more"):
+    with pytest.raises(ConfigError, match="rollout_devices = 8 needs more devices"):
         _meshes(MeshConfig(rollout_devices=8))
+
+
+def test_multi_process_runs_refuse_the_one_process_settings(monkeypatch):
+    import jax
+
+    from jaxrl_llm.config_checks import ConfigError
+    from jaxrl_llm.learner.rl_config import MeshConfig, RLConfig
+    from jaxrl_llm.learner.run import _check_one_process
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    _check_one_process(RLConfig())  # the defaults run on any number of processes
+    with pytest.raises(ConfigError, match=r"RLConfig.max_staleness = 1 runs on one process"):
+        _check_one_process(RLConfig(max_staleness=1))
+    with pytest.raises(ConfigError, match=r"MeshConfig.rollout_devices = 2 runs on one"):
+        _check_one_process(RLConfig(mesh=MeshConfig(rollout_devices=2)))
