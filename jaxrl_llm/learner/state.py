@@ -118,3 +118,42 @@ def accumulate_gradients(
     zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
     (loss, grads), aux = jax.lax.scan(body, (zeros(loss_shape), zeros(grad_shapes)), micro_batches)
     return loss, grads, aux
+
+
+class UpdateStep:
+    """`jax.jit(fn, donate_argnums=0)` for an update `fn(state, *args) -> (state, out)` whose
+    new state keeps the layout of the state it was given.
+
+    Left to itself, XLA's sharding propagation picks the output layout: on an fsdp mesh it
+    shards the replicated [D] norm weights (and their Adam moments) over "fsdp". The next
+    call then takes a state of another layout, which is another program: every run compiled
+    each update step twice, and the state drifted from the layout its checkpoint, weight
+    sync and plan assume. The layout is a static argument, so a state of one layout always
+    reuses one program (`cache_size()`); a state with no mesh layout is left unconstrained."""
+
+    def __init__(self, fn: Callable[..., tuple[Any, Any]]):
+        def constrained(state, *args, layout):
+            new, out = fn(state, *args)
+            if layout is not None:
+                new = jax.lax.with_sharding_constraint(new, jax.tree.unflatten(*layout))
+            return new, out
+
+        self._jitted = jax.jit(constrained, donate_argnums=0, static_argnames="layout")
+
+    def __call__(self, state: Any, *args: Any) -> tuple[Any, Any]:
+        return self._jitted(state, *args, layout=_layout(state))
+
+    def lower(self, state: Any, *args: Any):
+        return self._jitted.lower(state, *args, layout=_layout(state))
+
+    def cache_size(self) -> int:
+        """Programs compiled so far (one per layout and argument shapes)."""
+        return self._jitted._cache_size()  # pyright: ignore[reportAttributeAccessIssue] (jax's jit wrapper has it; no public name)
+
+
+def _layout(state: Any) -> tuple[Any, tuple[NamedSharding, ...]] | None:
+    leaves, treedef = jax.tree.flatten(state)
+    shardings = tuple(getattr(x, "sharding", None) for x in leaves)
+    if not all(isinstance(s, NamedSharding) for s in shardings):
+        return None
+    return treedef, shardings  # pyright: ignore[reportReturnType] (all NamedSharding, checked)

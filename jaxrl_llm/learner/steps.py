@@ -23,7 +23,12 @@ from jaxrl_llm.algorithms.off_policy import importance_weights
 from jaxrl_llm.algorithms.registry import resolve_declared
 from jaxrl_llm.learner.experience import logprob_diff_metrics, policy_logprobs, sequence_values
 from jaxrl_llm.learner.packing import Packing
-from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
+from jaxrl_llm.learner.state import (
+    TrainState,
+    UpdateStep,
+    accumulate_gradients,
+    apply_gradients,
+)
 from jaxrl_llm.sharding.hosts import batch_sharding
 from jaxrl_llm.types import Leaf, TrainBatch
 
@@ -123,7 +128,6 @@ def _make_update(loss_fn, tx, agg: str, role: str, summed: tuple[str, ...]):
     `packing` ([M, ...], `learner.packing`): the forwards run on packed rows. `frozen`:
     params the loss reads but does not train (LoRA's base; not donated)."""
 
-    @jax.jit(donate_argnums=0)
     def step(
         state: TrainState, batch: TrainBatch, packing: Packing | None = None, frozen: Any = None
     ):
@@ -144,7 +148,7 @@ def _make_update(loss_fn, tx, agg: str, role: str, summed: tuple[str, ...]):
             f"{role}/skipped": opt["skipped"],
         }
 
-    return step
+    return UpdateStep(step)
 
 
 def to_micro_batches(batch: TrainBatch[Leaf], idx: Any, micro_batch_size: int) -> TrainBatch[Leaf]:

@@ -89,6 +89,23 @@ def test_sharded_policy_step_equals_unsharded():
     assert q.sharding.spec[0] == "fsdp"  # the update kept the training layout
 
 
+@pytest.mark.slow  # measured: 16 s alone on 2 cores
+def test_an_update_keeps_the_state_layout():
+    """XLA alone would give the new state another layout (on this mesh it shards the
+    replicated norm weights and their moments over fsdp), and the next update, taking that
+    state, would compile a second program."""
+    mesh = build_mesh(data=2, fsdp=4, tensor=1)
+    tx = optax.adam(1e-3)
+    graphdef, state = _policy_state(init_model(CFG, seed=1, mesh=mesh), tx)
+    step = make_policy_step(graphdef, tx, ALGO, temperature=0.8)
+    layout = [x.sharding for x in jax.tree.leaves(state)]
+    micro = to_micro_batches(_batch(), jnp.arange(B), 4)
+    for _ in range(2):
+        state, _ = step(state, micro)
+        assert [x.sharding for x in jax.tree.leaves(state)] == layout
+    assert step.cache_size() == 1
+
+
 @pytest.mark.slow  # 33 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("micro", [1, 2, 8])
 def test_policy_step_invariant_to_micro_batch_split(micro):
