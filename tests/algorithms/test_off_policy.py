@@ -106,7 +106,14 @@ def test_a_long_sequence_does_not_overflow_and_bad_options_are_refused():
 @pytest.mark.parametrize(("level", "mode"), [("token", "truncate"), ("sequence", "mask")])
 def test_the_policy_step_weights_the_advantages(level, mode):
     """One step with the correction equals one step without it whose advantages were
-    multiplied by the weights beforehand; the step reports the weights' metrics."""
+    multiplied by the weights beforehand; the step reports the weights' metrics.
+
+    The two programs differ only in the weights, each within its float32 error `err` of the
+    exact ones (`_reference`), so the advantage-weight products differ by at most
+    2 err |A|. The step is linear in those products (SGD; the PPO clip picks its branch by
+    the ratio and the sign, which a positive weight keeps), so the tolerance is that
+    difference through the step's Jacobian, plus the two programs' float32 orderings of
+    the per-token sums (`float32_sum_tolerance`) and one rounding of the result."""
     cfg = tiny_config()
     rng = np.random.default_rng(3)
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)), jnp.int32)
@@ -123,16 +130,41 @@ def test_the_policy_step_weights_the_advantages(level, mode):
     algo = AlgoConfig(is_cap=1.2, is_floor=0.9, is_level=level, is_mode=mode)
     w, _ = importance_weights(old, batch.rollout_logprobs, mask, level=level, mode=mode,
                               cap=1.2, floor=0.9)  # fmt: skip
+    _, raw, err = _reference(
+        np.asarray(old), np.asarray(batch.rollout_logprobs), np.asarray(mask), level, mode,
+        1.2, 0.9,
+    )  # fmt: skip
+    on = np.asarray(mask) > 0
+    assert np.all(np.minimum(abs(raw - 1.2), abs(raw - 0.9))[on] > err[on])  # same choices
     by_hand = dataclasses.replace(batch, advantages=batch.advantages * w)
     tx = optax.sgd(0.1)
-    results = []
-    for a, bt in ((algo, batch), (AlgoConfig(), by_hand)):
+
+    def update(a, bt):
         state = TrainState.create(jax.tree.map(jnp.copy, params), tx, jax.random.PRNGKey(0))
         step = make_policy_step(graphdef, tx, a, temperature=1.0)
-        results.append(step(state, to_micro_batches(bt, jnp.arange(B), B)))
-    (s1, m1), (s2, m2) = results
-    np.testing.assert_allclose(float(m1["actor/pg_loss"]), float(m2["actor/pg_loss"]), rtol=1e-6)
-    for x, y in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-7)
+        return step(state, to_micro_batches(bt, jnp.arange(B), B))
+
+    (s1, m1), (s2, m2) = update(algo, batch), update(AlgoConfig(), by_hand)
+    p1, l1, p2, l2 = s1.params, m1["actor/pg_loss"], s2.params, m2["actor/pg_loss"]
+
+    def weighted(v):
+        state, m = update(AlgoConfig(), dataclasses.replace(by_hand, advantages=v))
+        return state.params, m["actor/pg_loss"]
+
+    # d(params, loss) / d(weighted advantages), one column per token: [..., B, T].
+    jac = jax.jacfwd(weighted)
+    jp, jl = jax.tree.map(np.asarray, jac(by_hand.advantages))
+    delta = 2 * err * np.abs(np.asarray(batch.advantages))  # |products' difference| bound
+    v = np.asarray(by_hand.advantages, np.float64)
+
+    def tolerance(j, result):
+        terms = (j * v).reshape(*j.shape[:-2], -1)  # each token's share of the result
+        spread = np.tensordot(np.abs(j), delta, axes=2)
+        return spread + float32_sum_tolerance(terms, axis=-1) + FLOAT32_EPS * np.abs(result)
+
+    assert abs(float(l1) - float(l2)) <= tolerance(jl, float(l2))
+    for x, y, j in zip(jax.tree.leaves(p1), jax.tree.leaves(p2), jax.tree.leaves(jp), strict=True):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        assert np.all(np.abs(x - y) <= tolerance(j, y))
     assert {"is/weight/mean", "is/weight/max", "is/clipped_frac"} <= set(m1)
     assert "is/weight/mean" not in m2
