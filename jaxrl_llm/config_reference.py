@@ -52,6 +52,7 @@ def config_classes() -> list[type]:
     from jaxrl_llm.metrics.writer import MetricsConfig
     from jaxrl_llm.models.lora import LoraConfig
     from jaxrl_llm.rewards.config import RewardConfig
+    from jaxrl_llm.rewards.model_config import RewardModelConfig
     from jaxrl_llm.rollout.config import RolloutConfig, VllmConfig
     from jaxrl_llm.tools.sandbox_types import SandboxConfig
 
@@ -66,6 +67,7 @@ def config_classes() -> list[type]:
         EpisodeConfig,
         AlgoConfig,
         RewardConfig,
+        RewardModelConfig,
         OptimConfig,
         SFTConfig,
         MetricsConfig,

@@ -5,6 +5,8 @@ and imports no JAX.
 - `tiny_config()`: the small transformer shape the sharding, state and step tests share.
 - `write_reference_checkpoint`: a random checkpoint built with `transformers` (PyTorch), so
   tests compare our model against an independent implementation (needs the `test` extra).
+- `write_reward_model`: the same for a `*ForSequenceClassification` reward model folder,
+  with the shipped byte-level tokenizer (and, optionally, its chat template).
 - `ScriptedEngine`: the Engine methods `RolloutDriver` calls, emitting fixed text per turn.
 - `register_test_rewards()`: adds the `digit_fraction` reward to the registry, on request.
 - `float32_sum_tolerance`: how far two float32 programs may disagree on one sum.
@@ -158,6 +160,42 @@ def write_reference_checkpoint(
             p.add_(torch.randn_like(p) * 0.05)
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(str(path))
+    return model
+
+
+def write_reward_model(
+    path: str | os.PathLike,
+    model_type: str = "qwen2",
+    *,
+    seed: int = 0,
+    chat_template: bool = True,
+    **overrides: Any,
+):
+    """Save a random HF `*ForSequenceClassification` reward model (one label, pad id 0) with
+    the shipped tiny tokenizer (vocabulary 259) to `path`; returns the torch model. Without
+    `chat_template` the tokenizer has none (plain prompt + response)."""
+    import shutil
+
+    import torch
+    import transformers
+
+    from jaxrl_llm.assets import builtin_checkpoint
+
+    arch = {"qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama"}[model_type]
+    config_cls = getattr(transformers, f"{arch}Config")
+    model_cls = getattr(transformers, f"{arch}ForSequenceClassification")
+    kwargs = {**TINY_SHAPES, "vocab_size": 259, "num_labels": 1, "pad_token_id": 0, **overrides}
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**kwargs)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        model.score.weight.mul_(5.0)  # scores of order 1, not 0.05
+    model.save_pretrained(str(path))
+    files = ["tokenizer.json", "tokenizer_config.json"]
+    files += ["chat_template.jinja"] if chat_template else []
+    for name in files:
+        shutil.copy(builtin_checkpoint() / name, os.path.join(path, name))
     return model
 
 

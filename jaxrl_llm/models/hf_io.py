@@ -185,6 +185,12 @@ def _weight_files(path: Path) -> dict[str, Path]:
     return {name: single for name in _tensor_names(single)}
 
 
+def tensor_names(path: str | os.PathLike) -> set[str]:
+    """The Hugging Face names of the tensors a checkpoint folder holds (single file or shards),
+    read from the headers only: what a caller checks before loading (e.g. a score head)."""
+    return set(_weight_files(Path(path)))
+
+
 def _tensor_names(file: Path) -> list[str]:
     try:
         with safe_open(file, framework="numpy") as f:
@@ -393,4 +399,5 @@ __all__ = [
     "load_tokenizer",
     "read_config",
     "save_pretrained",
+    "tensor_names",
 ]

@@ -5,17 +5,34 @@ One reward:      RewardConfig.name = "math"                      (registered nam
 Several, summed: RewardConfig.weights = {"math": 1.0, "mypkg.rewards:brevity": 0.1}
                  (a value may be (weight, {option: value}) for that reward's own options)
 Every reward is offered `correct`, `incorrect`, `code_failure_penalty` and `timeout_s` and
-takes those it declares as parameters. See docs/rewards.md.
+takes those it declares as parameters.
+A reward model:  RewardConfig.name = "rm:/path/to/folder"       (an HF *ForSequenceClassification
+                 folder, scored on device in the trainer's process: `rewards.model`; its
+                 settings in `RewardModelConfig`, or per model as the options of its weight)
+See docs/rewards.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import gin
 
-from jaxrl_llm.config_checks import Ge, Gt, checked_fields, documented
+from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields, documented
+from jaxrl_llm.rewards.model_config import (
+    RewardModelConfig,
+    is_model_reward,
+    model_config,
+    model_folder,
+)
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+    from jaxrl_llm.rewards.model import ModelAndRuleRewards
+    from jaxrl_llm.rewards.pool import RewardPool
 
 
 @gin.configurable
@@ -26,7 +43,8 @@ class RewardConfig:
 
     name: str = documented(
         "math",
-        "The reward, a registered name or 'package.module:function'; used when `weights` is None.",
+        "The reward, a registered name, 'package.module:function' or 'rm:/reward/model/folder'; "
+        "used when `weights` is None.",
     )
     weights: dict[str, Any] | None = documented(
         None,
@@ -49,6 +67,9 @@ class RewardConfig:
         "A fraction in [0, 1]: a batch where more samples than this made the reward raise "
         "stops the run.",
     )
+    model: RewardModelConfig = documented(
+        doc="How 'rm:' reward models score.", factory=RewardModelConfig
+    )
 
     def __post_init__(self):
         if not 0.0 <= self.max_error_frac <= 1.0:
@@ -64,6 +85,14 @@ class RewardConfig:
                 f"{sorted(self.weights)}: with weights set, name is unused; add it to weights "
                 "or drop the name binding"
             )
+        for name, value in self.rewards().items():
+            if is_model_reward(name):
+                model_folder(name)
+                model_config(self.model, _options(value), name)
+
+    def rewards(self) -> dict[str, Any]:
+        """{reward name: weight or (weight, options)}: `weights`, or `name` alone at 1.0."""
+        return dict(self.weights) if self.weights is not None else {self.name: 1.0}
 
     @property
     def offered(self) -> dict[str, Any]:
@@ -76,25 +105,86 @@ class RewardConfig:
         }
 
 
+def _options(value: Any) -> Mapping[str, Any]:
+    return value[1] if isinstance(value, tuple) else {}
+
+
+def _weight(value: Any) -> float:
+    return float(value[0] if isinstance(value, tuple) else value)
+
+
 def configured_reward(cfg: RewardConfig):
-    """The configured reward as `fn(response, example) -> float` (picklable): `cfg.name`
-    alone, or the weighted sum of `cfg.weights`."""
+    """The configured rule rewards as `fn(response, example) -> float` (picklable): `cfg.name`
+    alone, or the weighted sum of `cfg.weights`' rule rewards (its `rm:` models aside; None
+    when there is no rule reward)."""
     from jaxrl_llm.rewards.registry import build_reward, combine_rewards, declared_options
 
+    rules = {k: v for k, v in cfg.rewards().items() if not is_model_reward(k)}
+    if not rules:
+        return None
     if cfg.weights is None:
         return build_reward(cfg.name, **declared_options(cfg.name, cfg.offered))
-    return combine_rewards(dict(cfg.weights), offered=cfg.offered)
+    return combine_rewards(rules, offered=cfg.offered)
 
 
-def build_reward_pool(cfg: RewardConfig):
-    """A `RewardPool` of `cfg.workers` processes scoring with `configured_reward(cfg)`; every name
-    and option is checked here, before any worker starts."""
+def check_rewards(cfg: RewardConfig, *, field: str | None = None) -> None:
+    """Every reward name, option and `rm:` folder checked, nothing loaded or started: for a
+    run to fail on a typo before any model loads. `field`: what errors name as the source
+    of an `rm:` folder (default: the config field)."""
+    from jaxrl_llm.rewards.model import check_reward_model
+
+    configured_reward(cfg)
+    field = field or ("RewardConfig.name" if cfg.weights is None else "RewardConfig.weights")
+    for name in cfg.rewards():
+        if is_model_reward(name):
+            check_reward_model(model_folder(name), field)
+
+
+def build_reward_pool(cfg: RewardConfig) -> RewardPool:
+    """A `RewardPool` of `cfg.workers` processes scoring with `configured_reward(cfg)`; every
+    name and option is checked here, before any worker starts. Rule rewards only: a config
+    naming an `rm:` reward model needs `build_rewards`."""
     from jaxrl_llm.rewards.pool import RewardPool
 
+    models = [name for name in cfg.rewards() if is_model_reward(name)]
+    if models:
+        raise ConfigError(
+            f"RewardConfig names reward model(s) {models}: this command scores with rule "
+            "rewards only (`rewards.config.build_rewards` loads reward models; the RL loop "
+            "does not call it yet: docs/rewards.md, 'Reward models'); `jaxrl-llm score` "
+            "scores with them"
+        )
+    rule = configured_reward(cfg)
+    assert rule is not None
     return RewardPool(
-        configured_reward(cfg),
+        rule,
         num_workers=cfg.workers,
         timeout_s=cfg.timeout_s,
         timeout_value=cfg.incorrect,
         max_error_frac=cfg.max_error_frac,
     )
+
+
+def build_rewards(
+    cfg: RewardConfig, *, mesh: Mesh | None = None
+) -> RewardPool | ModelAndRuleRewards:
+    """What scores samples, every name, option and `rm:` folder checked before any worker
+    starts or model loads: `build_reward_pool(cfg)` for rule rewards alone; with `rm:`
+    rewards, `ModelAndRuleRewards` (the models loaded on `mesh`, or the default device, and
+    the rule rewards' pool when there are any). Both have `score(responses, examples)`."""
+    from jaxrl_llm.rewards.model import ModelAndRuleRewards, RewardModel
+
+    check_rewards(cfg)
+    names = [name for name in cfg.rewards() if is_model_reward(name)]
+    if not names:
+        return build_reward_pool(cfg)
+    rules = {k: v for k, v in cfg.rewards().items() if not is_model_reward(k)}
+    pool = None
+    if rules:  # the rule rewards alone, under the same settings
+        pool = build_reward_pool(dataclasses.replace(cfg, name=next(iter(rules)), weights=rules))
+    models = []
+    for name in names:
+        value = cfg.rewards()[name]
+        config = model_config(cfg.model, _options(value), name)
+        models.append((RewardModel(model_folder(name), config, mesh=mesh), _weight(value)))
+    return ModelAndRuleRewards(pool, models)

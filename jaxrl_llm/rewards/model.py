@@ -1,0 +1,286 @@
+"""Reward models: a Hugging Face `*ForSequenceClassification` folder scoring responses on
+device (`RewardModel`), named in configs as `"rm:/path/to/folder"`.
+
+The folder (Qwen2/Qwen2.5, Qwen3 or Llama, one label, as reward models are: Skywork-Reward,
+Qwen2.5-Math-RM) loads into our `ValueModel`: the shared trunk, and HF's `score.weight`
+[1, D] as its head (HF's sequence classifiers have no bias; `score_bias` stays 0). A row is
+scored as HF does (`transformers.modeling_layers.GenericForSequenceClassification.forward`):
+the head's output at the row's last token that is not the config's `pad_token_id` (so a
+response ending in the pad id, e.g. pad == eos, is read one token earlier, as HF reads it);
+with no `pad_token_id`, at the last token.
+
+The text is the RM's own: the prompt and the response as a conversation, rendered by the RM
+tokenizer's chat template (the data row's `messages`, else its `prompt` as one user message,
+then the response as the assistant's turn); a tokenizer without a chat template gets the
+prompt (the messages' contents joined by newlines) followed directly by the response.
+
+Batches are padded, not packed: rows sorted by length, cut into batches of at most
+`RewardModelConfig.batch_size`, each right-padded to a power-of-two row count and length, so
+a run compiles a handful of programs (one per bucket) and wastes less than half of each row.
+(The learner's sequence packing lives above this layer; rewards cannot import it.)
+
+Shapes: B rows, T tokens, D embed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxrl_llm.models.hf_io import (
+    CheckpointError,
+    check_checkpoint,
+    from_pretrained,
+    load_tokenizer,
+    read_config,
+    tensor_names,
+)
+from jaxrl_llm.models.transformer import ValueModel
+from jaxrl_llm.rewards.model_config import (
+    NORMALIZATIONS,
+    RM_PREFIX,
+    WHITEN_EPS,
+    RewardModelConfig,
+)
+from jaxrl_llm.rewards.pool import RewardPool
+
+log = logging.getLogger(__name__)
+
+MIN_LENGTH_BUCKET = 16
+
+
+def check_reward_model(path: str | os.PathLike, field: str = "reward") -> None:
+    """Fail now unless `path` is a `*ForSequenceClassification` folder with one label, a
+    `score.weight` and a tokenizer: a policy folder would otherwise load with a zero head."""
+    check_checkpoint(path, field)
+    hf = read_config(path)
+    archs = hf.get("architectures") or ["(none)"]
+    name = f"{RM_PREFIX}{path}"
+    where = f"{field} {name!r}" if field.startswith("--") else f"{field} = {name!r}"
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise CheckpointError(
+            f"{where}: config.json's architecture {archs[0]!r} is not a reward model; expected "
+            "a *ForSequenceClassification folder (e.g. Qwen2ForSequenceClassification)"
+        )
+    labels = len(hf["id2label"]) if hf.get("id2label") else hf.get("num_labels", 2)
+    if labels != 1:
+        raise CheckpointError(
+            f"{where}: the classifier has {labels} labels; a reward model has one score "
+            "(num_labels = 1)"
+        )
+    if "score.weight" not in tensor_names(path):
+        raise CheckpointError(f"{where}: no 'score.weight' tensor in the checkpoint")
+
+
+def load_reward_model(
+    path: str | os.PathLike, *, dtype: str = "float32", mesh: Mesh | None = None
+) -> ValueModel:
+    """The checked folder as a `ValueModel` (placed in the training layout over `mesh`)."""
+    check_reward_model(path)
+    model = from_pretrained(path, dtype=dtype, mesh=mesh, cls=ValueModel)
+    assert isinstance(model, ValueModel)
+    return model
+
+
+def conversation(example: Mapping[str, Any], response: str) -> list[dict[str, str]]:
+    """The chat an RM scores: the row's `messages` (or its `prompt`: a string as one user
+    message, or a list of messages), then `response` as the assistant's turn."""
+    prompt = example.get("messages") or example.get("prompt")
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, list) or not all(
+        isinstance(m, Mapping) and isinstance(m.get("content"), str) for m in prompt
+    ):
+        raise ValueError(
+            "a reward model reads the row's 'prompt' (a string or chat messages) or "
+            f"'messages' ([{{'role', 'content'}}, ...]); the row has {sorted(example)}"
+        )
+    messages = [{"role": str(m.get("role", "user")), "content": m["content"]} for m in prompt]
+    return [*messages, {"role": "assistant", "content": response}]
+
+
+def conversation_tokens(tokenizer, chats: Sequence[list[dict[str, str]]]) -> list[list[int]]:
+    """Each chat's token ids: the chat template's text, tokenized without adding special
+    tokens (the template writes them); without a template, the prompt's contents joined by
+    newlines followed by the response, with the tokenizer's own special tokens."""
+    if getattr(tokenizer, "chat_template", None):
+        texts = [tokenizer.apply_chat_template(chat, tokenize=False) for chat in chats]
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    texts = ["\n".join(m["content"] for m in chat[:-1]) + chat[-1]["content"] for chat in chats]
+    return tokenizer(texts)["input_ids"]
+
+
+def score_index(ids: Sequence[int], pad_token_id: int | None) -> int:
+    """Where HF reads a row's score: the last token that is not `pad_token_id` (0 when every
+    token is; the last token when there is no pad id)."""
+    if pad_token_id is None:
+        return len(ids) - 1
+    real = np.flatnonzero(np.asarray(ids) != pad_token_id)
+    return int(real[-1]) if real.size else 0
+
+
+def bucket(n: int, least: int = 1) -> int:
+    """The power of two at or above `n` (and `least`)."""
+    return max(least, 1 << max(n - 1, 0).bit_length())
+
+
+def normalize_scores(scores: np.ndarray, how: str) -> np.ndarray:
+    """`scores` [B] by `how` (one of `NORMALIZATIONS`), in float32."""
+    scores = np.asarray(scores, np.float64)
+    if how == "whiten":
+        scores = (scores - scores.mean()) / (scores.std() + WHITEN_EPS) if scores.size else scores
+    elif how == "sigmoid":
+        scores = 1.0 / (1.0 + np.exp(-scores))
+    elif how != "raw":
+        raise ValueError(f"normalize {how!r}: choose one of {NORMALIZATIONS}")
+    return scores.astype(np.float32)
+
+
+def _last_token_scores(model: ValueModel, ids, mask, last):
+    """ids, mask [B, T], last [B] -> the head's float32 output at each row's `last` [B]."""
+    values = model(ids, attention_mask=mask)
+    return jnp.take_along_axis(values, last[:, None], axis=1)[:, 0]
+
+
+class RewardModel:
+    """An RM folder scoring (response, data row) pairs in the trainer's process, on device.
+
+    `score(responses, examples)` has `RewardPool.score`'s form, so the RL stage scores with it
+    unchanged; `score_tokens(rows)` scores token rows. `mesh`: the devices to place it on (the
+    policy's training layout); None: the default device. Scores are float32 [B].
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        config: RewardModelConfig | None = None,
+        *,
+        mesh: Mesh | None = None,
+    ):
+        self.path = Path(path)
+        self.name = f"{RM_PREFIX}{path}"
+        self.config = config or RewardModelConfig()
+        model = load_reward_model(self.path, dtype=self.config.dtype, mesh=mesh)
+        self.pad_token_id = model.config.pad_token_id
+        self.tokenizer = load_tokenizer(self.path)
+        graphdef, self._state = nnx.split(model)
+        self._forward = jax.jit(
+            lambda state, ids, mask, last: _last_token_scores(
+                nnx.merge(graphdef, state), ids, mask, last
+            )
+        )
+        self.last_failures: dict = {}  # the pool's failure record: a model never times out
+        self.truncated = 0  # rows cut to `max_length` so far
+
+    def score(self, responses: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        """Each response's score against its data row's prompt, normalised as configured."""
+        if len(responses) != len(examples):
+            raise ValueError(f"{len(responses)} responses but {len(examples)} examples")
+        chats = [conversation(e, r) for r, e in zip(responses, examples, strict=True)]
+        rows = conversation_tokens(self.tokenizer, chats) if chats else []
+        return normalize_scores(self.score_tokens(rows), self.config.normalize)
+
+    def score_tokens(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
+        """Raw float32 scores [B] of token rows, in bucketed padded batches."""
+        rows = [self._fit(list(r)) for r in rows]
+        out = np.zeros(len(rows), np.float32)
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+        size = self.config.batch_size
+        for start in range(0, len(order), size):
+            chunk = order[start : start + size]
+            out[chunk] = self._score_batch([rows[i] for i in chunk])
+        return out
+
+    def _fit(self, row: list[int]) -> list[int]:
+        if not row:
+            raise ValueError("a reward model cannot score an empty row")
+        limit = self.config.max_length
+        if len(row) <= limit:
+            return row
+        self.truncated += 1
+        if self.truncated == 1:
+            log.warning(
+                "%s: a row of %d tokens keeps its last %d (RewardModelConfig.max_length); "
+                "counted in RewardModel.truncated", self.name, len(row), limit,
+            )  # fmt: skip
+        return row[-limit:]
+
+    def _score_batch(self, rows: list[list[int]]) -> np.ndarray:
+        B = bucket(len(rows))
+        T = min(bucket(max(map(len, rows)), MIN_LENGTH_BUCKET), bucket(self.config.max_length))
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
+        ids = np.full((B, T), pad, np.int32)
+        mask = np.zeros((B, T), np.int32)
+        last = np.zeros(B, np.int32)
+        for b, row in enumerate(rows):
+            ids[b, : len(row)] = row
+            mask[b, : len(row)] = 1
+            last[b] = score_index(row, self.pad_token_id)
+        scores = self._forward(self._state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(last))
+        return np.asarray(scores, np.float32)[: len(rows)]
+
+    def close(self) -> None:
+        """Nothing to stop (no workers); the weights go with the object."""
+
+    def __enter__(self) -> RewardModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ModelAndRuleRewards:
+    """sum_i weight_i * reward_i over reward models (scored here, on device) and the rule
+    rewards' `RewardPool` (already weighted; None when there are none), with the pool's
+    interface: `score`, `last_failures`, `check_errors`, `close`."""
+
+    def __init__(self, pool: RewardPool | None, models: Sequence[tuple[RewardModel, float]]):
+        self.pool, self.models = pool, list(models)
+
+    def score(self, responses: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        total = np.zeros(len(responses), np.float32)
+        if self.pool is not None:
+            total += np.asarray(self.pool.score(responses, examples), np.float32)
+        for model, weight in self.models:
+            total += np.float32(weight) * model.score(responses, examples)
+        return total
+
+    @property
+    def last_failures(self) -> dict:
+        return self.pool.last_failures if self.pool is not None else {}
+
+    def check_errors(self, errors: int, total: int, first_error: str = "") -> None:
+        if self.pool is not None:
+            self.pool.check_errors(errors, total, first_error)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    def __enter__(self) -> ModelAndRuleRewards:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = [
+    "ModelAndRuleRewards",
+    "RewardModel",
+    "bucket",
+    "check_reward_model",
+    "conversation",
+    "conversation_tokens",
+    "load_reward_model",
+    "normalize_scores",
+    "score_index",
+]
