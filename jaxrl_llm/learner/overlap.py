@@ -12,7 +12,10 @@ than exceed the bound, so no sample is ever dropped for staleness and a batch of
 Weights: the trainer's update donates its params, so each version the producer needs is
 copied once (a jitted copy on the training layout; the LoRA base is shared, never copied)
 and dropped once no later step samples with it: at most k + 1 copies of the trained params
-are alive beside the trainer's.
+are alive beside the trainer's. Each copy is bound to its version when it is published
+(`rollout.sampler.PolicyWeights`) and the sampler checks that the version it received is
+the one the step is sampled with, so a copy handed to the wrong step, or an update that
+never reached the sampler, stops the run rather than passing for staleness.
 
 Locks: `rollout_lock` is held by a batch's whole sampling and by a validation (the two share
 the sampler and its weights); `_cond` guards the books (copies, finished batches, the data
@@ -35,9 +38,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.learner import lora as lora_lib
+from jaxrl_llm.rollout.sampler import PolicyWeights
 from jaxrl_llm.types import Rollout
 
-Collect = Callable[[int, Any, int], tuple[Rollout, dict[str, float]]]
+# (step, the weights to sample it with, the version it expects) -> the batch and its metrics
+Collect = Callable[[int, PolicyWeights, int], tuple[Rollout, dict[str, float]]]
 
 
 class RolloutProducer:
@@ -51,7 +56,7 @@ class RolloutProducer:
         self._first, self._last, self._k = first, last, k
         self.rollout_lock = threading.Lock()
         self._cond = threading.Condition()
-        self._weights: dict[int, Any] = {}  # updates -> a copy of the trained params
+        self._weights: dict[int, PolicyWeights] = {}  # updates -> a copy of those weights
         self._done: dict[int, tuple[Rollout, dict[str, float]]] = {}
         self._data_state: dict[int, Any] = {}  # step -> iterator state before its prompts
         self._error: BaseException | None = None
@@ -73,7 +78,7 @@ class RolloutProducer:
         donated or changed); ignored when no step to come samples with them."""
         if not self.needs(updates):
             return
-        copy = lora_lib.full_params(_copy(trained), frozen)
+        copy = PolicyWeights(lora_lib.full_params(_copy(trained), frozen), updates + 1)
         with self._cond:
             self._weights[updates] = copy
             self._cond.notify_all()

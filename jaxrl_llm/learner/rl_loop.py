@@ -45,6 +45,7 @@ from jaxrl_llm.metrics.plots import write_dashboard
 from jaxrl_llm.metrics.progress import bar, summary_line
 from jaxrl_llm.metrics.samples import record_step_samples
 from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rollout.sampler import PolicyWeights
 from jaxrl_llm.rollout.stage import RolloutStage
 from jaxrl_llm.sharding import hosts
 from jaxrl_llm.types import Experience, Rollout
@@ -141,7 +142,8 @@ def train_step(run: Run, step: int, producer: RolloutProducer | None = None) -> 
     cfg, learner = run.cfg, run.learner
     t0 = time.perf_counter()
     if producer is None:
-        params = learner.policy_params()
+        # The weights after the learner's updates so far: the version the sampler checks.
+        params = PolicyWeights(learner.policy_params(), learner.state.step + 1)
         samples, metrics = _collect(cfg, step, run.prompts, run.rollout, run.reward, params, step)
         # Generation and rewards; the weight hand-over is timed apart (timing/weight_sync).
         metrics["timing/rollout"] = time.perf_counter() - t0 - metrics["timing/weight_sync"]
@@ -206,7 +208,7 @@ def _collect(
     prompts: PromptIterator,
     rollout: RolloutStage,
     reward: RewardPool,
-    params: Any,
+    params: PolicyWeights,
     version: int,
 ) -> tuple[Rollout, dict[str, float]]:
     """Rollouts and rewards for one step with the policy `params` (the synchronous weights

@@ -3,8 +3,11 @@
 `push_weights` hands the trainer's params to the engine (`hosts.WeightSync`: the very same
 arrays when the training and sampling layouts agree and nothing is cast, else one jitted
 re-layout/cast; multi-host, a full copy on each host's devices; with LoRA the adapters only,
-the frozen base once). `generate` runs `RolloutDriver` (continuous batching, stop strings,
-tool turns appended to the live KV row) with those params.
+the frozen base once). The version pushed with them travels in the same transfer (an int32
+beside the adapters, or beside the whole params without LoRA), and `policy_version` is read
+from the sampler's side of it: an update that never arrived leaves the old version.
+`generate` runs `RolloutDriver` (continuous batching, stop strings, tool turns appended to
+the live KV row) with those params.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class JaxSampler:
     """`Sampler` on `rollout.Engine` + `RolloutDriver`, sized by `RolloutConfig.max_slots`
     and `steps_per_call`; with several processes each host samples on its own devices
     (`hosts.local_sampling_mesh`)."""
+
+    policy_version: int | None = None  # the weights' version, as their push delivered it
 
     def __init__(self, ctx: SamplerContext):
         from flax import nnx
@@ -61,13 +66,15 @@ class JaxSampler:
         )
         self.params: Any = None
 
-    def push_weights(self, params: Any) -> WeightPush:
+    def push_weights(self, params: Any, version: int | None = None) -> WeightPush:
         t0 = time.perf_counter()
+        self.policy_version = None  # until the push below has delivered
         # The wait is the contract's ("returns when they are in place") and the timer's:
         # without it `seconds` would time the dispatch of the re-layout/cast only. It moved
         # here from `rl_loop._collect` (the same barrier, there since before the seam); no
         # race depends on it, the engine's programs take the arrays as inputs either way.
-        self.params = jax.block_until_ready(self._sync(params))
+        self.params, delivered = jax.block_until_ready(self._sync(params, version))
+        self.policy_version = _version_of(delivered)
         return WeightPush(self._sync.last_bytes, time.perf_counter() - t0)
 
     def generate(
@@ -94,43 +101,70 @@ class JaxSampler:
 
     def release(self) -> None:
         self.params = None  # with a cast or a multi-host gather, a copy of the weights
+        self.policy_version = None
 
     def close(self) -> None:
         self.params = None
+        self.policy_version = None
 
 
 def build(ctx: SamplerContext) -> JaxSampler:
     return JaxSampler(ctx)
 
 
+_VERSION = "policy_version"  # the version's key beside the params' (never a model's)
+_NO_VERSION = -1  # a push without a version: one program whether or not one is given
+
+
 class _AdapterSync:
-    """`hosts.WeightSync` for a policy State; with LoRA adapters (`models.lora`), one sync
-    for the adapters on every call and one for the frozen base, run again only when the
-    base's arrays change (never, in an RL run): a step moves adapter bytes only."""
+    """`hosts.WeightSync` for a policy State and its version; with LoRA adapters
+    (`models.lora`), one sync for the adapters on every call and one for the frozen base,
+    run again only when the base's arrays change (never, in an RL run): a step moves adapter
+    bytes only. The version is an int32 Variable merged into the tree synced on every call
+    (the adapters, or the whole State), so it arrives by the same transfer or not at all;
+    `__call__` returns (the params for the engine, the version as delivered)."""
 
     def __init__(self, state, mesh, shardings, cast):
+        from flax import nnx
+        from jax.sharding import NamedSharding, PartitionSpec
+
         from jaxrl_llm.models.lora import has_adapters, split_adapters
 
         self.last_bytes = 0
         self._lora = has_adapters(state)
+        # The version starts replicated where the params are (the training mesh; without
+        # one, the sampler's), so a sync that is a pointer stays one.
+        sampling = jax.tree.leaves(shardings)[0].mesh
+        self._source = NamedSharding(mesh or sampling, PartitionSpec())
+        tag = _tagged(self._version(None))
+        # The sharding trees hold plain leaves, the params' trees Variables.
+        tag_out = nnx.State({_VERSION: NamedSharding(sampling, PartitionSpec())})
         if not self._lora:
-            self._all = hosts.WeightSync(state, mesh, shardings, cast=cast)
+            self._all = hosts.WeightSync(
+                _merge(state, tag), mesh, _merge(shardings, tag_out), cast=cast
+            )
             return
         self._split = split_adapters
         (adapters, base), (ad_out, base_out) = split_adapters(state), split_adapters(shardings)
-        self._adapters = hosts.WeightSync(adapters, mesh, ad_out, cast=cast)
+        self._adapters = hosts.WeightSync(
+            _merge(adapters, tag), mesh, _merge(ad_out, tag_out), cast=cast
+        )
         self._base = hosts.WeightSync(base, mesh, base_out, cast=cast)
         self._base_src: list | None = None
         self._base_synced = None
 
-    def __call__(self, params):
-        from flax import nnx
+    def _version(self, version: int | None):
+        value = _NO_VERSION if version is None else version
+        # Every process holds the same value (multi-host: one global array).
+        return hosts.global_array(np.asarray(value, np.int32), self._source)
 
+    def __call__(self, params, version: int | None):
         from jaxrl_llm.models.lora import state_bytes
 
+        tag = _tagged(self._version(version))
         if not self._lora:
             self.last_bytes = state_bytes(params)
-            return self._all(params)
+            return _split_version(self._all(_merge(params, tag)))
         adapters, base = self._split(params)
         leaves = jax.tree.leaves(base)
         self.last_bytes = state_bytes(adapters)
@@ -140,7 +174,35 @@ class _AdapterSync:
             self._base_synced, self._base_src = self._base(base), leaves
             self.last_bytes += state_bytes(base)
         assert self._base_synced is not None  # synced above on the first call
-        return nnx.merge_state(self._adapters(adapters), self._base_synced)
+        synced, delivered = _split_version(self._adapters(_merge(adapters, tag)))
+        return _merge(synced, self._base_synced), delivered
+
+
+def _merge(*states):
+    from flax import nnx
+
+    return nnx.merge_state(*states)
+
+
+def _tagged(value):
+    """The version as a State of its own, merged beside the params it travels with."""
+    from flax import nnx
+
+    return nnx.State({_VERSION: nnx.Variable(value, logical_axes=())})
+
+
+def _split_version(synced):
+    """(the params, the version's array) of a synced tree."""
+    from flax import nnx
+
+    version, params = nnx.split_state(synced, lambda path, _: path == (_VERSION,), ...)
+    (value,) = jax.tree.leaves(version)
+    return params, value
+
+
+def _version_of(delivered: jax.Array) -> int | None:
+    value = int(np.asarray(delivered))
+    return None if value == _NO_VERSION else value
 
 
 def _make_cast(dtype: str):

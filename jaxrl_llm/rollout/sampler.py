@@ -1,7 +1,8 @@
 """The sampler seam: what the RL loop needs of a generation backend, and how one is chosen.
 
     sampler = build_sampler(SamplerContext(cfg=rollout_cfg, policy=..., ...))
-    push = sampler.push_weights(trainer_params)       # WeightPush(bytes, seconds)
+    push = sampler.push_weights(trainer_params, version=v)  # WeightPush(bytes, seconds)
+    check_version(sampler.policy_version, v)           # what the push delivered
     completions = sampler.generate(prompts, sampling, tool=..., on_finish=...)
     sampler.release()                                  # until the next push
     sampler.metrics(); sampler.close()
@@ -19,6 +20,14 @@ distribution sampled from (0 for greedy samples and on tool output), the respons
 tool output), finish reason, stop string and tool-call count; a tool turn pauses a sample at
 one of the stop strings, hands the response so far to `tool(text)` and appends the
 observation's tokens (masked) before sampling resumes, as `rollout/driver.py` describes.
+
+Versions: the trainer hands its weights over as `PolicyWeights(params, version)`, the
+version bound to the params where they are handed over (`learner/overlap.py`'s copies, the
+synchronous loop's live params), and the sampler's `policy_version` is the version that
+arrived with the weights it holds: on the JAX engine an int32 that moves in the same
+transfer as the params (with LoRA, as the adapters: a lost adapter update leaves the old
+version), on vLLM the version of the last push that completed. `RolloutStage.generate(...,
+version=v)` refuses to sample (`StaleWeightsError`) unless the sampler holds version v.
 """
 
 from __future__ import annotations
@@ -49,6 +58,31 @@ class WeightPush:
 
 
 @dataclasses.dataclass(frozen=True)
+class PolicyWeights:
+    """The policy's whole State and the version it is (`Rollout.policy_version`: the weights
+    after `version - 1` updates), bound where the trainer hands them over."""
+
+    params: Any
+    version: int
+
+
+class StaleWeightsError(RuntimeError):
+    """The sampler holds other weights than the version a batch is to be sampled with."""
+
+
+def check_version(held: int | None, wanted: int) -> None:
+    """Raise `StaleWeightsError` unless the sampler's weights (`held`) are version `wanted`."""
+    if held != wanted:
+        what = "no versioned weights" if held is None else f"the weights of version {held}"
+        raise StaleWeightsError(
+            f"the sampler holds {what}, but this batch is to be sampled with version "
+            f"{wanted}: a weight update did not reach the sampler (with LoRA, an adapter "
+            "sync lost, skipped or of another tree); sampling now would train on samples "
+            "labelled with a policy that did not produce them"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class SamplerContext:
     """What a backend is built from: the rollout config, the trainer's policy module (its
     architecture, for the JAX engine), the tokenizer, the training mesh, the checkpoint
@@ -72,9 +106,14 @@ class SamplerContext:
 class Sampler(Protocol):
     """A generation backend for RL (see the module docstring)."""
 
-    def push_weights(self, params: Any) -> WeightPush:
+    # The version of the weights the sampler holds, as their push delivered it (None: none,
+    # or pushed without a version); `release` and `close` leave None.
+    policy_version: int | None
+
+    def push_weights(self, params: Any, version: int | None = None) -> WeightPush:
         """Make the next `generate` sample with `params` (the policy's whole nnx State, as
-        the trainer holds it); returns when they are in place."""
+        the trainer holds it); returns when they are in place. `version`: theirs, set as
+        `policy_version` by what the push delivers (the module docstring)."""
         ...
 
     def generate(
@@ -120,7 +159,7 @@ def build_sampler(ctx: SamplerContext) -> Sampler:
         close = getattr(sampler, "close", None)
         if callable(close):
             close()
-        methods = ("push_weights", "generate", "metrics", "release", "close")
+        methods = ("push_weights", "generate", "metrics", "release", "close", "policy_version")
         missing = [m for m in methods if not hasattr(sampler, m)]
         raise TypeError(
             f"rollout.backend = {name!r} returned a {type(sampler).__name__} without the "

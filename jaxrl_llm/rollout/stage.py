@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxrl_llm.metrics.progress import bar
 from jaxrl_llm.rollout.config import RolloutConfig
-from jaxrl_llm.rollout.sampler import WeightPush
+from jaxrl_llm.rollout.sampler import PolicyWeights, WeightPush, check_version
 from jaxrl_llm.rollout.scoring import RewardCounts, StreamingScorer
 from jaxrl_llm.sharding import hosts
 from jaxrl_llm.types import Rollout
@@ -102,11 +102,16 @@ class RolloutStage:
         )
 
     def sync_weights(self, params) -> WeightPush:
-        """Push the trainer's params (the policy's whole State) to the sampler; the next
-        `generate` and `validate` sample with them. Call once per step on every process.
-        The JAX backend reads the same arrays when the layouts agree (with LoRA, the
-        adapters each step and the frozen base once); a server backend copies them in."""
-        self.last_push = self.sampler.push_weights(params)
+        """Push the trainer's params to the sampler: `PolicyWeights` (the policy's whole
+        State and its version, which `generate(..., version=)` checks) or a State alone (no
+        version: validation, eval); the next `generate` and `validate` sample with them.
+        Call once per step on every process. The JAX backend reads the same arrays when the
+        layouts agree (with LoRA, the adapters each step and the frozen base once); a server
+        backend copies them in."""
+        if isinstance(params, PolicyWeights):
+            self.last_push = self.sampler.push_weights(params.params, version=params.version)
+        else:
+            self.last_push = self.sampler.push_weights(params)
         return self.last_push
 
     @property
@@ -138,7 +143,10 @@ class RolloutStage:
         """Scored samples of this host's `batch` (its share of the global batch) with the
         weights of the last `sync_weights`, gathered from every host in global-batch order: every
         process gets the same whole-batch `Rollout`. `version`: the step whose synchronous
-        weights those are (`Rollout.policy_version`; default `step`)."""
+        weights those are (`Rollout.policy_version`; default `step`); when given, the
+        sampler must hold that version (`StaleWeightsError` before any sampling if not)."""
+        if version is not None:
+            check_version(self.sampler.policy_version, version)
         r = self.cfg
         seed = int(np.random.default_rng([self.seed, step, attempt]).integers(2**31))
         sampling = self._sampling(seed, n=r.n, temperature=r.temperature)

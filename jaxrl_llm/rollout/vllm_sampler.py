@@ -7,7 +7,10 @@
   weights, never an adapter) and loads them into vLLM's model in memory with its model
   runner's `reload_weights` (through `LLM.collective_rpc`; no checkpoint is written; on
   CPU a tied output head is re-packed after, `_repack_lm_head`), then empties the prefix
-  cache, whose KV was computed with the old weights.
+  cache, whose KV was computed with the old weights. `policy_version` is the version of
+  the last push that completed (None while one loads, and after one that raised): vLLM's
+  loader takes the model's own tensors only, so the version cannot ride in them as it does
+  on the JAX engine, but no part of an update is pushed apart either (adapters merged).
 - **Samples.** Each sample is its own request with its own seed (`sample_seed(seed,
   prompt, sample)`, as the JAX engine), n requests per prompt sharing the prompt through
   prefix caching. vLLM returns the logprob of each sampled token under the distribution it
@@ -100,6 +103,8 @@ class _Call:
 class VllmSampler:
     """`Sampler` on an in-process `vllm.LLM` (see the module docstring)."""
 
+    policy_version: int | None = None  # the weights' version, as their push delivered it
+
     def __init__(self, ctx: SamplerContext, cfg: VllmConfig | None = None):
         from flax import nnx
 
@@ -150,10 +155,12 @@ class VllmSampler:
         log.info("vLLM %s (%s) started in %.1f s", vllm.__version__, dtype, took)
 
     # ------------------------------------------------------------ weights
-    def push_weights(self, params: Any) -> WeightPush:
+    def push_weights(self, params: Any, version: int | None = None) -> WeightPush:
         from flax import nnx
 
+        self.policy_version = None  # a load that raises leaves vLLM's weights half old
         push = load_weights(self.llm, nnx.merge(self._graphdef, params), self.dtype)
+        self.policy_version = version
         self.stats["weight_pushes"] += 1
         return push
 
@@ -300,6 +307,7 @@ class VllmSampler:
         """Nothing to drop: vLLM's weights are its own copy, replaced by the next push."""
 
     def close(self) -> None:
+        self.policy_version = None
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()

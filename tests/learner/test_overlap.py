@@ -39,7 +39,8 @@ class _Trainer:
     def collect(self, step, params, version):
         if step == self.fail_at:
             raise ValueError(f"reward failed at step {step}")
-        self.seen.append((step, int(params["w"][0]), version, self.published))
+        assert params.version == version  # each copy is bound to its version when published
+        self.seen.append((step, int(params.params["w"][0]), version, self.published))
         self.prompts.drawn += 1
         return _rollout(version), {"timing/weight_sync": 0.0}
 

@@ -23,9 +23,9 @@ class CountingSampler(JaxSampler):
 
     calls: ClassVar[dict[str, int]] = {"push_weights": 0, "generate": 0, "close": 0}
 
-    def push_weights(self, params):
+    def push_weights(self, params, version=None):
         self.calls["push_weights"] += 1
-        return super().push_weights(params)
+        return super().push_weights(params, version)
 
     def generate(self, *args, **kwargs):
         self.calls["generate"] += 1

@@ -149,6 +149,27 @@ def test_a_weight_push_changes_what_vllm_samples(setup):
     assert [c.token_ids.tolist() for c in restored] == [c.token_ids.tolist() for c in before]
 
 
+def test_the_version_is_the_last_completed_pushs(setup, monkeypatch):
+    """vLLM's loader takes the model's tensors only, so its `policy_version` is that of the
+    last push that completed; a push that fails on the way leaves none."""
+    import jaxrl_llm.rollout.vllm_sampler as vllm_sampler
+
+    model, _, _, vllm_s, _ = setup
+    params = nnx.state(model)
+    vllm_s.push_weights(params, version=7)
+    assert vllm_s.policy_version == 7
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("reload_weights failed")
+
+    monkeypatch.setattr(vllm_sampler, "load_weights", fail)
+    with pytest.raises(RuntimeError, match="reload_weights failed"):
+        vllm_s.push_weights(params, version=8)
+    assert vllm_s.policy_version is None
+    monkeypatch.undo()
+    vllm_s.push_weights(params)  # the weights every other test samples with
+
+
 class _EchoTool:
     """A deterministic tool: on its stop string it answers with a fixed observation."""
 
