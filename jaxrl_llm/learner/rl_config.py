@@ -268,6 +268,7 @@ class RLConfig:
         built-in task needs is registered with it), before any model loads."""
         from jaxrl_llm.agents.factory import NO_ENV
         from jaxrl_llm.algorithms import registry
+        from jaxrl_llm.rewards.config import check_rewards
         from jaxrl_llm.tools.factory import NO_TOOL
 
         _refuse_placeholders(self, "RLConfig")
@@ -284,6 +285,7 @@ class RLConfig:
         if mini % a.micro_batch_size and a.micro_batch_size < mini:
             raise ValueError(f"mini-batch {mini} not divisible by {a.micro_batch_size=}")
         _check_tool_settings(self)
+        check_rewards(self.reward)  # names, options and `rm:` folders, nothing loaded
         group = registry.capabilities("advantage", a.estimator).min_group_size
         if self.rollout.n < group:
             raise ValueError(

@@ -44,7 +44,7 @@ from jaxrl_llm.metrics.health import HealthMonitor
 from jaxrl_llm.metrics.plots import write_dashboard
 from jaxrl_llm.metrics.progress import bar, summary_line
 from jaxrl_llm.metrics.samples import record_step_samples
-from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rewards.pool import Scorer
 from jaxrl_llm.rollout.sampler import PolicyWeights
 from jaxrl_llm.rollout.stage import RolloutStage
 from jaxrl_llm.sharding import hosts
@@ -207,7 +207,7 @@ def _collect(
     step: int,
     prompts: PromptIterator,
     rollout: RolloutStage,
-    reward: RewardPool,
+    reward: Scorer,
     params: PolicyWeights,
     version: int,
 ) -> tuple[Rollout, dict[str, float]]:

@@ -44,10 +44,11 @@ from jaxrl_llm.learner.steps import (
 from jaxrl_llm.metrics.generations import GenerationLog
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer
 from jaxrl_llm.models.lora import int8_weights
-from jaxrl_llm.rewards.config import build_reward_pool
-from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rewards.config import build_rewards
+from jaxrl_llm.rewards.pool import Scorer
 from jaxrl_llm.rollout.stage import RolloutStage
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
+from jaxrl_llm.sharding.hosts import local_sampling_mesh
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class Run:
     data: PromptData
     prompts: PromptIterator  # the train pipeline's iterator (its state is checkpointed)
     rollout: RolloutStage
-    reward: RewardPool
+    reward: Scorer  # a RewardPool, or with `rm:` rewards a ModelAndRuleRewards
     ckpt: Checkpointer
     resumed: bool
     generations: GenerationLog  # each step's samples as text (run_dir/generations/)
@@ -228,7 +229,10 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
         checkpoint=learner.checkpoint, sampling_mesh=learner.sampling_mesh,
     )  # fmt: skip
     try:  # the sampler may hold an engine (vLLM) and the tool workers: never leaked
-        reward = build_reward_pool(cfg.reward)
+        # Reward models score on this host's sampling devices, outside any collective:
+        # each host scores its own samples, in batches of its own.
+        scoring = local_sampling_mesh(learner.sampling_mesh or learner.mesh)
+        reward = build_rewards(cfg.reward, mesh=scoring)
         generations = GenerationLog(run_dir, cfg.log_generations, learner.tokenizer)
     except BaseException:
         rollout.close()

@@ -150,9 +150,8 @@ def build_reward_pool(cfg: RewardConfig) -> RewardPool:
     if models:
         raise ConfigError(
             f"RewardConfig names reward model(s) {models}: this command scores with rule "
-            "rewards only (`rewards.config.build_rewards` loads reward models; the RL loop "
-            "does not call it yet: docs/rewards.md, 'Reward models'); `jaxrl-llm score` "
-            "scores with them"
+            "rewards only (pass@k needs a right-or-wrong check); `jaxrl-llm train` and "
+            "`jaxrl-llm score` take reward models (docs/rewards.md, 'Reward models')"
         )
     rule = configured_reward(cfg)
     assert rule is not None

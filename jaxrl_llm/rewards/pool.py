@@ -25,7 +25,9 @@ import queue
 import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,22 @@ class _Worker:
             self.process.kill()
             self.process.join()
         self.conn.close()
+
+
+class Scorer(Protocol):
+    """What the RL stage and `eval` score samples with: a `RewardPool` (rule rewards in worker
+    processes) or `rewards.model.ModelAndRuleRewards` (reward models on device, plus a pool)."""
+
+    def score(
+        self, responses: Sequence[str], examples: Sequence[Mapping[str, Any]]
+    ) -> Sequence[float] | np.ndarray: ...
+
+    @property
+    def last_failures(self) -> Mapping[int, ScoreFailure]: ...
+
+    def check_errors(self, errors: int, total: int, first_error: str = "") -> None: ...
+
+    def close(self) -> None: ...
 
 
 class RewardPool:

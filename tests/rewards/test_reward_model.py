@@ -159,8 +159,8 @@ def test_rm_name_in_reward_config_resolves_to_the_model(tmp_path):
         got = mixed.score(RESPONSES, ROWS)
     math = np.array([1.0, 0, 0, 0, 0, 0])  # only the first response boxes the right answer
     np.testing.assert_allclose(got, math + 0.5 / (1 + np.exp(-raw)), rtol=1e-6)
-    with pytest.raises(ConfigError, match=r"reward model.*build_rewards"):
-        build_reward_pool(RewardConfig(weights=weights))  # rule rewards only (the RL loop's)
+    with pytest.raises(ConfigError, match=r"reward model.*rule rewards only.*jaxrl-llm train"):
+        build_reward_pool(RewardConfig(weights=weights))  # rule rewards only (eval's)
 
 
 def test_a_folder_that_is_not_a_reward_model_is_refused(tmp_path):

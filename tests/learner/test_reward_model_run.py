@@ -1,0 +1,51 @@
+"""GRPO against a reward model: `RewardConfig.name = 'rm:<folder>'` scores every sample of
+the RL loop with the model, on device, and those scores are the step's rewards."""
+
+import numpy as np
+import pytest
+
+from jaxrl_llm.config import parse_gin
+from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.learner.rl_config import RLConfig
+from jaxrl_llm.learner.rl_loop import run_rl
+from jaxrl_llm.rewards import model as rm_lib
+from jaxrl_llm.testing import write_reward_model
+
+from .rl_helpers import TINY_RL_PARAMS
+
+pytestmark = pytest.mark.slow  # an RL step: minutes of compilation on 2 shared cores
+
+
+def _config(run_dir, reward: str) -> RLConfig:
+    parse_gin([], [*TINY_RL_PARAMS, f"RLConfig.run_dir = '{run_dir}'", "RLConfig.steps = 1",
+                   f"RewardConfig.name = '{reward}'"])  # fmt: skip
+    return RLConfig()
+
+
+def test_a_run_rewards_with_the_model_scores(tmp_path, monkeypatch):
+    folder = tmp_path / "rm"
+    write_reward_model(folder)
+    calls = []
+    score = rm_lib.RewardModel.score
+
+    def recorded(self, responses, examples):
+        out = score(self, responses, examples)
+        calls.append((list(responses), list(examples), out))
+        return out
+
+    monkeypatch.setattr(rm_lib.RewardModel, "score", recorded)
+    [last] = run_rl(_config(tmp_path / "run", f"rm:{folder}"))
+    scores = np.concatenate([out for _, _, out in calls])
+    assert scores.size == 8  # prompts_per_step x n, each sample scored once
+    assert last["critic/score/mean"] == pytest.approx(float(scores.mean()), rel=1e-6)
+    # The scores are the model's on the rows the stage passed: a fresh load agrees.
+    fresh = rm_lib.RewardModel(folder)
+    responses = [r for rs, _, _ in calls for r in rs]
+    examples = [e for _, es, _ in calls for e in es]
+    np.testing.assert_allclose(fresh.score(responses, examples), scores, rtol=1e-4, atol=1e-4)
+    assert all("prompt" in e or "messages" in e for e in examples)
+
+
+def test_a_bad_reward_model_folder_fails_before_the_policy_loads(tmp_path):
+    with pytest.raises(ConfigError, match=r"RewardConfig\.name .*missing.*no such folder"):
+        _config(tmp_path / "run", f"rm:{tmp_path / 'missing'}").validate()
