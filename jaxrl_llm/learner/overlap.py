@@ -21,17 +21,21 @@ Locks: `rollout_lock` is held by a batch's whole sampling and by a validation (t
 the sampler and its weights); `_cond` guards the books (copies, finished batches, the data
 iterator's state before each batch) and is never held while sampling.
 
-Data state: a checkpoint at step s records the iterator's state before step s + 1's first
-prompt (`data_state_after`), not its state at save time (the producer has drawn ahead); a
-resumed run samples steps s + 1 ... again, so every prompt of the data order is trained once.
-The samples in flight at a stop are the only work lost (their prompts are sampled again).
+Checkpoints (`checkpoint`): steps s + 1 ... s + k sample with weights older than a
+checkpoint at step s holds, so the checkpoint waits until the producer has finished them and
+saves them whole (`learner/ahead.py`), with the data iterator's state before step s + k + 1's
+first prompt (not its state at save time: the producer may have drawn ahead). A resumed run
+trains the saved batches first (`ready`) and samples from step s + k + 1 on, with the
+checkpoint's weights, as the uninterrupted run does: it equals that run to the digit, and
+every prompt of the data order is trained once. Only a batch being sampled with the
+checkpoint's own weights is lost at a stop, and it is sampled again identically.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -41,23 +45,35 @@ from jaxrl_llm.learner import lora as lora_lib
 from jaxrl_llm.rollout.sampler import PolicyWeights
 from jaxrl_llm.types import Rollout
 
+Batch = tuple[Rollout, dict[str, float]]  # a step's scored samples and its rollout metrics
 # (step, the weights to sample it with, the version it expects) -> the batch and its metrics
-Collect = Callable[[int, PolicyWeights, int], tuple[Rollout, dict[str, float]]]
+Collect = Callable[[int, PolicyWeights, int], Batch]
 
 
 class RolloutProducer:
     """Samples steps `first .. last` in order on its own thread; `take(step)` hands them to
-    the trainer, `publish(updates, params)` receives the weights after each update."""
+    the trainer, `publish(updates, params)` receives the weights after each update. `ready`:
+    batches of the first steps sampled before a stop (a checkpoint's), handed out as they
+    are; sampling starts after them."""
 
-    def __init__(self, collect: Collect, prompts: Any, *, first: int, last: int, k: int):
+    def __init__(
+        self, collect: Collect, prompts: Any, *, first: int, last: int, k: int,
+        ready: Mapping[int, Batch] | None = None,
+    ):  # fmt: skip
         if k < 1:
             raise ValueError(f"RolloutProducer needs max_staleness >= 1, got {k}")
+        ready = dict(ready or {})
+        if sorted(ready) != list(range(first, first + len(ready))):
+            raise ValueError(
+                f"saved batches of steps {sorted(ready)} do not follow step {first - 1}"
+            )
         self._collect, self._prompts = collect, prompts
         self._first, self._last, self._k = first, last, k
+        self._sample_from = first + len(ready)
         self.rollout_lock = threading.Lock()
         self._cond = threading.Condition()
         self._weights: dict[int, PolicyWeights] = {}  # updates -> a copy of those weights
-        self._done: dict[int, tuple[Rollout, dict[str, float]]] = {}
+        self._done: dict[int, Batch] = ready
         self._data_state: dict[int, Any] = {}  # step -> iterator state before its prompts
         self._error: BaseException | None = None
         self._stopping = False
@@ -100,15 +116,23 @@ class RolloutProducer:
         metrics["timing/rollout_wait"] = time.perf_counter() - t0
         return samples, metrics
 
-    def data_state_after(self, step: int) -> Any:
-        """The data iterator's state once step `step`'s prompts are drawn and no later
-        step's: what a checkpoint at `step` must record."""
+    def checkpoint(self, step: int) -> tuple[Any, dict[int, Batch]]:
+        """What a checkpoint after step `step`'s update records besides the weights: the
+        batches of the steps that sample with older weights than these (step + 1 ... step
+        + k), waited for (their weights are all published), and the data iterator's state
+        once their prompts are drawn and no later step's."""
+        ahead = range(step + 1, min(step + self._k, self._last) + 1)
         with self._cond:
-            if step + 1 in self._data_state:
-                return self._data_state[step + 1]
-            # Not recorded: the producer has not begun step + 1 and cannot while we hold
-            # the books (it records before it draws), so the live state is the one.
-            return self._prompts.get_state()
+            while not all(t in self._done for t in ahead) and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+            after = ahead.stop
+            if after in self._data_state:
+                data = self._data_state[after]
+            else:  # the producer has not begun that step and cannot while we hold the
+                data = self._prompts.get_state()  # books (it records before it draws)
+            return data, {t: self._done[t] for t in ahead}
 
     def close(self) -> None:
         """Stop after the batch being sampled (if any) and wait for the thread."""
@@ -123,7 +147,7 @@ class RolloutProducer:
 
     def _run(self) -> None:
         try:
-            for step in range(self._first, self._last + 1):
+            for step in range(self._sample_from, self._last + 1):
                 updates = self._updates_for(step)
                 t_wait = time.perf_counter()
                 with self._cond:

@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.config import write_resolved_config
 from jaxrl_llm.data.pipeline import PromptIterator
+from jaxrl_llm.learner import ahead as ahead_lib
 from jaxrl_llm.learner.experience import (
     all_equal_groups,
     pack_sequences,
@@ -37,7 +38,7 @@ from jaxrl_llm.learner.packing import (
     worth_packing,
 )
 from jaxrl_llm.learner.rl_config import RLConfig
-from jaxrl_llm.learner.run import Learner, Run, build_run, device_state
+from jaxrl_llm.learner.run import Learner, Run, build_run
 from jaxrl_llm.learner.state import TrainState
 from jaxrl_llm.metrics import MetricsWriter
 from jaxrl_llm.metrics.health import HealthMonitor
@@ -96,10 +97,7 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
                 if "val/test_score" in metrics:
                     _refresh_dashboard(run_dir)
             if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
-                data = (
-                    run.prompts.get_state() if producer is None else producer.data_state_after(step)
-                )
-                run.ckpt.save(step, device_state(state), {"data": data, "step": step})
+                ahead_lib.save(run, step, producer)
             if stop_after is not None and step >= stop_after:
                 break
         if state.step >= cfg.steps:
@@ -122,7 +120,10 @@ def _producer(run: Run) -> RolloutProducer | None:
         cfg, step, run.prompts, run.rollout, run.reward, params, version
     )
     first = run.learner.state.step + 1
-    return RolloutProducer(collect, run.prompts, first=first, last=cfg.steps, k=cfg.max_staleness)
+    ready, run.ahead = run.ahead, {}  # the saved batches are the producer's to hand out
+    return RolloutProducer(
+        collect, run.prompts, first=first, last=cfg.steps, k=cfg.max_staleness, ready=ready
+    )
 
 
 def close_run(run: Run, writer: MetricsWriter | None = None) -> None:
@@ -141,7 +142,9 @@ def train_step(run: Run, step: int, producer: RolloutProducer | None = None) -> 
     and the updated weights go to it."""
     cfg, learner = run.cfg, run.learner
     t0 = time.perf_counter()
-    if producer is None:
+    if producer is None and step in run.ahead:  # saved by an overlapped run's checkpoint
+        samples, metrics = run.ahead.pop(step)
+    elif producer is None:
         # The weights after the learner's updates so far: the version the sampler checks.
         params = PolicyWeights(learner.policy_params(), learner.state.step + 1)
         samples, metrics = _collect(cfg, step, run.prompts, run.rollout, run.reward, params, step)

@@ -29,6 +29,7 @@ from jaxrl_llm.assets import resolve_checkpoint
 from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.pipeline import PromptIterator
 from jaxrl_llm.data.prompts import PromptData, check_data_files, prompt_data
+from jaxrl_llm.learner import ahead as ahead_lib
 from jaxrl_llm.learner import lora as lora_lib
 from jaxrl_llm.learner.checkpoint import Checkpointer
 from jaxrl_llm.learner.experience import make_experience_fn
@@ -190,6 +191,9 @@ class Run:
     generations: GenerationLog  # each step's samples as text (run_dir/generations/)
     # A cloud run's local folder for the built-in task's files, removed with the Run.
     scratch: tempfile.TemporaryDirectory | None = None
+    # Batches the checkpoint resumed from had sampled ahead (`learner/ahead.py`), by step:
+    # trained before anything is sampled.
+    ahead: dict[int, ahead_lib.Batch] = dataclasses.field(default_factory=dict)
 
 
 class RunDirInUseError(ConfigError, FileExistsError):
@@ -216,10 +220,12 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
     data = prompt_data(cfg.data, learner.tokenizer, data_root)
     prompts = data.train.iterator()
     state = learner.state
+    ahead: dict[int, ahead_lib.Batch] = {}
     if resume and step0 is not None:
         restored, extra = ckpt.restore(step0, device_state(state))
         state.policy, state.critic = restored["policy"], restored.get("critic")
         prompts.set_state(extra["data"])
+        ahead = dict(ahead_lib.decode(record) for record in extra.get("ahead", []))
         state.step = step0
         log.info("resumed from %s step %d", ckpt.directory, step0)
     rollout = RolloutStage(
@@ -239,8 +245,9 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
         ckpt.close()
         raise
     return Run(
-        cfg, run_dir, learner, data, prompts, rollout, reward, ckpt, resume, generations, scratch
-    )
+        cfg, run_dir, learner, data, prompts, rollout, reward, ckpt, resume, generations, scratch,
+        ahead,
+    )  # fmt: skip
 
 
 def _data_root(run_dir: epath.Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:

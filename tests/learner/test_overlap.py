@@ -1,7 +1,6 @@
-"""`RolloutProducer` on its own: the staleness bound, the data state a checkpoint records,
-errors and stopping (the loop end to end: tests/learner/test_rl_loop.py)."""
-
-import threading
+"""`RolloutProducer` on its own: the staleness bound, what a checkpoint records (the batches
+sampled ahead, the data state), errors and stopping (the loop end to end:
+tests/learner/test_rl_loop.py)."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -31,10 +30,12 @@ def _rollout(version: int) -> Rollout:
 class _Trainer:
     """Drives a producer as the loop does; `collect` records what it was given."""
 
-    def __init__(self, k: int, steps: int, first: int = 1, fail_at: int | None = None):
+    def __init__(self, k: int, steps: int, first: int = 1, fail_at: int | None = None, ready=None):
         self.prompts, self.seen, self.published = _Prompts(), [], first - 1
         self.fail_at = fail_at
-        self.producer = RolloutProducer(self.collect, self.prompts, first=first, last=steps, k=k)
+        self.producer = RolloutProducer(
+            self.collect, self.prompts, first=first, last=steps, k=k, ready=ready
+        )
 
     def collect(self, step, params, version):
         if step == self.fail_at:
@@ -77,19 +78,37 @@ def test_a_resumed_producer_starts_from_the_resumed_weights():
     assert versions == [4, 4, 4]  # the weights after 3 updates, until step 7 would move on
 
 
-def test_a_checkpoint_records_the_data_state_before_the_next_step():
+def test_a_checkpoint_saves_the_batches_sampled_with_older_weights():
+    """k = 2, checkpoint after update 1: steps 2 and 3 sample with the initial weights, which
+    the checkpoint does not hold, so it waits for them and saves them; the data state is the
+    one before step 4's prompts. A producer resumed from it hands them out first and samples
+    step 4 on with the checkpoint's weights, as the uninterrupted producer does."""
     t = _Trainer(2, steps=6)
     t.producer.start({"w": jnp.zeros(2)}, None)
     t.producer.take(1)
-    # Steps 2 and 3 sample with the initial weights: the producer draws ahead of step 1.
-    while len(t.seen) < 3:
-        threading.Event().wait(0.01)
-    assert t.prompts.drawn == 3
-    assert t.producer.data_state_after(1) == {"drawn": 1}  # step 2's prompts come next
     t.publish(1)
-    t.producer.take(2)
-    assert t.producer.data_state_after(2) == {"drawn": 2}
+    data, ahead = t.producer.checkpoint(1)
+    assert data == {"drawn": 3}  # step 4's prompts come next
+    assert {s: b[0].policy_version for s, b in ahead.items()} == {2: 1, 3: 1}
+    for step in range(2, 7):
+        t.producer.take(step)
+        t.publish(step)
+    assert t.producer.checkpoint(6) == ({"drawn": 6}, {})  # the last step: nothing ahead
     t.producer.close()
+
+    r = _Trainer(2, steps=6, first=2, ready=ahead)
+    r.prompts.drawn = 3
+    r.producer.start({"w": jnp.ones(2)}, None)  # the checkpoint's weights (1 update)
+    assert [r.producer.take(s)[0] for s in (2, 3)] == [ahead[2][0], ahead[3][0]]
+    r.publish(2), r.publish(3)
+    for step in range(4, 7):
+        r.producer.take(step)
+        r.publish(step)
+    r.producer.close()
+    # Sampled after the saved batches only, each with the uninterrupted run's weights.
+    assert [(s, w) for s, w, *_ in r.seen] == [(s, w) for s, w, *_ in t.seen[3:]]
+    with pytest.raises(ValueError, match=r"steps \[3\] do not follow step 1"):
+        RolloutProducer(r.collect, r.prompts, first=2, last=6, k=2, ready={3: ahead[3]})
 
 
 def test_an_error_while_sampling_reaches_the_trainer_as_itself():
