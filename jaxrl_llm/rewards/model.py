@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,8 +52,9 @@ from jaxrl_llm.rewards.model_config import (
     RM_PREFIX,
     WHITEN_EPS,
     RewardModelConfig,
+    metric_names,
 )
-from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rewards.pool import RewardPart, RewardPool
 
 log = logging.getLogger(__name__)
 
@@ -241,17 +244,53 @@ class RewardModel:
 class ModelAndRuleRewards:
     """sum_i weight_i * reward_i over reward models (scored here, on device) and the rule
     rewards' `RewardPool` (already weighted; None when there are none), with the pool's
-    interface: `score`, `last_failures`, `check_errors`, `close`."""
+    interface: `score`, `last_failures`, `last_parts`, `check_errors`, `close`.
+
+    A `score` call runs the pool in a thread while the models score in the caller's (its
+    threads mostly wait on the worker processes, so the two overlap), then
+    adds pool + weight * model in the same order as one after the other would.
+    `last_parts`: the pool's parts and each model's `RewardPart` (its normalised score,
+    unweighted, and the wall time of its `score`), models under "rm:<folder basename>"
+    (`model_config.metric_names`)."""
 
     def __init__(self, pool: RewardPool | None, models: Sequence[tuple[RewardModel, float]]):
         self.pool, self.models = pool, list(models)
+        names = metric_names([model.name for model, _ in self.models])
+        self._names = [names[model.name] for model, _ in self.models]
+        self.last_parts: dict[str, RewardPart] = {}
 
     def score(self, responses: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        rules: list[Any] = []  # the pool's scores, or what it raised
+        thread = None
+        if self.pool is not None:
+            pool = self.pool
+
+            def score_rules() -> None:
+                try:
+                    rules.append(pool.score(responses, examples))
+                except BaseException as e:  # re-raised in the caller's thread below
+                    rules.append(e)
+
+            thread = threading.Thread(target=score_rules, name="rule-rewards", daemon=True)
+            thread.start()
+        parts: dict[str, RewardPart] = {}
+        try:
+            for name, (model, _) in zip(self._names, self.models, strict=True):
+                t0 = time.perf_counter()
+                scores = model.score(responses, examples)
+                parts[name] = RewardPart(scores, time.perf_counter() - t0)
+        finally:
+            if thread is not None:
+                thread.join()
         total = np.zeros(len(responses), np.float32)
         if self.pool is not None:
-            total += np.asarray(self.pool.score(responses, examples), np.float32)
-        for model, weight in self.models:
-            total += np.float32(weight) * model.score(responses, examples)
+            if isinstance(rules[0], BaseException):
+                raise rules[0]
+            total += np.asarray(rules[0], np.float32)
+            parts = {**self.pool.last_parts, **parts}
+        for name, (_, weight) in zip(self._names, self.models, strict=True):
+            total += np.float32(weight) * parts[name].scores
+        self.last_parts = parts
         return total
 
     @property

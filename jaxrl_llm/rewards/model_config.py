@@ -4,7 +4,7 @@ kept apart from `rewards.model` so that reading a config never imports JAX."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,15 @@ def model_folder(name: str) -> Path:
     if not folder.strip():
         raise ConfigError(f"reward {name!r}: give the folder after 'rm:', e.g. 'rm:/models/rm'")
     return Path(folder)
+
+
+def metric_names(names: Sequence[str]) -> dict[str, str]:
+    """{reward name: its name in metric keys (`reward/<name>/mean`)}: a rule reward's own
+    name; "rm:<folder basename>" for a reward model ("rm:/models/skywork/" ->
+    "rm:skywork"), or its whole name when two models of `names` share that basename."""
+    short = {n: f"{RM_PREFIX}{model_folder(n).name}" for n in names if is_model_reward(n)}
+    taken = list(short.values())
+    return {n: short[n] if taken.count(short.get(n)) == 1 else n for n in names}
 
 
 def _model_options() -> frozenset[str]:

@@ -13,6 +13,13 @@ A reward that raises scores `timeout_value` too, and is reported, never hidden: 
 sample is in `last_failures` (a `ScoreFailure`), the first traceback of each exception type is
 logged once per pool, and `check_errors` stops a run when more than `max_error_frac` of a
 batch raised (a reward bug must not silently train on constant scores).
+
+A reward that reports its parts (`registry.Reward`, `registry.CombinedReward`: `part_names`
+and `scored_parts`) is broken down per reward in `last_parts` (`RewardPart`): each part's
+unweighted score of each sample and the seconds the workers spent on it, timed inside the
+workers around each reward's call and summed over samples and workers (work, not wall time:
+with several workers it can exceed the call's wall time). A sample that timed out or raised
+has no part scores (NaN) and adds no seconds.
 """
 
 from __future__ import annotations
@@ -52,8 +59,19 @@ class RewardErrors(RuntimeError):
     """More than `max_error_frac` of a batch's samples made the reward raise."""
 
 
+@dataclasses.dataclass(frozen=True)
+class RewardPart:
+    """One reward of a combination in one `score` call: its unweighted score of each sample
+    [B] (NaN where it has none: the sample timed out or raised) and the seconds spent
+    scoring with it."""
+
+    scores: np.ndarray
+    seconds: float
+
+
 def _serve(conn, reward_fn: Callable[[str, Any], float]) -> None:
     conn.send(("ready", None))  # imports done: the caller's clock starts after this
+    scored_parts = getattr(reward_fn, "scored_parts", None)
     while True:
         try:
             item = conn.recv()
@@ -63,7 +81,10 @@ def _serve(conn, reward_fn: Callable[[str, Any], float]) -> None:
             return
         response, example = item
         try:
-            conn.send(("ok", float(reward_fn(response, example))))
+            if scored_parts is not None:  # (total, {name: (score, seconds)})
+                conn.send(("ok", scored_parts(response, example)))
+            else:
+                conn.send(("ok", (float(reward_fn(response, example)), {})))
         except Exception as e:  # a reward bug must not kill the worker: report it
             kind = f"{type(e).__module__}.{type(e).__qualname__}"
             conn.send(("error", (kind, f"{type(e).__name__}: {e}", traceback.format_exc())))
@@ -124,6 +145,11 @@ class Scorer(Protocol):
     @property
     def last_failures(self) -> Mapping[int, ScoreFailure]: ...
 
+    @property
+    def last_parts(self) -> Mapping[str, RewardPart]:
+        """The last `score` call per reward, by metric name (docs/rewards.md)."""
+        ...
+
     def check_errors(self, errors: int, total: int, first_error: str = "") -> None: ...
 
     def close(self) -> None: ...
@@ -134,7 +160,8 @@ class RewardPool:
 
     `reward_fn(response, example) -> float` must be picklable: a module-level function, a
     functools.partial of one, a `registry.Reward` or `registry.combine_rewards(...)`. Samples
-    that time out or raise score `timeout_value`; `last_failures` says which and why.
+    that time out or raise score `timeout_value`; `last_failures` says which and why, and
+    `last_parts` each reward's scores and seconds (when `reward_fn` reports its parts).
     """
 
     def __init__(
@@ -153,9 +180,11 @@ class RewardPool:
         self.timeout_value = timeout_value
         self.max_error_frac = max_error_frac
         self._workers = [_Worker(ctx, reward_fn) for _ in range(num_workers)]
+        self.part_names: tuple[str, ...] = tuple(getattr(reward_fn, "part_names", ()))
         self._lock = threading.Lock()
         self._logged: set[str] = set()
         self.last_failures: dict[int, ScoreFailure] = {}
+        self.last_parts: dict[str, RewardPart] = {}
 
     def score(self, responses: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> list[float]:
         """Each response's score against its example (the data row); failures are recorded
@@ -168,6 +197,7 @@ class RewardPool:
                 tasks.put(i)
             scores: list[float] = [self.timeout_value] * len(responses)
             failures: dict[int, ScoreFailure] = {}
+            parts: dict[int, Mapping[str, tuple[float, float]]] = {}
 
             def drain(worker: _Worker) -> None:
                 while True:
@@ -177,7 +207,7 @@ class RewardPool:
                         return
                     status, value = worker.score(responses[i], examples[i], self.timeout_s)
                     if status == "ok":
-                        scores[i] = value
+                        scores[i], parts[i] = value
                     elif status == "error":
                         failures[i] = ScoreFailure("error", value[1], value[0], value[2])
                     else:
@@ -189,8 +219,23 @@ class RewardPool:
             for thread in threads:
                 thread.join()
             self.last_failures = dict(sorted(failures.items()))
+            self.last_parts = self._parts(parts, len(responses))
             self._log_new_errors()
             return scores
+
+    def _parts(
+        self, parts: Mapping[int, Mapping[str, tuple[float, float]]], n: int
+    ) -> dict[str, RewardPart]:
+        """Each sample's {name: (score, seconds)} as one `RewardPart` per name."""
+        out = {}
+        for name in self.part_names:
+            scores = np.full(n, np.nan)
+            seconds = 0.0
+            for i, sample in parts.items():
+                scores[i], dt = sample[name]
+                seconds += dt
+            out[name] = RewardPart(scores, seconds)
+        return out
 
     def _log_new_errors(self) -> None:
         for failure in self.last_failures.values():

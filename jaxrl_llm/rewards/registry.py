@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -138,6 +139,19 @@ class Reward:
         arg = answer_of(example, self.name) if self.gets == "answer" else example
         return float(self.fn(response, arg, **dict(self.options)))
 
+    @property
+    def part_names(self) -> tuple[str, ...]:
+        """The names `scored_parts` reports under (`RewardPool.last_parts`)."""
+        return (self.name,)
+
+    def scored_parts(
+        self, response: str, example: Mapping[str, Any]
+    ) -> tuple[float, dict[str, tuple[float, float]]]:
+        """The score, and {name: (score, seconds it took)}."""
+        t0 = time.perf_counter()
+        score = self(response, example)
+        return score, {self.name: (score, time.perf_counter() - t0)}
+
 
 def build_reward(name: str, **options: Any) -> Reward:
     """The reward `name` (registered name or import path) with `options` bound and checked."""
@@ -157,6 +171,23 @@ class CombinedReward:
 
     def __call__(self, response: str, example: Mapping[str, Any]) -> float:
         return float(sum(weight * reward(response, example) for reward, weight in self.parts))
+
+    @property
+    def part_names(self) -> tuple[str, ...]:
+        return tuple(reward.name for reward, _ in self.parts)
+
+    def scored_parts(
+        self, response: str, example: Mapping[str, Any]
+    ) -> tuple[float, dict[str, tuple[float, float]]]:
+        """The weighted sum (`__call__`'s, added in the same order) and each reward's
+        unweighted score and seconds: {name: (score, seconds)}."""
+        parts = {}
+        for reward, _ in self.parts:
+            t0 = time.perf_counter()
+            score = reward(response, example)
+            parts[reward.name] = (score, time.perf_counter() - t0)
+        total = float(sum(weight * parts[reward.name][0] for reward, weight in self.parts))
+        return total, parts
 
 
 def combine_rewards(

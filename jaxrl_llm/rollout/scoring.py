@@ -7,6 +7,7 @@ thread scores, whenever it is free, every sample finished since its last batch (
 `reward.score` call: the reward pool spreads it over its worker processes), so rewards run
 beside decoding and only the samples finishing last are scored after it. The scores equal
 one `reward.score` call over the whole batch: each sample is scored alone either way.
+Each call's per-reward breakdown (`Scorer.last_parts`) is summed into `RewardCounts.parts`.
 """
 
 from __future__ import annotations
@@ -16,31 +17,61 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class PartTotals:
+    """One reward of a combination over several scoring calls: the sum of its unweighted
+    scores, how many samples it scored, and the seconds spent scoring with it."""
+
+    total: float = 0.0
+    scored: int = 0
+    seconds: float = 0.0
+
+    @classmethod
+    def of(cls, part) -> PartTotals:
+        """A `rewards.pool.RewardPart` (NaN scores: samples it has no score for)."""
+        scores = np.asarray(part.scores, np.float64)
+        scored = scores[~np.isnan(scores)]
+        return cls(float(scored.sum()), int(scored.size), float(part.seconds))
+
+    def __add__(self, other: PartTotals) -> PartTotals:
+        return PartTotals(
+            self.total + other.total, self.scored + other.scored, self.seconds + other.seconds
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class RewardCounts:
     """Samples a reward pool failed on, summed over hosts and calls; `first_error` is one
-    failure's message for the stop message."""
+    failure's message for the stop message; `parts` each reward's `PartTotals` by metric
+    name."""
 
     errors: int = 0
     timeouts: int = 0
     total: int = 0
     first_error: str = ""
+    parts: Mapping[str, PartTotals] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, reward, total: int) -> RewardCounts:
-        """The last batch of `reward` (a `RewardPool`; other scorers report nothing)."""
+        """The last batch of `reward` (a `rewards.pool.Scorer`; a scorer without
+        `last_failures` or `last_parts` reports none)."""
         failures = list(getattr(reward, "last_failures", {}).values())
         errors = [f for f in failures if f.kind != "timeout"]
         first = str(errors[0]) if errors else ""
-        return cls(len(errors), len(failures) - len(errors), total, first)
+        parts = {k: PartTotals.of(p) for k, p in getattr(reward, "last_parts", {}).items()}
+        return cls(len(errors), len(failures) - len(errors), total, first, parts)
 
     def __add__(self, other: RewardCounts) -> RewardCounts:
+        names = [*self.parts, *(k for k in other.parts if k not in self.parts)]
         return RewardCounts(
             self.errors + other.errors,
             self.timeouts + other.timeouts,
             self.total + other.total,
             self.first_error or other.first_error,
+            {k: self.parts.get(k, PartTotals()) + other.parts.get(k, PartTotals()) for k in names},
         )
 
     def check(self, reward) -> None:

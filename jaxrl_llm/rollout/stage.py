@@ -203,10 +203,18 @@ class RolloutStage:
         return completions, scores
 
     def reward_metrics(self) -> dict[str, float]:
-        """`reward/errors` and `reward/timeouts`: samples whose reward raised or ran out of
-        time in the `generate` calls since the last call (one step, all hosts)."""
+        """Over the `generate` calls since the last call (one step, every try, all hosts):
+        `reward/errors` and `reward/timeouts`, samples whose reward raised or ran out of
+        time; for each reward of the combination, `reward/<name>/mean`, its unweighted
+        score averaged over the samples it scored (NaN: none), and `timing/reward/<name>`,
+        the seconds spent scoring with it, summed over the calls, as a host's mean
+        (docs/rewards.md, "Per-reward metrics")."""
         counts, self._reward_counts = self._reward_counts, RewardCounts()
-        return {"reward/errors": counts.errors, "reward/timeouts": counts.timeouts}
+        m: dict[str, float] = {"reward/errors": counts.errors, "reward/timeouts": counts.timeouts}
+        for name, part in counts.parts.items():
+            m[f"reward/{name}/mean"] = part.total / part.scored if part.scored else float("nan")
+            m[f"timing/reward/{name}"] = part.seconds / jax.process_count()
+        return m
 
     def tool_metrics(self) -> dict[str, float]:
         """The tool's own counters since the last call (`metrics()`, e.g. a `ToolBox`'s
