@@ -18,25 +18,26 @@ import numpy as np
 from jaxrl_llm.types import Completion, Rollout
 
 if TYPE_CHECKING:
+    from jaxrl_llm.learner.checkpoint import Checkpointer
     from jaxrl_llm.learner.overlap import RolloutProducer
-    from jaxrl_llm.learner.run import Run
 
 Batch = tuple[Rollout, dict[str, float]]
 _ARRAYS = ("prompt_ids", "token_ids", "logprobs", "raw_logprobs", "response_mask")
 
 
-def save(run: Run, step: int, producer: RolloutProducer | None) -> None:
-    """A checkpoint after step `step`: the train states, the data iterator's state, and the
-    batches sampled ahead with older weights (`producer.checkpoint`; when synchronous, the
-    saved ones this run has not trained yet), the iterator's state being after their prompts."""
-    from jaxrl_llm.learner.run import device_state
-
+def save(
+    ckpt: Checkpointer, step: int, state: Any, prompts: Any, saved: dict[int, Batch],
+    producer: RolloutProducer | None,
+) -> None:  # fmt: skip
+    """A checkpoint after step `step`: the train `state` (`run.device_state`), the batches
+    sampled ahead with older weights (`producer.checkpoint`; when synchronous, the `saved`
+    ones this run has not trained yet) and the data iterator's state after their prompts."""
     if producer is not None:
         data, ahead = producer.checkpoint(step)
     else:
-        data, ahead = run.prompts.get_state(), {t: b for t, b in run.ahead.items() if t > step}
+        data, ahead = prompts.get_state(), {t: b for t, b in saved.items() if t > step}
     extra = {"data": data, "step": step, "ahead": [encode(t, b) for t, b in sorted(ahead.items())]}
-    run.ckpt.save(step, device_state(run.learner.state), extra)
+    ckpt.save(step, state, extra)
 
 
 def encode(step: int, batch: Batch) -> dict[str, Any]:

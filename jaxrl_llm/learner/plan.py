@@ -14,7 +14,8 @@ the rules shard them):
 - gradients: GRAD_COPIES x parameters: the gradient plus two parameter-sized temporaries of
   the update (`updates` and the finite-or-skip `where`);
 - reference model (when a KL term is used): parameters again; critic (estimator 'gae'):
-  a `ValueModel`'s parameters, moments and gradients;
+  a `ValueModel`'s parameters, moments and gradients; each `rm:` reward model: its
+  `ValueModel`'s parameters in `RewardModelConfig.dtype`, in the training layout, resident;
 - KV cache: the engine's paged pool, max_slots x ceil(cache length / page size) pages of
   keys and values in the compute dtype (cache length = max_prompt_length + max_new_tokens
   + 1), split over the batch axes as the slots are and over kv heads (tensor); plus a
@@ -36,8 +37,8 @@ the rules shard them):
 
 Known gap: XLA:CPU does not realise remat's saving (its scheduler hoists the recomputation;
 measured 20.4 vs 21.3 MB at L=4), so remat estimates are only checked on accelerators.
-Not counted: the experience forwards (forward-only, smaller than the update), XLA's
-workspace and compiled code; `HEADROOM` leaves room for them.
+Not counted: the experience forwards and the reward models' scoring forwards (forward-only,
+smaller than the update), XLA's workspace and compiled code; `HEADROOM` leaves room for them.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class Workload:
     # `RLConfig.max_staleness`: k >= 1 samples while it trains (rollout and train phases at
     # once) and holds up to k + 1 copies of the trained params for the sampler.
     max_staleness: int = 0
+    # (checkpoint, dtype) of each `rm:` reward model: a folder, or a `SHAPES` name.
+    reward_models: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_rl_config(cls, cfg: Any) -> Workload:
@@ -102,7 +105,31 @@ class Workload:
             critic=cfg.uses_critic,
             lora=cfg.policy.lora,
             max_staleness=cfg.max_staleness,
+            reward_models=rm_checkpoints(cfg.reward),
         )
+
+
+def rm_checkpoints(reward: Any) -> tuple[tuple[str, str], ...]:
+    """(folder, dtype) of each `rm:` reward a `RewardConfig` names (its own options win)."""
+    from jaxrl_llm.rewards.model_config import is_model_reward, model_folder
+
+    out = []
+    for name, value in reward.rewards().items():
+        if is_model_reward(name):
+            options = value[1] if isinstance(value, (tuple, list)) and len(value) > 1 else {}
+            out.append((str(model_folder(name)), options.get("dtype", reward.model.dtype)))
+    return tuple(out)
+
+
+def _reward_model_bytes(checkpoint: str, dtype: str, mesh) -> int:
+    """Per-device bytes of a reward model's `ValueModel` as `RewardModel` loads it."""
+    from jaxrl_llm.models import ValueModel
+
+    try:
+        cfg = model_config(checkpoint, dtype=dtype, param_dtype=dtype)
+    except ValueError as e:
+        raise ValueError(f"reward model 'rm:{checkpoint}': {e}") from e
+    return param_bytes(cfg, mesh, TRAIN_RULES, ValueModel)[0]
 
 
 def model_config(checkpoint: str, **numerics: Any):
@@ -299,7 +326,7 @@ class Plan:
     @property
     def resident(self) -> int:
         keys = ("params", "optimizer", "reference", "critic_params", "critic_optimizer",
-                "overlap_weights")  # fmt: skip
+                "overlap_weights", "reward_models")  # fmt: skip
         return sum(self.terms[k] for k in keys)
 
     @property
@@ -412,6 +439,7 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
         "rollout_weights": _sampling_copy_bytes(cfg, mesh) if w.slots else 0,
         # The producer's copies of the trained params (learner/overlap.py), on their layout.
         "overlap_weights": (w.max_staleness + 1) * trained if w.max_staleness else 0,
+        "reward_models": sum(_reward_model_bytes(rm, dtype, mesh) for rm, dtype in w.reward_models),
     }
     return Plan(
         model={

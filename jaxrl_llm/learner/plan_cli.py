@@ -33,6 +33,10 @@ def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
         options.append((f"MeshConfig.data={d // 2} (fsdp={f * 2})", cfg, (d // 2, f * 2, t), w))
     if f > 1:
         options.append((f"MeshConfig.tensor={t * 2} (fsdp={f // 2})", cfg, (d, f // 2, t * 2), w))
+    if any(dtype == "float32" for _, dtype in w.reward_models):  # half their resident bytes
+        halved = tuple((rm, "bfloat16") for rm, _ in w.reward_models)
+        ww = dataclasses.replace(w, reward_models=halved)
+        options.append(('RewardModelConfig.dtype="bfloat16"', cfg, mesh_shape, ww))
     if w.slots > 1:
         ww = dataclasses.replace(w, slots=w.slots // 2)
         options.append((f"RolloutConfig.max_slots={w.slots // 2}", cfg, mesh_shape, ww))

@@ -38,7 +38,7 @@ from jaxrl_llm.learner.packing import (
     worth_packing,
 )
 from jaxrl_llm.learner.rl_config import RLConfig
-from jaxrl_llm.learner.run import Learner, Run, build_run
+from jaxrl_llm.learner.run import Learner, Run, build_run, device_state
 from jaxrl_llm.learner.state import TrainState
 from jaxrl_llm.metrics import MetricsWriter
 from jaxrl_llm.metrics.health import HealthMonitor
@@ -97,7 +97,9 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
                 if "val/test_score" in metrics:
                     _refresh_dashboard(run_dir)
             if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
-                ahead_lib.save(run, step, producer)
+                ahead_lib.save(
+                    run.ckpt, step, device_state(state), run.prompts, run.ahead, producer
+                )
             if stop_after is not None and step >= stop_after:
                 break
         if state.step >= cfg.steps:
