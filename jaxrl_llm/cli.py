@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
     "limr": ("jaxrl_llm.data.limr_cli", "LIMR: score a run's prompts, select a subset"),
     "repro": ("jaxrl_llm.repro.cli", "miniature paper reproductions over seeds, with intervals"),
     "samples": ("jaxrl_llm.metrics.generations", "print a run's logged generations (text)"),
+    "rm": ("jaxrl_llm.learner.reward_training", "train a reward model from preference pairs"),
     "score": ("jaxrl_llm.rewards.score_cli", "score a file's responses with any reward (JSON)"),
     "sft": (
         "jaxrl_llm.learner.commands",

@@ -42,11 +42,13 @@ before any model loads; cross-field rules are checked by `RLConfig.validate()`.
 
 
 def config_classes() -> list[type]:
-    """The documented classes in reading order: an RL run's, then SFT's, then the rest.
-    (Imported here, not at module import: this module sits above every layer.)"""
+    """The documented classes in reading order: an RL run's, then SFT's and reward-model
+    training's, then the rest. (Imported here, not at module import: this module sits above
+    every layer.)"""
     from jaxrl_llm.agents.env import EpisodeConfig
     from jaxrl_llm.data.config import DataConfig
     from jaxrl_llm.learner.optim import OptimConfig
+    from jaxrl_llm.learner.reward_training import RMConfig
     from jaxrl_llm.learner.rl_config import AlgoConfig, MeshConfig, PolicyConfig, RLConfig
     from jaxrl_llm.learner.sft import SFTConfig
     from jaxrl_llm.metrics.writer import MetricsConfig
@@ -70,6 +72,7 @@ def config_classes() -> list[type]:
         RewardModelConfig,
         OptimConfig,
         SFTConfig,
+        RMConfig,
         MetricsConfig,
         SandboxConfig,
     ]

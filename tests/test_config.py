@@ -17,7 +17,7 @@ from jaxrl_llm.config_checks import Gt, checked_fields
 from jaxrl_llm.data.sources import SourceConfig
 from jaxrl_llm.learner.rl_config import AlgoConfig, RLConfig
 
-# include-only file, SFT configs
+# include-only file, SFT and reward-model configs
 NOT_RL = {
     "base.gin",
     "sft_tiny.gin",
@@ -25,6 +25,7 @@ NOT_RL = {
     "torl_sft_tiny.gin",
     "search_sft_tiny.gin",
     "agent_sft_tiny.gin",
+    "rm_tiny.gin",
 }
 
 

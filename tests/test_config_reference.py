@@ -79,7 +79,10 @@ def test_a_declared_range_of_a_real_config_is_in_the_page():
     page = render()
     assert "| `lr` | `float` | `1e-06` | > 0 |" in page
     assert "one of 'constant', 'cosine', 'linear'" in page
-    assert "Built as `RLConfig.optim`, `RLConfig.critic_optim`, `SFTConfig.optim`." in page
+    assert (
+        "Built as `RLConfig.optim`, `RLConfig.critic_optim`, `SFTConfig.optim`, `RMConfig.optim`."
+        in page
+    )
 
 
 def test_a_field_without_a_description_is_refused():

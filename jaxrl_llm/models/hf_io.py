@@ -6,7 +6,8 @@ memory-mapped file, converted to our layout, and handed to the devices with
 `jax.make_array_from_callback`, so each device receives only its shard and the host never
 holds more than one tensor. `save_pretrained` writes files that
 `transformers.AutoModelForCausalLM.from_pretrained` loads (a `ValueModel` is written as
-`*ForTokenClassification` with one label, the layout verl's critic uses).
+`*ForTokenClassification` with one label, the layout verl's critic uses, or, with
+`head="sequence"`, as a `*ForSequenceClassification` reward model).
 
 Layout differences (ours <- HF): attention kernels are [D, N, H] <- [N*H, D]; the output
 projection [N, H, D] <- [D, N*H]; dense kernels [in, out] <- [out, in].
@@ -317,18 +318,27 @@ def hf_tensors(model: CausalLM | ValueModel) -> Iterator[tuple[str, np.ndarray]]
         yield hf_name, np.ascontiguousarray(to_hf(host))
 
 
+VALUE_HEADS = {"token": "ForTokenClassification", "sequence": "ForSequenceClassification"}
+
+
 def save_pretrained(
     model: CausalLM | ValueModel,
     path: str | os.PathLike,
     *,
     tokenizer=None,
     max_shard_bytes: int = 4 * 1024**3,
+    head: str = "token",
 ) -> None:
     """Write `config.json` and safetensors (sharded with an index past `max_shard_bytes`).
 
-    Parameters are gathered one at a time. In a multi-process run every process must call
-    this (the gathers are collective); only process 0 writes.
+    A `ValueModel` is written as `*ForTokenClassification` (`head="token"`: a critic) or as
+    `*ForSequenceClassification` (`head="sequence"`: a reward model, as `rm:<folder>` and
+    `transformers` load it); the latter has no bias in HF, so `score.bias` must be zero and
+    is not written. Parameters are gathered one at a time. In a multi-process run every
+    process must call this (the gathers are collective); only process 0 writes.
     """
+    if head not in VALUE_HEADS:
+        raise ValueError(f"head {head!r}: choose one of {sorted(VALUE_HEADS)}")
     path = Path(path)
     cfg: ModelConfig = model.config
     writer = jax.process_index() == 0
@@ -339,6 +349,13 @@ def save_pretrained(
     for hf_name, tensor in hf_tensors(model):
         if not writer:
             continue
+        if head == "sequence" and hf_name == "score.bias":
+            if np.any(tensor != 0):
+                raise ValueError(
+                    "a *ForSequenceClassification head has no bias, but score.bias is "
+                    f"{tensor.tolist()}; save with head='token'"
+                )
+            continue
         if size and size + tensor.nbytes > max_shard_bytes:
             shards.append({})
             size = 0
@@ -348,7 +365,7 @@ def save_pretrained(
         return
     hf = cfg.to_hf()
     if isinstance(model, ValueModel):
-        arch = hf["architectures"][0].replace("ForCausalLM", "ForTokenClassification")
+        arch = hf["architectures"][0].replace("ForCausalLM", VALUE_HEADS[head])
         hf.update(
             architectures=[arch], num_labels=1, id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0}
         )
