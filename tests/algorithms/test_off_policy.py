@@ -103,6 +103,7 @@ def test_a_long_sequence_does_not_overflow_and_bad_options_are_refused():
         AlgoConfig(is_cap=2.0, is_floor=3.0)
 
 
+@pytest.mark.slow  # 70 s in a loaded 2-worker run, AMD EPYC AVX2 (the step's Jacobian)
 @pytest.mark.parametrize(("level", "mode"), [("token", "truncate"), ("sequence", "mask")])
 def test_the_policy_step_weights_the_advantages(level, mode):
     """One step with the correction equals one step without it whose advantages were
