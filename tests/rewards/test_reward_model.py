@@ -28,7 +28,7 @@ from jaxrl_llm.rewards.model import (
     normalize_scores,
     score_index,
 )
-from jaxrl_llm.rewards.model_config import RewardModelConfig
+from jaxrl_llm.rewards.model_config import WHITEN_EPS, RewardModelConfig
 from jaxrl_llm.testing import FLOAT32_EPS, write_reference_checkpoint, write_reward_model
 
 # Rows of different lengths (1 to ~120 tokens): a string prompt, chat messages with a system
@@ -137,9 +137,12 @@ def test_sharded_load_scores_like_unsharded(tmp_path):
 def test_normalisations():
     s = np.array([1.0, 2.0, 3.0, 6.0], np.float32)
     np.testing.assert_array_equal(normalize_scores(s, "raw"), s)
-    w = normalize_scores(s, "whiten")
-    assert abs(w.mean()) < 1e-6 and abs(w.std() - 1) < 1e-5
-    np.testing.assert_allclose(normalize_scores(s, "sigmoid"), 1 / (1 + np.exp(-s)), rtol=1e-6)
+    # Computed in float64 and rounded once to float32: exactly the formulas' float32 value.
+    x = s.astype(np.float64)
+    whitened = (x - x.mean()) / (x.std() + WHITEN_EPS)
+    np.testing.assert_array_equal(normalize_scores(s, "whiten"), whitened.astype(np.float32))
+    sigmoid = 1 / (1 + np.exp(-x))
+    np.testing.assert_array_equal(normalize_scores(s, "sigmoid"), sigmoid.astype(np.float32))
     assert normalize_scores(np.array([4.0]), "whiten").tolist() == [0.0]
     assert [bucket(n) for n in (1, 2, 3, 5, 16, 17)] == [1, 2, 4, 8, 16, 32]
     assert bucket(3, 16) == 16
