@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
     "repro": ("jaxrl_llm.repro.cli", "miniature paper reproductions over seeds, with intervals"),
     "samples": ("jaxrl_llm.metrics.generations", "print a run's logged generations (text)"),
     "rm": ("jaxrl_llm.learner.reward_training", "train a reward model from preference pairs"),
-    "score": ("jaxrl_llm.rewards.score_cli", "score a file's responses with any reward (JSON)"),
+    "score": ("jaxrl_llm.rollout.score_cli", "score a file's responses with any reward (JSON)"),
     "sft": (
         "jaxrl_llm.learner.commands",
         "supervised fine-tuning (builds the tiny default)",

@@ -54,6 +54,7 @@ def config_classes() -> list[type]:
     from jaxrl_llm.metrics.writer import MetricsConfig
     from jaxrl_llm.models.lora import LoraConfig
     from jaxrl_llm.rewards.config import RewardConfig
+    from jaxrl_llm.rewards.judge_config import JudgeConfig
     from jaxrl_llm.rewards.model_config import RewardModelConfig
     from jaxrl_llm.rollout.config import RolloutConfig, VllmConfig
     from jaxrl_llm.tools.sandbox_types import SandboxConfig
@@ -70,6 +71,7 @@ def config_classes() -> list[type]:
         AlgoConfig,
         RewardConfig,
         RewardModelConfig,
+        JudgeConfig,
         OptimConfig,
         SFTConfig,
         RMConfig,

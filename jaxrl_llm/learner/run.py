@@ -47,6 +47,7 @@ from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer
 from jaxrl_llm.models.lora import int8_weights
 from jaxrl_llm.rewards.config import build_rewards
 from jaxrl_llm.rewards.pool import Scorer
+from jaxrl_llm.rollout.judge import build_judge
 from jaxrl_llm.rollout.stage import RolloutStage
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
 from jaxrl_llm.sharding.hosts import local_sampling_mesh
@@ -238,7 +239,7 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
         # Reward models score on this host's sampling devices, outside any collective:
         # each host scores its own samples, in batches of its own.
         scoring = local_sampling_mesh(learner.sampling_mesh or learner.mesh)
-        reward = build_rewards(cfg.reward, mesh=scoring)
+        reward = build_rewards(cfg.reward, mesh=scoring, judges=build_judge)
         generations = GenerationLog(run_dir, cfg.log_generations, learner.tokenizer)
     except BaseException:
         rollout.close()

@@ -9,18 +9,22 @@ takes those it declares as parameters.
 A reward model:  RewardConfig.name = "rm:/path/to/folder"       (an HF *ForSequenceClassification
                  folder, scored on device in the trainer's process: `rewards.model`; its
                  settings in `RewardModelConfig`, or per model as the options of its weight)
+An LLM judge:    RewardConfig.name = "judge:/path/to/folder"    (a causal LM checkpoint that
+                 writes a verdict through the rollout sampler seam: `rollout.judge`; its
+                 settings in `JudgeConfig`, or per judge as the options of its weight)
 See docs/rewards.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import gin
 
 from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields, documented
+from jaxrl_llm.rewards.judge_config import JudgeConfig, is_judge_reward, judge_config, judge_folder
 from jaxrl_llm.rewards.model_config import (
     RewardModelConfig,
     is_model_reward,
@@ -34,6 +38,11 @@ if TYPE_CHECKING:
     from jaxrl_llm.rewards.model import ModelAndRuleRewards
     from jaxrl_llm.rewards.pool import RewardPool
 
+# What builds an LLM judge from its reward name, its config and the mesh (`rollout.judge`:
+# it samples through the rollout sampler seam, a layer above this one, so the caller hands
+# it in).
+JudgeFactory = Callable[[str, JudgeConfig, Any], Any]
+
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +52,8 @@ class RewardConfig:
 
     name: str = documented(
         "math",
-        "The reward, a registered name, 'package.module:function' or 'rm:/reward/model/folder'; "
-        "used when `weights` is None.",
+        "The reward, a registered name, 'package.module:function', 'rm:/reward/model/folder' "
+        "or 'judge:/llm/folder' (an LLM judge); used when `weights` is None.",
     )
     weights: dict[str, Any] | None = documented(
         None,
@@ -70,6 +79,7 @@ class RewardConfig:
     model: RewardModelConfig = documented(
         doc="How 'rm:' reward models score.", factory=RewardModelConfig
     )
+    judge: JudgeConfig = documented(doc="How 'judge:' LLM judges grade.", factory=JudgeConfig)
 
     def __post_init__(self):
         if not 0.0 <= self.max_error_frac <= 1.0:
@@ -89,6 +99,9 @@ class RewardConfig:
             if is_model_reward(name):
                 model_folder(name)
                 model_config(self.model, _options(value), name)
+            elif is_judge_reward(name):
+                judge_folder(name)
+                judge_config(self.judge, _options(value), name)
 
     def rewards(self) -> dict[str, Any]:
         """{reward name: weight or (weight, options)}: `weights`, or `name` alone at 1.0."""
@@ -115,11 +128,11 @@ def _weight(value: Any) -> float:
 
 def configured_reward(cfg: RewardConfig):
     """The configured rule rewards as `fn(response, example) -> float` (picklable): `cfg.name`
-    alone, or the weighted sum of `cfg.weights`' rule rewards (its `rm:` models aside; None
-    when there is no rule reward)."""
+    alone, or the weighted sum of `cfg.weights`' rule rewards (its `rm:` models and `judge:`
+    judges aside; None when there is no rule reward)."""
     from jaxrl_llm.rewards.registry import build_reward, combine_rewards, declared_options
 
-    rules = {k: v for k, v in cfg.rewards().items() if not is_model_reward(k)}
+    rules = {k: v for k, v in cfg.rewards().items() if not on_device(k)}
     if not rules:
         return None
     if cfg.weights is None:
@@ -127,10 +140,17 @@ def configured_reward(cfg: RewardConfig):
     return combine_rewards(rules, offered=cfg.offered)
 
 
+def on_device(name: str) -> bool:
+    """Whether reward `name` scores on device in the caller's process (a reward model or an
+    LLM judge) rather than in the rule rewards' worker pool."""
+    return is_model_reward(name) or is_judge_reward(name)
+
+
 def check_rewards(cfg: RewardConfig, *, field: str | None = None) -> None:
-    """Every reward name, option and `rm:` folder checked, nothing loaded or started: for a
-    run to fail on a typo before any model loads. `field`: what errors name as the source
-    of an `rm:` folder (default: the config field)."""
+    """Every reward name, option, `rm:` folder and `judge:` checkpoint checked, nothing loaded
+    or started: for a run to fail on a typo before any model loads. `field`: what errors
+    name as the source of a folder (default: the config field)."""
+    from jaxrl_llm.assets import resolve_checkpoint
     from jaxrl_llm.rewards.model import check_reward_model
 
     configured_reward(cfg)
@@ -138,18 +158,21 @@ def check_rewards(cfg: RewardConfig, *, field: str | None = None) -> None:
     for name in cfg.rewards():
         if is_model_reward(name):
             check_reward_model(model_folder(name), field)
+        elif is_judge_reward(name):
+            resolve_checkpoint(judge_folder(name), f"{field} {name!r}")
 
 
 def build_reward_pool(cfg: RewardConfig) -> RewardPool:
     """A `RewardPool` of `cfg.workers` processes scoring with `configured_reward(cfg)`; every
     name and option is checked here, before any worker starts. Rule rewards only: a config
-    naming an `rm:` reward model needs `build_rewards`."""
+    naming an `rm:` reward model or a `judge:` needs `build_rewards`."""
     from jaxrl_llm.rewards.pool import RewardPool
 
-    models = [name for name in cfg.rewards() if is_model_reward(name)]
+    models = [name for name in cfg.rewards() if on_device(name)]
     if models:
         raise ConfigError(
-            f"RewardConfig names reward model(s) {models}: this command scores with rule "
+            f"RewardConfig names reward model(s) or judge(s) {models}: this command scores "
+            "with rule "
             "rewards only (pass@k needs a right-or-wrong check); `jaxrl-llm train` and "
             "`jaxrl-llm score` take reward models (docs/rewards.md, 'Reward models')"
         )
@@ -165,25 +188,43 @@ def build_reward_pool(cfg: RewardConfig) -> RewardPool:
 
 
 def build_rewards(
-    cfg: RewardConfig, *, mesh: Mesh | None = None
+    cfg: RewardConfig, *, mesh: Mesh | None = None, judges: JudgeFactory | None = None
 ) -> RewardPool | ModelAndRuleRewards:
-    """What scores samples, every name, option and `rm:` folder checked before any worker
-    starts or model loads: `build_reward_pool(cfg)` for rule rewards alone; with `rm:`
-    rewards, `ModelAndRuleRewards` (the models loaded on `mesh`, or the default device, and
-    the rule rewards' pool when there are any). Both have `score(responses, examples)`."""
+    """What scores samples, every name, option and folder checked before any worker starts
+    or model loads: `build_reward_pool(cfg)` for rule rewards alone; with `rm:` or `judge:`
+    rewards, `ModelAndRuleRewards` (the models and judges loaded on `mesh`, or the default
+    devices, and the rule rewards' pool when there are any). `judges`: what builds a judge
+    (`rollout.judge.build_judge`); None: a `judge:` reward is an error. Both have
+    `score(responses, examples)`."""
     from jaxrl_llm.rewards.model import ModelAndRuleRewards, RewardModel
 
     check_rewards(cfg)
-    names = [name for name in cfg.rewards() if is_model_reward(name)]
+    names = [name for name in cfg.rewards() if on_device(name)]
     if not names:
         return build_reward_pool(cfg)
-    rules = {k: v for k, v in cfg.rewards().items() if not is_model_reward(k)}
-    pool = None
-    if rules:  # the rule rewards alone, under the same settings
-        pool = build_reward_pool(dataclasses.replace(cfg, name=next(iter(rules)), weights=rules))
-    models = []
-    for name in names:
-        value = cfg.rewards()[name]
-        config = model_config(cfg.model, _options(value), name)
-        models.append((RewardModel(model_folder(name), config, mesh=mesh), _weight(value)))
-    return ModelAndRuleRewards(pool, models)
+    if judges is None and any(is_judge_reward(n) for n in names):
+        raise ConfigError(
+            "an LLM judge ('judge:') is named, but this command takes reward models and rule "
+            "rewards only; `jaxrl-llm train` and `jaxrl-llm score` take judges"
+        )
+    rules = {k: v for k, v in cfg.rewards().items() if not on_device(k)}
+    scorers: list[tuple[Any, float]] = []
+    try:
+        for name in names:
+            value = cfg.rewards()[name]
+            if is_model_reward(name):
+                config = model_config(cfg.model, _options(value), name)
+                scorer = RewardModel(model_folder(name), config, mesh=mesh)
+            else:
+                assert judges is not None
+                scorer = judges(name, judge_config(cfg.judge, _options(value), name), mesh)
+            scorers.append((scorer, _weight(value)))
+        pool = None
+        if rules:  # the rule rewards alone, under the same settings
+            rule_cfg = dataclasses.replace(cfg, name=next(iter(rules)), weights=rules)
+            pool = build_reward_pool(rule_cfg)
+    except BaseException:
+        for scorer, _ in scorers:
+            scorer.close()
+        raise
+    return ModelAndRuleRewards(pool, scorers)

@@ -242,18 +242,22 @@ class RewardModel:
 
 
 class ModelAndRuleRewards:
-    """sum_i weight_i * reward_i over reward models (scored here, on device) and the rule
-    rewards' `RewardPool` (already weighted; None when there are none), with the pool's
-    interface: `score`, `last_failures`, `last_parts`, `check_errors`, `close`.
+    """sum_i weight_i * reward_i over device scorers (reward models and LLM judges, scored
+    here, on device) and the rule rewards' `RewardPool` (already weighted; None when there
+    are none), with the pool's interface: `score`, `last_failures`, `last_parts`,
+    `check_errors`, `close`.
 
-    A `score` call runs the pool in a thread while the models score in the caller's (its
-    threads mostly wait on the worker processes, so the two overlap), then
-    adds pool + weight * model in the same order as one after the other would.
-    `last_parts`: the pool's parts and each model's `RewardPart` (its normalised score,
-    unweighted, and the wall time of its `score`), models under "rm:<folder basename>"
-    (`model_config.metric_names`)."""
+    A device scorer has `name` ("rm:<folder>", "judge:<folder>"), `score(responses,
+    examples) -> float32 [B]`, `close()` and, optionally, `last_counts` (what its last call
+    counted, e.g. a judge's retries). A `score` call runs the pool in a thread while the
+    scorers score in the caller's (its threads mostly wait on the worker processes, so the
+    two overlap), then adds pool + weight * scorer in the same order as one after the other
+    would. `last_parts`: the pool's parts and each scorer's `RewardPart` (its score,
+    unweighted, the wall time of its `score` and its counts), under "rm:<folder basename>"
+    or "judge:<folder basename>" (`model_config.metric_names`). `close` closes the pool and
+    every scorer."""
 
-    def __init__(self, pool: RewardPool | None, models: Sequence[tuple[RewardModel, float]]):
+    def __init__(self, pool: RewardPool | None, models: Sequence[tuple[Any, float]]):
         self.pool, self.models = pool, list(models)
         names = metric_names([model.name for model, _ in self.models])
         self._names = [names[model.name] for model, _ in self.models]
@@ -278,7 +282,8 @@ class ModelAndRuleRewards:
             for name, (model, _) in zip(self._names, self.models, strict=True):
                 t0 = time.perf_counter()
                 scores = model.score(responses, examples)
-                parts[name] = RewardPart(scores, time.perf_counter() - t0)
+                counts = dict(getattr(model, "last_counts", {}))
+                parts[name] = RewardPart(scores, time.perf_counter() - t0, counts)
         finally:
             if thread is not None:
                 thread.join()
@@ -294,6 +299,15 @@ class ModelAndRuleRewards:
         return total
 
     @property
+    def last_verdicts(self) -> dict[str, list[str]]:
+        """{judge's metric name: its verdict text per sample} of the last call (judges only)."""
+        return {
+            name: list(model.last_verdicts)
+            for name, (model, _) in zip(self._names, self.models, strict=True)
+            if hasattr(model, "last_verdicts")
+        }
+
+    @property
     def last_failures(self) -> dict:
         return self.pool.last_failures if self.pool is not None else {}
 
@@ -302,8 +316,12 @@ class ModelAndRuleRewards:
             self.pool.check_errors(errors, total, first_error)
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
+        try:
+            if self.pool is not None:
+                self.pool.close()
+        finally:
+            for model, _ in self.models:
+                model.close()
 
     def __enter__(self) -> ModelAndRuleRewards:
         return self

@@ -11,6 +11,8 @@ from typing import Any
 import gin
 
 from jaxrl_llm.config_checks import ConfigError, Ge, checked_fields, documented
+from jaxrl_llm.rewards.judge_config import is_judge_reward
+from jaxrl_llm.rewards.judge_config import short_name as judge_short_name
 
 RM_PREFIX = "rm:"
 NORMALIZATIONS = ("raw", "whiten", "sigmoid")
@@ -56,8 +58,10 @@ def model_folder(name: str) -> Path:
 def metric_names(names: Sequence[str]) -> dict[str, str]:
     """{reward name: its name in metric keys (`reward/<name>/mean`)}: a rule reward's own
     name; "rm:<folder basename>" for a reward model ("rm:/models/skywork/" ->
-    "rm:skywork"), or its whole name when two models of `names` share that basename."""
+    "rm:skywork"), "judge:<folder basename>" for a judge, or its whole name when two of
+    `names` share that short name."""
     short = {n: f"{RM_PREFIX}{model_folder(n).name}" for n in names if is_model_reward(n)}
+    short |= {n: judge_short_name(n) for n in names if is_judge_reward(n)}
     taken = list(short.values())
     return {n: short[n] if taken.count(short.get(n)) == 1 else n for n in names}
 

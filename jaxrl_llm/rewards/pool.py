@@ -67,6 +67,9 @@ class RewardPart:
 
     scores: np.ndarray
     seconds: float
+    # What the reward counted in the call (a judge's retries, unparsed verdicts, ...),
+    # reported as `reward/<name>/<count>`.
+    counts: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 def _serve(conn, reward_fn: Callable[[str, Any], float]) -> None:

@@ -23,22 +23,30 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class PartTotals:
     """One reward of a combination over several scoring calls: the sum of its unweighted
-    scores, how many samples it scored, and the seconds spent scoring with it."""
+    scores, how many samples it scored, the seconds spent scoring with it, and the sums of
+    what it counted (`RewardPart.counts`)."""
 
     total: float = 0.0
     scored: int = 0
     seconds: float = 0.0
+    counts: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, part) -> PartTotals:
         """A `rewards.pool.RewardPart` (NaN scores: samples it has no score for)."""
         scores = np.asarray(part.scores, np.float64)
         scored = scores[~np.isnan(scores)]
-        return cls(float(scored.sum()), int(scored.size), float(part.seconds))
+        counts = dict(getattr(part, "counts", {}))
+        return cls(float(scored.sum()), int(scored.size), float(part.seconds), counts)
 
     def __add__(self, other: PartTotals) -> PartTotals:
+        names = [*self.counts, *(k for k in other.counts if k not in self.counts)]
+        counts = {k: self.counts.get(k, 0) + other.counts.get(k, 0) for k in names}
         return PartTotals(
-            self.total + other.total, self.scored + other.scored, self.seconds + other.seconds
+            self.total + other.total,
+            self.scored + other.scored,
+            self.seconds + other.seconds,
+            counts,
         )
 
 

@@ -207,13 +207,15 @@ class RolloutStage:
         `reward/errors` and `reward/timeouts`, samples whose reward raised or ran out of
         time; for each reward of the combination, `reward/<name>/mean`, its unweighted
         score averaged over the samples it scored (NaN: none), and `timing/reward/<name>`,
-        the seconds spent scoring with it, summed over the calls, as a host's mean
-        (docs/rewards.md, "Per-reward metrics")."""
+        the seconds spent scoring with it, summed over the calls, as a host's mean, and
+        `reward/<name>/<count>`, what it counted, summed (a judge's `retries`, `unparsed`,
+        `too_long`; docs/rewards.md, "Per-reward metrics")."""
         counts, self._reward_counts = self._reward_counts, RewardCounts()
         m: dict[str, float] = {"reward/errors": counts.errors, "reward/timeouts": counts.timeouts}
         for name, part in counts.parts.items():
             m[f"reward/{name}/mean"] = part.total / part.scored if part.scored else float("nan")
             m[f"timing/reward/{name}"] = part.seconds / jax.process_count()
+            m.update({f"reward/{name}/{k}": v for k, v in part.counts.items()})
         return m
 
     def tool_metrics(self) -> dict[str, float]:

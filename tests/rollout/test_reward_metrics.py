@@ -110,7 +110,8 @@ def test_streamed_parts_add_up_over_scoring_calls():
         def score(self, responses, examples):
             lengths = np.asarray([len(r) for r in responses], np.float64)
             lengths[lengths == 0] = np.nan  # an empty response: this reward has no score
-            self.last_parts = {"len": RewardPart(lengths, 0.5)}
+            empty = int(np.isnan(lengths).sum())  # a count, as a judge's retries
+            self.last_parts = {"len": RewardPart(lengths, 0.5, {"empty": empty})}
             return [float(len(r)) for r in responses]
 
     reward = Parts()
@@ -119,6 +120,6 @@ def test_streamed_parts_add_up_over_scoring_calls():
         scorer.add(i, text)
     _, counts = scorer.result()
     calls = counts.parts["len"].seconds / 0.5
-    assert counts.parts == {"len": PartTotals(6.0, 3, 0.5 * calls)} and calls >= 1
+    assert counts.parts == {"len": PartTotals(6.0, 3, 0.5 * calls, {"empty": 1})} and calls >= 1
     both = counts + RewardCounts(parts={"other": PartTotals(1.0, 1, 0.0)})
     assert both.parts == {"len": counts.parts["len"], "other": PartTotals(1.0, 1, 0.0)}

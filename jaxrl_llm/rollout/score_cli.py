@@ -5,22 +5,25 @@
         --gin_param 'RewardModelConfig.normalize = "sigmoid"'
     jaxrl-llm score --data responses.jsonl --gin_param 'RewardConfig.weights = {...}'
 
-The reward is any `RewardConfig.name`: a registered name, `package.module:function` or
-`rm:<folder>`; without `--reward`, the gin-configured `RewardConfig` (e.g. its `weights`).
+The reward is any `RewardConfig.name`: a registered name, `package.module:function`,
+`rm:<folder>` or `judge:<folder>`; without `--reward`, the gin-configured `RewardConfig`
+(e.g. its `weights`).
 A row (jsonl, json, parquet or arrow; `ROW_FIELDS`) needs `response` and a prompt: `prompt`
 (a string or chat messages) or `messages` (`[{"role", "content"}, ...]`); every other field
 (`answer`, the ground truth the rule rewards read, and any column a reward of yours reads)
 reaches the reward as the data row. A malformed row stops the command before anything is
 scored, with one line naming its file and row. Output, in row order:
-`{"row": 3, "id": ..., "score": 0.75}` (`id` when the row has one; `error` when the reward
-raised or timed out on it, the score then being `RewardConfig.incorrect`, and the exit
-status 1).
+`{"row": 3, "id": ..., "score": 0.75}` (`id` when the row has one; `parts`, each reward's
+unweighted score, when several are combined; `verdicts`, each judge's text; `error` when
+the reward raised or timed out on it, the score then being `RewardConfig.incorrect`, and
+the exit status 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reward",
         default=None,
-        help="a reward name, 'package.module:function' or 'rm:<reward model folder>' "
+        help="a reward name, 'package.module:function', 'rm:<reward model folder>' or "
+        "'judge:<LLM folder>' "
         "(default: the gin-configured RewardConfig)",
     )
     fields = "; ".join(f"{k}: {v}" for k, v in ROW_FIELDS.items())
@@ -74,7 +78,7 @@ def check_row(row: Any, where: str) -> dict[str, Any]:
             )
     out = dict(row)
     if not isinstance(prompt, str):
-        chat = messages if messages is not None else prompt
+        chat = messages if messages is not None else prompt or []
         users = [m["content"] for m in chat if m.get("role") == "user"]
         out["prompt"] = users[-1] if users else ""
         out.setdefault("messages", chat)
@@ -97,6 +101,7 @@ def score_rows(reward_name: str | None, path: str) -> list[dict[str, Any]]:
     """One output record per row of `path`, scored by `reward_name` (None: the gin-bound
     `RewardConfig`) in one call, so `RewardModelConfig.normalize = "whiten"` spans the file."""
     from jaxrl_llm.rewards.config import RewardConfig, build_rewards, check_rewards
+    from jaxrl_llm.rollout.judge import build_judge
 
     rows = read_rows(path)
     try:  # a wrong name or folder: one line, before a worker starts or a model loads
@@ -106,19 +111,30 @@ def score_rows(reward_name: str | None, path: str) -> list[dict[str, Any]]:
         raise
     except (KeyError, ValueError, TypeError, ImportError, AttributeError) as e:
         raise ConfigError(f"--reward {reward_name!r}: {e}") from e
-    with build_rewards(cfg) as reward:
+    with build_rewards(cfg, judges=build_judge) as reward:
         examples = [row for _, row in rows]
         scores = reward.score([row["response"] for row in examples], examples)
         failures = dict(getattr(reward, "last_failures", {}))
+        parts = dict(getattr(reward, "last_parts", {}))
+        verdicts = dict(getattr(reward, "last_verdicts", {}))
     out = []
     for i, ((line, row), score) in enumerate(zip(rows, scores, strict=True)):
         record: dict[str, Any] = {"row": line, "score": float(score)}
         if "id" in row:
             record["id"] = row["id"]
+        if len(parts) > 1:
+            record["parts"] = {name: _number(part.scores[i]) for name, part in parts.items()}
+        if verdicts:
+            record["verdicts"] = {name: texts[i] for name, texts in verdicts.items()}
         if i in failures:
             record["error"] = str(failures[i])
         out.append(record)
     return out
+
+
+def _number(x) -> float | None:
+    """A part's score for JSON: None where it has none (NaN: timed out or raised)."""
+    return float(x) if math.isfinite(x) else None
 
 
 def main(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 from jaxrl_llm import cli
 from jaxrl_llm.rewards.model import RewardModel
-from jaxrl_llm.rewards.score_cli import read_rows
+from jaxrl_llm.rollout.score_cli import read_rows
 from jaxrl_llm.testing import write_reward_model
 
 ROWS = [
