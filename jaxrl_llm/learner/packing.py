@@ -23,16 +23,15 @@ Shapes: M micro-batches, mb samples each, R packed rows, T tokens per row.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Generic
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.data.packing import Lengths, first_fit_rows
 from jaxrl_llm.types import Leaf
 
-Lengths = Sequence[int] | np.ndarray  # tokens per sample (prompt + response)
 MAX_PACKED_ROWS = 0.75  # of the micro-batch's rows: packing beyond this costs more than it saves
 
 
@@ -52,25 +51,6 @@ class Packing(Generic[Leaf]):
     segment_ids: Leaf
     positions: Leaf
     dst: Leaf
-
-
-def first_fit_rows(lengths: Lengths, seq_len: int) -> list[list[int]]:
-    """Sample indices per row: longest first, each into the first row with room (FFD)."""
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for j in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
-        n = int(lengths[j])
-        if not 0 < n <= seq_len:
-            raise ValueError(f"sample {j} has {n} tokens; a packed row holds 1..{seq_len}")
-        for r, free in enumerate(room):
-            if n <= free:
-                rows[r].append(j)
-                room[r] -= n
-                break
-        else:
-            rows.append([j])
-            room.append(seq_len - n)
-    return rows
 
 
 def row_bucket(micro_batch: int, multiple: int) -> int:

@@ -14,12 +14,15 @@ tokenizer's chat template (the data row's `messages`, else its `prompt` as one u
 then the response as the assistant's turn); a tokenizer without a chat template gets the
 prompt (the messages' contents joined by newlines) followed directly by the response.
 
-Batches are padded, not packed: rows sorted by length, cut into batches of at most
-`RewardModelConfig.batch_size`, each right-padded to a power-of-two row count and length, so
-a run compiles a handful of programs (one per bucket) and wastes less than half of each row.
-(The learner's sequence packing lives above this layer; rewards cannot import it.)
+Batches are packed: a call's conversations are placed whole into rows of T tokens (T: the
+longest conversation's length rounded up to a power of two; first-fit decreasing,
+`data.packing.first_fit_rows`), told apart by segment ids (attention stays within each)
+with positions restarting at 0 in each, so short responses share a row instead of padding
+one each. Rows are scored `RewardModelConfig.batch_size` at a time, the row count rounded
+up to a power of two, so a run compiles a handful of programs. A conversation's score is the
+head's output at its own score index in its row.
 
-Shapes: B rows, T tokens, D embed.
+Shapes: B packed rows, T tokens, D embed, S conversations.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from jaxrl_llm.data.packing import first_fit_rows
 from jaxrl_llm.models.hf_io import (
     CheckpointError,
     check_checkpoint,
@@ -148,10 +152,11 @@ def normalize_scores(scores: np.ndarray, how: str) -> np.ndarray:
     return scores.astype(np.float32)
 
 
-def _last_token_scores(model: ValueModel, ids, mask, last):
-    """ids, mask [B, T], last [B] -> the head's float32 output at each row's `last` [B]."""
-    values = model(ids, attention_mask=mask)
-    return jnp.take_along_axis(values, last[:, None], axis=1)[:, 0]
+def _packed_scores(model: ValueModel, ids, positions, segment_ids, where):
+    """ids, positions, segment_ids [B, T], where [S] (flat index b * T + t) -> the head's
+    float32 output at each conversation's score token [S]."""
+    values = model(ids, positions=positions, segment_ids=segment_ids)
+    return values.reshape(-1)[where]
 
 
 class RewardModel:
@@ -177,8 +182,8 @@ class RewardModel:
         self.tokenizer = load_tokenizer(self.path)
         graphdef, self._state = nnx.split(model)
         self._forward = jax.jit(
-            lambda state, ids, mask, last: _last_token_scores(
-                nnx.merge(graphdef, state), ids, mask, last
+            lambda state, ids, positions, segments, where: _packed_scores(
+                nnx.merge(graphdef, state), ids, positions, segments, where
             )
         )
         self.last_failures: dict = {}  # the pool's failure record: a model never times out
@@ -193,14 +198,18 @@ class RewardModel:
         return normalize_scores(self.score_tokens(rows), self.config.normalize)
 
     def score_tokens(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
-        """Raw float32 scores [B] of token rows, in bucketed padded batches."""
+        """Raw float32 scores [S] of token rows, packed (the module docstring)."""
         rows = [self._fit(list(r)) for r in rows]
         out = np.zeros(len(rows), np.float32)
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+        if not rows:
+            return out
+        T = min(bucket(max(map(len, rows)), MIN_LENGTH_BUCKET), bucket(self.config.max_length))
+        packed = first_fit_rows([len(r) for r in rows], T)
         size = self.config.batch_size
-        for start in range(0, len(order), size):
-            chunk = order[start : start + size]
-            out[chunk] = self._score_batch([rows[i] for i in chunk])
+        for start in range(0, len(packed), size):
+            chunk = packed[start : start + size]
+            order = [j for row in chunk for j in row]
+            out[order] = self._score_packed([[rows[j] for j in row] for row in chunk], T)
         return out
 
     def _fit(self, row: list[int]) -> list[int]:
@@ -217,19 +226,32 @@ class RewardModel:
             )  # fmt: skip
         return row[-limit:]
 
-    def _score_batch(self, rows: list[list[int]]) -> np.ndarray:
-        B = bucket(len(rows))
-        T = min(bucket(max(map(len, rows)), MIN_LENGTH_BUCKET), bucket(self.config.max_length))
+    def _score_packed(self, packed: list[list[list[int]]], T: int) -> np.ndarray:
+        """Scores of the conversations of `packed` (rows of conversations' tokens), in row
+        order, from one forward over power-of-two many rows of T tokens."""
+        B = bucket(len(packed))
         pad = self.pad_token_id if self.pad_token_id is not None else 0
         ids = np.full((B, T), pad, np.int32)
-        mask = np.zeros((B, T), np.int32)
-        last = np.zeros(B, np.int32)
-        for b, row in enumerate(rows):
-            ids[b, : len(row)] = row
-            mask[b, : len(row)] = 1
-            last[b] = score_index(row, self.pad_token_id)
-        scores = self._forward(self._state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(last))
-        return np.asarray(scores, np.float32)[: len(rows)]
+        segments = np.zeros((B, T), np.int32)
+        positions = np.zeros((B, T), np.int32)
+        where: list[int] = []
+        for b, conversations in enumerate(packed):
+            start = 0
+            for k, row in enumerate(conversations):
+                end = start + len(row)
+                ids[b, start:end] = row
+                segments[b, start:end] = k + 1
+                positions[b, start:end] = np.arange(len(row))
+                where.append(b * T + start + score_index(row, self.pad_token_id))
+                start = end
+        S = len(where)
+        at = np.zeros(bucket(S), np.int32)  # a power of two: few programs
+        at[:S] = where
+        scores = self._forward(
+            self._state, jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(segments),
+            jnp.asarray(at),
+        )  # fmt: skip
+        return np.asarray(scores, np.float32)[:S]
 
     def close(self) -> None:
         """Nothing to stop (no workers); the weights go with the object."""

@@ -36,7 +36,9 @@ class RewardModelConfig:
     dtype: str = documented(
         "float32", "Compute and storage dtype of the reward model ('bfloat16' on accelerators)."
     )
-    batch_size: int = documented(16, "Most rows per forward (rounded up to a power of two).")
+    batch_size: int = documented(
+        16, "Packed rows (of several conversations each) per forward, rounded up to a power of two."
+    )
     max_length: int = documented(
         4096, "Most tokens a row scores; a longer conversation keeps its last tokens (logged)."
     )

@@ -10,9 +10,9 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jaxrl_llm.data.packing import first_fit_rows
 from jaxrl_llm.learner.experience import make_experience_fn
 from jaxrl_llm.learner.packing import (
-    first_fit_rows,
     pack,
     packing_layout,
     padding_fraction,

@@ -12,6 +12,7 @@ import torch
 
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.data.packing import first_fit_rows
 from jaxrl_llm.models.hf_io import CheckpointError
 from jaxrl_llm.rewards.config import (
     RewardConfig,
@@ -90,9 +91,11 @@ def test_scores_match_transformers(reward_folder):
     against HF's float64 run within 4x HF float32's own (floored at 8 roundings of the
     largest score: a lucky HF run must not make the bound vanish)."""
     name, path, torch_model = reward_folder
-    rm = RewardModel(path, RewardModelConfig(batch_size=4))  # two buckets: 4 rows and 2
+    rm = RewardModel(path, RewardModelConfig(batch_size=1))  # a forward per packed row
     ours = rm.score(RESPONSES, ROWS)
     tokens = [_hf_tokens(rm.tokenizer, e, r) for e, r in zip(ROWS, RESPONSES, strict=True)]
+    lengths = [len(t) for t in tokens]  # packed: rows shared, so segments are exercised
+    assert 1 < len(first_fit_rows(lengths, bucket(max(lengths), 16))) < len(ROWS)
     hf32 = _hf_scores(torch_model, tokens, 0, torch.float32)
     hf64 = _hf_scores(torch_model, tokens, 0, torch.float64)
     scale = np.abs(hf64).max()

@@ -7,6 +7,7 @@ The retry and metric tests script the judge's sampler (`Sampler` contract): no m
 
 import dataclasses
 
+import gin
 import numpy as np
 import pytest
 
@@ -24,6 +25,14 @@ from tests.rollout.reference import naive_greedy
 from tests.rollout.test_reward_metrics import _batch
 
 EXAMPLE = {"prompt": "What is 2 + 3?", "answer": "5"}
+
+
+@pytest.fixture(autouse=True)
+def _empty_gin():
+    """The configs here are built directly: no binding left by another test applies."""
+    gin.clear_config()
+    yield
+    gin.clear_config()
 
 
 @pytest.fixture(scope="module")
