@@ -20,7 +20,7 @@ TRAIN_ARGS ?=
 # The venv's own interpreter, whichever venv this is (pyproject names .venv for editors).
 PYRIGHT := $(BIN)/basedpyright -p pyproject.toml --pythonpath $(BIN)/python
 
-.PHONY: train test test-fast lint format sysdeps clean tiny-checkpoint repro-torl repro-limr repro-search-r1 repro-agent
+.PHONY: train test test-fast lint format sysdeps clean tiny-checkpoint repro-torl repro-limr repro-search-r1 repro-agent repro-rm
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "jaxrl-llm needs Python 3.11 to 3.13, found " + sys.version'
@@ -117,6 +117,11 @@ repro-search-r1: $(BASE_STAMP) sysdeps
 # built-in 'arithmetic' environment (docs/agents.md).
 repro-agent: $(BASE_STAMP)
 	$(BIN)/jaxrl-llm repro agent $(REPRO_FLAGS)
+
+# Reward model: a tiny RM from preference pairs (`jaxrl-llm rm`), then GRPO against it vs
+# against the math rule, validated by the math rule in both.
+repro-rm: $(BASE_STAMP)
+	$(BIN)/jaxrl-llm repro rm $(REPRO_FLAGS)
 
 clean:
 	rm -rf .venv .venv-3.* .pytest_cache .ruff_cache

@@ -226,6 +226,12 @@ class RLConfig:
     rollout: RolloutConfig = documented(doc="How responses are sampled.", factory=RolloutConfig)
     algo: AlgoConfig = documented(doc="Advantages, losses and updates.", factory=AlgoConfig)
     reward: RewardConfig = documented(doc="How responses are scored.", factory=RewardConfig)
+    val_reward: str | None = documented(
+        None,
+        "A reward that scores validation instead of `reward` (a name as `RewardConfig.name`, "
+        "with `reward`'s other settings), e.g. 'math' while training against an 'rm:' model: "
+        "a held-out check the training reward cannot be gamed into; None: `reward`.",
+    )
     optim: OptimConfig = documented(doc="The policy's optimizer.", factory=OptimConfig)
     critic_optim: OptimConfig = documented(
         doc="The critic's optimizer (GAE). Like `optim` it reads the `OptimConfig.*` bindings; "
@@ -263,6 +269,12 @@ class RLConfig:
         """Rollout KV cache length: `seq_len` plus the position of the last sampled token."""
         return self.seq_len + 1
 
+    def validation_reward(self) -> RewardConfig:
+        """The `RewardConfig` validation scores with: `reward`, or `val_reward` in its place."""
+        if self.val_reward is None:
+            return self.reward
+        return dataclasses.replace(self.reward, name=self.val_reward, weights=None)
+
     def validate(self) -> None:
         """Cross-field rules, asked of the registries (what an estimator, loss, tool or
         built-in task needs is registered with it), before any model loads."""
@@ -286,6 +298,8 @@ class RLConfig:
             raise ValueError(f"mini-batch {mini} not divisible by {a.micro_batch_size=}")
         _check_tool_settings(self)
         check_rewards(self.reward)  # names, options and `rm:` folders, nothing loaded
+        if self.val_reward is not None:
+            check_rewards(self.validation_reward(), field="RLConfig.val_reward")
         group = registry.capabilities("advantage", a.estimator).min_group_size
         if self.rollout.n < group:
             raise ValueError(

@@ -133,6 +133,7 @@ def close_run(run: Run, writer: MetricsWriter | None = None) -> None:
     checkpointer, the writers), each even when another's close raises."""
     with contextlib.ExitStack() as stack:
         for close in (run.generations.close, run.rollout.close, run.reward.close,
+                      *([run.val_reward.close] if run.val_reward else []),
                       run.ckpt.close, *([writer.close] if writer else [])):  # fmt: skip
             stack.callback(close)
 
@@ -192,7 +193,8 @@ def _validate(run: Run, producer: RolloutProducer | None) -> dict[str, float]:
     with producer.rollout_lock if producer is not None else contextlib.nullcontext():
         run.rollout.sync_weights(run.learner.policy_params())
         try:
-            return run.rollout.validate(run.data.val, run.reward, run.cfg.reward.correct)
+            reward = run.val_reward or run.reward  # `RLConfig.val_reward`, when set
+            return run.rollout.validate(run.data.val, reward, run.cfg.reward.correct)
         finally:
             run.rollout.release_weights()
 

@@ -11,6 +11,7 @@ seed, read by the data pipeline as local files), which go to a local temporary f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -195,6 +196,8 @@ class Run:
     # Batches the checkpoint resumed from had sampled ahead (`learner/ahead.py`), by step:
     # trained before anything is sampled.
     ahead: dict[int, ahead_lib.Batch] = dataclasses.field(default_factory=dict)
+    # What scores validation when `RLConfig.val_reward` is set; None: `reward`.
+    val_reward: Scorer | None = None
 
 
 class RunDirInUseError(ConfigError, FileExistsError):
@@ -235,19 +238,26 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
         rollout_dtype=cfg.policy.rollout_dtype, corpus=data.corpus,
         checkpoint=learner.checkpoint, sampling_mesh=learner.sampling_mesh,
     )  # fmt: skip
+    built: list[Scorer] = []  # closed if a later part fails: pools and judges' engines
     try:  # the sampler may hold an engine (vLLM) and the tool workers: never leaked
-        # Reward models score on this host's sampling devices, outside any collective:
-        # each host scores its own samples, in batches of its own.
+        # Reward models and judges score on this host's sampling devices, outside any
+        # collective: each host scores its own samples, in batches of its own.
         scoring = local_sampling_mesh(learner.sampling_mesh or learner.mesh)
         reward = build_rewards(cfg.reward, mesh=scoring, judges=build_judge)
+        built.append(reward)
+        val_reward = None
+        if cfg.val_reward is not None:
+            val_reward = build_rewards(cfg.validation_reward(), mesh=scoring, judges=build_judge)
+            built.append(val_reward)
         generations = GenerationLog(run_dir, cfg.log_generations, learner.tokenizer)
     except BaseException:
-        rollout.close()
-        ckpt.close()
+        with contextlib.ExitStack() as stack:
+            for close in (rollout.close, ckpt.close, *(b.close for b in built)):
+                stack.callback(close)
         raise
     return Run(
         cfg, run_dir, learner, data, prompts, rollout, reward, ckpt, resume, generations, scratch,
-        ahead,
+        ahead, val_reward,
     )  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""`jaxrl-llm repro torl|limr|search-r1`: every arm of a miniature reproduction over N seeds.
+"""`jaxrl-llm repro torl|limr|search-r1|agent|rm`: every arm of a miniature reproduction over
+N seeds.
 
 Writes ``OUT/results.json`` (per-seed curves, per-arm intervals, paired comparisons),
 ``OUT/figure.png`` and ``OUT/summary.md`` (the tables docs/reproductions.md shows); LIMR also

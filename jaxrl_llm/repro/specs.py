@@ -148,6 +148,30 @@ REPROS: dict[str, Repro] = {
         comparisons=(),
         prepare="jaxrl_llm.repro.agent_stage:prepare_agent",
     ),
+    "rm": Repro(
+        name="rm",
+        claim=(
+            "RL against a learned reward model (as in InstructGPT, Ouyang et al. 2022, "
+            "arXiv:2203.02155; Gao, Schulman, Hilton 2022, arXiv:2210.10760, on "
+            "overoptimization): GRPO raises the reward model's score of the policy's samples; "
+            "whether held-out correctness rises with it, or the policy games the model, a rule "
+            "check the training never sees tells."
+        ),
+        arms=(
+            Arm(
+                "rm",
+                ("rm_grpo_tiny.gin",),
+                "GRPO on the tiny reward model's score alone (the math rule logged at weight 0)",
+            ),
+            Arm(
+                "rule",
+                ("rm_grpo_tiny.gin",),
+                "GRPO on the math rule alone (the reward model logged at weight 0)",
+            ),
+        ),
+        comparisons=(("rm", "rule"),),
+        prepare="jaxrl_llm.repro.rm_stage:prepare_rm",
+    ),
 }
 
 

@@ -9,7 +9,7 @@ from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.rl_loop import run_rl
 from jaxrl_llm.rewards import model as rm_lib
-from jaxrl_llm.testing import write_reward_model
+from jaxrl_llm.testing import register_test_rewards, write_reward_model
 
 from .rl_helpers import TINY_RL_PARAMS
 
@@ -51,3 +51,34 @@ def test_a_run_rewards_with_the_model_scores(tmp_path, monkeypatch):
 def test_a_bad_reward_model_folder_fails_before_the_policy_loads(tmp_path):
     with pytest.raises(ConfigError, match=r"RewardConfig\.name .*missing.*no such folder"):
         _config(tmp_path / "run", f"rm:{tmp_path / 'missing'}").validate()
+
+
+def test_a_run_rewards_with_a_judge_beside_a_rule(tmp_path, monkeypatch):
+    """`judge:builtin` (the shipped checkpoint as an LLM judge, on its own JAX engine) beside
+    a rule reward: every sample is judged once, scoring beside the policy's decoding on the
+    scorer thread, and the step reports the judge's mean and counts as the judge made them."""
+    from jaxrl_llm.rollout import judge as judge_lib
+
+    calls = []
+    score = judge_lib.Judge.score
+
+    def recorded(self, responses, examples):
+        out = score(self, responses, examples)
+        calls.append((out, dict(self.last_counts)))
+        return out
+
+    monkeypatch.setattr(judge_lib.Judge, "score", recorded)
+    register_test_rewards()  # 'digit_fraction'
+    judge = "(0.5, {'max_new_tokens': 4, 'retries': 1, 'parser': 'number', 'unparsed_score': 0.25})"
+    weights = f"{{'digit_fraction': 1.0, 'judge:builtin': {judge}}}"
+    parse_gin([], [*TINY_RL_PARAMS, f"RLConfig.run_dir = '{tmp_path / 'run'}'",
+                   "RLConfig.steps = 1", f"RewardConfig.weights = {weights}"])  # fmt: skip
+    [last] = run_rl(RLConfig())
+    judged = np.concatenate([out for out, _ in calls])
+    assert judged.size == 8  # prompts_per_step x n, each sample judged once
+    assert last["reward/judge:builtin/mean"] == pytest.approx(float(judged.mean()), rel=1e-6)
+    for count in ("retries", "unparsed", "too_long"):
+        assert last[f"reward/judge:builtin/{count}"] == sum(c[count] for _, c in calls)
+    assert last["critic/score/mean"] == pytest.approx(
+        last["reward/digit_fraction/mean"] + 0.5 * last["reward/judge:builtin/mean"], rel=1e-5
+    )
