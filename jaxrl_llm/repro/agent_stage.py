@@ -23,7 +23,7 @@ from jaxrl_llm.agents.arithmetic import ArithmeticEnv, demonstration
 from jaxrl_llm.config import resolve_gin_file
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.data.tasks.stepwise import stepwise_solution
-from jaxrl_llm.repro.specs import Prepared, PrepOptions
+from jaxrl_llm.repro.specs import PREPARED, Prepared, PrepOptions, finished_preparation
 from jaxrl_llm.repro.torl_stage import sft_run
 
 SFT_GIN = "agent_sft_tiny.gin"
@@ -31,12 +31,11 @@ N_PROBLEMS = 4000
 # The share of demonstrations that call the calculator tools; the others solve the problem
 # in words (`_in_words`), so that the SFT policy has a choice for RL to sharpen: when to call.
 TOOL_SHARE = 0.5
-RECORD = "prepared.json"  # in the SFT's out_dir: what it was trained from, and its notes
 
 
 def prepare_agent(opts: PrepOptions) -> Prepared:
     """Writes the demonstrations, fine-tunes one checkpoint (or reuses the one a run with the
-    same settings left in OUT: `_finished`), points the arm at it."""
+    same settings left in OUT: `finished_preparation`), points the arm at it."""
     problems = arithmetic.generate_problems(N_PROBLEMS, seed=0, id_prefix="sft", split="train")
     tools = ArithmeticEnv().tools
     data = opts.out_dir / "sft_data" / "episodes.jsonl"
@@ -51,7 +50,7 @@ def prepare_agent(opts: PrepOptions) -> Prepared:
     if opts.prep_steps is not None:
         params.append(f"SFTConfig.steps = {opts.prep_steps}")
     signature = _signature(data, params)
-    notes = _finished(out, signature)
+    notes = finished_preparation(out, signature)
     if notes is None:
         t0 = time.perf_counter()
         last = sft_run([SFT_GIN], params)
@@ -60,7 +59,7 @@ def prepare_agent(opts: PrepOptions) -> Prepared:
             "sft_s": round(time.perf_counter() - t0, 1),
         }
         out.mkdir(parents=True, exist_ok=True)
-        (out / RECORD).write_text(json.dumps({"signature": signature, **notes}) + "\n")
+        (out / PREPARED).write_text(json.dumps({"signature": signature, **notes}) + "\n")
     return Prepared(arm_params={"grpo": (f"CHECKPOINT = '{out / 'hf'}'",)}, notes={"grpo": notes})
 
 
@@ -81,16 +80,3 @@ def _signature(data: Path, params: list[str]) -> str:
                  data.read_bytes()):  # fmt: skip
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
-
-
-def _finished(out: Path, signature: str) -> dict | None:
-    """The notes of an SFT already finished in `out` from the same settings (its checkpoint
-    written, its record matching), with `reused`; None when it must be trained. A changed
-    code is not seen: delete OUT/sft to retrain after changing the trainer."""
-    record = out / RECORD
-    if not (record.is_file() and (out / "hf" / "config.json").is_file()):
-        return None
-    notes = json.loads(record.read_text())
-    if notes.pop("signature", None) != signature:
-        return None
-    return {**notes, "reused": True}

@@ -27,10 +27,9 @@ import numpy as np
 
 from jaxrl_llm.config import resolve_gin_file
 from jaxrl_llm.repro import stats
-from jaxrl_llm.repro.specs import Prepared, PrepOptions
+from jaxrl_llm.repro.specs import PREPARED, Prepared, PrepOptions, finished_preparation
 
 RM_GIN = "rm_tiny.gin"
-RECORD = "prepared.json"  # in the RM's out_dir: the settings it was trained from, its notes
 RM_KEY = "reward/rm:hf/mean"  # the RM's score of a step's samples (`metric_names`: "rm:hf")
 RULE_KEY = "reward/math/mean"  # the math rule's score of a step's samples
 TOOL_KEY = "env/tool_calls/mean"  # Python tool calls per sample of a step
@@ -56,7 +55,7 @@ def prepare_rm(opts: PrepOptions) -> Prepared:
     if opts.prep_steps is not None:
         params.append(f"RMConfig.steps = {opts.prep_steps}")
     signature = _signature(params)
-    notes = _finished(out, signature)
+    notes = finished_preparation(out, signature)
     if notes is None:
         t0 = time.perf_counter()
         last = rm_run(params)
@@ -66,7 +65,7 @@ def prepare_rm(opts: PrepOptions) -> Prepared:
             "rm_val_loss": round(float(last["val/loss"]), 4),
             "rm_s": round(time.perf_counter() - t0, 1),
         }
-        (out / RECORD).write_text(json.dumps({"signature": signature, **notes}) + "\n")
+        (out / PREPARED).write_text(json.dumps({"signature": signature, **notes}) + "\n")
     rm = f"rm:{out / 'hf'}"
     return Prepared(
         arm_params={
@@ -83,18 +82,6 @@ def _signature(params: list[str]) -> str:
     for part in (resolve_gin_file(RM_GIN).read_bytes(), "\n".join(params).encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
-
-
-def _finished(out: Path, signature: str) -> dict | None:
-    """The notes of an RM already trained in `out` from the same settings, with `reused`;
-    None when it must be trained. A changed trainer is not seen: delete OUT/rm to retrain."""
-    record = out / RECORD
-    if not (record.is_file() and (out / "hf" / "config.json").is_file()):
-        return None
-    notes = json.loads(record.read_text())
-    if notes.pop("signature", None) != signature:
-        return None
-    return {**notes, "reused": True}
 
 
 def reward_curves(run_dir: str | Path) -> dict[str, list[float]]:

@@ -11,9 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+PREPARED = "prepared.json"  # in a preparation's out_dir: what it was trained from, and its notes
+
+
+def finished_preparation(out: Path, signature: str) -> dict | None:
+    """The notes of a preparation's training already finished in `out` from the same
+    settings (its `hf/` checkpoint written, its `PREPARED` record's signature matching), with
+    `reused`; None when it must be trained. Changed code is not seen: delete `out` to
+    retrain after changing a trainer."""
+    record = out / PREPARED
+    if not (record.is_file() and (out / "hf" / "config.json").is_file()):
+        return None
+    notes = json.loads(record.read_text())
+    if notes.pop("signature", None) != signature:
+        return None
+    return {**notes, "reused": True}
 
 
 @dataclasses.dataclass(frozen=True)
