@@ -30,7 +30,7 @@ import functools
 import inspect
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 from annotated_types import Ge, Gt, Interval, Le, Lt
@@ -184,3 +184,14 @@ def describe_range(rng: Range) -> str:
 
 def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint)
+
+
+def with_options(base: T, options: Mapping[str, Any], owner: str) -> T:
+    """The config dataclass `base` with `options` (a reward's own settings from
+    `RewardConfig.weights`, say) applied; an option that is not one of its fields is a
+    `ConfigError` naming `owner` and the fields it takes."""
+    fields = sorted(f.name for f in dataclasses.fields(base))  # type: ignore[arg-type]
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise ConfigError(f"{owner}: unknown option(s) {unknown}; it takes {fields}")
+    return dataclasses.replace(base, **dict(options))  # type: ignore[type-var]

@@ -145,11 +145,24 @@ def _normalize_prompt(value: Any) -> tuple[str, list[dict[str, str]] | None]:
             ):
                 raise ValueError("prompt messages must be {'role': str, 'content': str}")
             messages.append({"role": message["role"], "content": message["content"]})
-        users = [m["content"] for m in messages if m["role"] == "user"]
-        if not users or not users[-1].strip():
+        question = last_user_message(messages)
+        if not question or not question.strip():
             raise ValueError("prompt messages have no non-empty user message")
-        return users[-1], messages
+        return question, messages
     raise ValueError(f"prompt must be a string or chat messages, got {type(value).__name__}")
+
+
+def last_user_message(messages: Any) -> str | None:
+    """The content of the last `{"role": "user", "content": str}` of chat `messages` (the
+    question a row asks); None when there is none."""
+    if not isinstance(messages, list):
+        return None
+    users = [
+        m["content"]
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
+    ]
+    return users[-1] if users else None
 
 
 def _normalize_answer(value: Any) -> str | list[str]:

@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import gin
 
-from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields, documented
-from jaxrl_llm.rewards.judge_config import JudgeConfig, is_judge_reward, judge_config, judge_folder
+from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields, documented, with_options
+from jaxrl_llm.rewards.judge_config import JudgeConfig, is_judge_reward, judge_folder
 from jaxrl_llm.rewards.model_config import (
     RewardModelConfig,
     is_model_reward,
-    model_config,
     model_folder,
 )
 
@@ -98,10 +97,10 @@ class RewardConfig:
         for name, value in self.rewards().items():
             if is_model_reward(name):
                 model_folder(name)
-                model_config(self.model, _options(value), name)
+                with_options(self.model, _options(value), f"reward {name!r}")
             elif is_judge_reward(name):
                 judge_folder(name)
-                judge_config(self.judge, _options(value), name)
+                with_options(self.judge, _options(value), f"reward {name!r}")
 
     def rewards(self) -> dict[str, Any]:
         """{reward name: weight or (weight, options)}: `weights`, or `name` alone at 1.0."""
@@ -211,13 +210,13 @@ def build_rewards(
     scorers: list[tuple[Any, float]] = []
     try:
         for name in names:
-            value = cfg.rewards()[name]
+            value, owner = cfg.rewards()[name], f"reward {name!r}"
             if is_model_reward(name):
-                config = model_config(cfg.model, _options(value), name)
+                config = with_options(cfg.model, _options(value), owner)
                 scorer = RewardModel(model_folder(name), config, mesh=mesh)
             else:
                 assert judges is not None
-                scorer = judges(name, judge_config(cfg.judge, _options(value), name), mesh)
+                scorer = judges(name, with_options(cfg.judge, _options(value), owner), mesh)
             scorers.append((scorer, _weight(value)))
         pool = None
         if rules:  # the rule rewards alone, under the same settings

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import gin
 
 from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields, documented
+from jaxrl_llm.data.examples import last_user_message
 from jaxrl_llm.rewards.extraction import last_boxed
 
 JUDGE_PREFIX = "judge:"
@@ -69,8 +70,9 @@ def parse_boxed(text: str, config: JudgeConfig) -> float | None:
     content = last_boxed(text)
     if content is None:
         return None
-    if re.fullmatch(_NUMBER, content.replace(",", "")):
-        return float(content.replace(",", "")) / config.scale
+    number = content.replace(",", "")
+    if re.fullmatch(_NUMBER, number):
+        return float(number) / config.scale
     scores = {k.lower(): float(v) for k, v in config.labels.items()}
     return scores.get(content.lower())
 
@@ -173,34 +175,19 @@ def judge_folder(name: str) -> str:
     return folder
 
 
-def judge_config(base: JudgeConfig, options: Mapping[str, Any], name: str) -> JudgeConfig:
-    """`base` with a judge's own `options` (from `RewardConfig.weights`) applied; an option
-    that is not a `JudgeConfig` field is an error naming the reward."""
-    fields = {f.name for f in dataclasses.fields(JudgeConfig)}
-    unknown = sorted(set(options) - fields)
-    if unknown:
-        raise ConfigError(
-            f"reward {name!r}: unknown option(s) {unknown}; a judge takes {sorted(fields)}"
-        )
-    return dataclasses.replace(base, **dict(options))
-
-
 def question_text(example: Mapping[str, Any]) -> str:
-    """The question a judge reads: the row's `prompt` (a string), or its last user message
-    (`prompt` or `messages` as chat messages)."""
+    """The question a judge reads: the row's `prompt` (a string), or the last user message
+    of its `prompt` or `messages` (chat messages)."""
     prompt = example.get("prompt")
     if isinstance(prompt, str):
         return prompt
-    messages = prompt if isinstance(prompt, list) else example.get("messages")
-    if isinstance(messages, Sequence):
-        users = [m.get("content") for m in messages if isinstance(m, Mapping)]
-        users = [m for m in users if isinstance(m, str)]
-        if users:
-            return users[-1]
-    raise ValueError(
-        "a judge reads the row's 'prompt' (a string or chat messages) or 'messages'; the row "
-        f"has {sorted(example)}"
-    )
+    question = last_user_message(prompt if isinstance(prompt, list) else example.get("messages"))
+    if question is None:
+        raise ValueError(
+            "a judge reads the row's 'prompt' (a string or chat messages with a user turn) or "
+            f"'messages'; the row has {sorted(example)}"
+        )
+    return question
 
 
 def judge_message(config: JudgeConfig, example: Mapping[str, Any], response: str) -> str:

@@ -27,6 +27,7 @@ Shapes: B packed rows, T tokens, D embed, S conversations.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -338,12 +339,11 @@ class ModelAndRuleRewards:
             self.pool.check_errors(errors, total, first_error)
 
     def close(self) -> None:
-        try:
-            if self.pool is not None:
-                self.pool.close()
-        finally:
-            for model, _ in self.models:
-                model.close()
+        """Closes the pool and every scorer, each even when another's close raises."""
+        with contextlib.ExitStack() as stack:
+            for close in (*([self.pool.close] if self.pool else []),
+                          *(model.close for model, _ in self.models)):  # fmt: skip
+                stack.callback(close)
 
     def __enter__(self) -> ModelAndRuleRewards:
         return self

@@ -4,9 +4,8 @@ kept apart from `rewards.model` so that reading a config never imports JAX."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import gin
 
@@ -66,21 +65,3 @@ def metric_names(names: Sequence[str]) -> dict[str, str]:
     short |= {n: judge_short_name(n) for n in names if is_judge_reward(n)}
     taken = list(short.values())
     return {n: short[n] if taken.count(short.get(n)) == 1 else n for n in names}
-
-
-def _model_options() -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(RewardModelConfig))
-
-
-def model_config(
-    base: RewardModelConfig, options: Mapping[str, Any], name: str
-) -> RewardModelConfig:
-    """`base` with a reward's own `options` (from `RewardConfig.weights`) applied; an option
-    that is not a `RewardModelConfig` field is an error naming the reward."""
-    unknown = sorted(set(options) - _model_options())
-    if unknown:
-        raise ConfigError(
-            f"reward {name!r}: unknown option(s) {unknown}; a reward model takes "
-            f"{sorted(_model_options())}"
-        )
-    return dataclasses.replace(base, **dict(options))

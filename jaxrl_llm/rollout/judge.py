@@ -55,6 +55,8 @@ class Judge:
     def load(cls, name: str, config: JudgeConfig, mesh=None) -> Judge:
         """The judge `name` ("judge:<folder>") loaded on `mesh` (None: the local devices),
         its sampler built by `config.backend` and its weights pushed."""
+        from flax import nnx
+
         from jaxrl_llm.assets import resolve_checkpoint
         from jaxrl_llm.rollout.config import RolloutConfig
         from jaxrl_llm.rollout.loading import resolve_dtype
@@ -81,8 +83,6 @@ class Judge:
         )  # fmt: skip
         sampler = build_sampler(ctx)
         try:
-            from flax import nnx
-
             sampler.push_weights(nnx.state(model))
         except BaseException:
             sampler.close()

@@ -29,6 +29,7 @@ from typing import Any
 
 from jaxrl_llm.config import add_gin_arguments, parse_gin
 from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.data.examples import last_user_message
 from jaxrl_llm.data.sources import SourceConfig, read_records, require_source
 
 ROW_FIELDS = {
@@ -79,8 +80,7 @@ def check_row(row: Any, where: str) -> dict[str, Any]:
     out = dict(row)
     if not isinstance(prompt, str):
         chat = messages if messages is not None else prompt or []
-        users = [m["content"] for m in chat if m.get("role") == "user"]
-        out["prompt"] = users[-1] if users else ""
+        out["prompt"] = last_user_message(chat) or ""
         out.setdefault("messages", chat)
     return out
 

@@ -40,7 +40,13 @@ def test_scale_divides_a_numeric_verdict():
 
 def test_the_prompt_holds_the_question_reference_and_response():
     cfg = JudgeConfig(template="Q={question} R={reference} A={response} {{literal}}")
-    chat = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q?"}]}
+    chat = {
+        "messages": [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "q?"},
+            {"role": "assistant", "content": "a draft"},
+        ]
+    }  # the last *user* turn
     assert judge_message(cfg, {**chat, "answer": 3}, "a") == "Q=q? R=3 A=a {literal}"
     no_ref = JudgeConfig(template="{question}|{reference}", reference_field="")
     assert judge_message(no_ref, {"prompt": "q", "answer": "x"}, "a") == "q|"
