@@ -14,8 +14,9 @@ the rules shard them):
 - gradients: GRAD_COPIES x parameters: the gradient plus two parameter-sized temporaries of
   the update (`updates` and the finite-or-skip `where`);
 - reference model (when a KL term is used): parameters again; critic (estimator 'gae'):
-  a `ValueModel`'s parameters, moments and gradients; each `rm:` reward model: its
-  `ValueModel`'s parameters in `RewardModelConfig.dtype`, in the training layout, resident;
+  a `ValueModel`'s parameters, moments and gradients; `rm:` reward models and `judge:`
+  judges: their weights, resident, and one scorer's scoring activations or KV pool in the
+  rollout phase (`learner.plan_rewards`);
 - KV cache: the engine's paged pool, max_slots x ceil(cache length / page size) pages of
   keys and values in the compute dtype (cache length = max_prompt_length + max_new_tokens
   + 1), split over the batch axes as the slots are and over kv heads (tensor); plus a
@@ -37,8 +38,8 @@ the rules shard them):
 
 Known gap: XLA:CPU does not realise remat's saving (its scheduler hoists the recomputation;
 measured 20.4 vs 21.3 MB at L=4), so remat estimates are only checked on accelerators.
-Not counted: the experience forwards and the reward models' scoring forwards (forward-only,
-smaller than the update), XLA's workspace and compiled code; `HEADROOM` leaves room for them.
+Not counted: the experience forwards (forward-only, smaller than the update), XLA's workspace
+and compiled code; `HEADROOM` leaves room for them.
 """
 
 from __future__ import annotations
@@ -46,15 +47,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from jaxrl_llm.models.presets import PRESETS as SHAPES
+from jaxrl_llm.learner.plan_rewards import ScorerLoad, scorer_loads, scorers_memory
+from jaxrl_llm.learner.plan_shapes import (
+    abstract_mesh,
+    kv_pool_bytes,
+    param_bytes,
+    shard_numel,
+)
 from jaxrl_llm.sharding import axes as ax
-from jaxrl_llm.sharding.rules import SAMPLE_RULES, TRAIN_RULES, Rules, logical_to_spec
+from jaxrl_llm.sharding.rules import SAMPLE_RULES, TRAIN_RULES, Rules
 
 GB = 1e9
 HEADROOM = 0.10  # fraction of device memory left for XLA workspace, code and fragmentation
@@ -87,8 +92,8 @@ class Workload:
     # `RLConfig.max_staleness`: k >= 1 samples while it trains (rollout and train phases at
     # once) and holds up to k + 1 copies of the trained params for the sampler.
     max_staleness: int = 0
-    # (checkpoint, dtype) of each `rm:` reward model: a folder, or a `SHAPES` name.
-    reward_models: tuple[tuple[str, str], ...] = ()
+    # Each `rm:` reward model and `judge:` judge the run loads.
+    scorers: tuple[ScorerLoad, ...] = ()
 
     @classmethod
     def from_rl_config(cls, cfg: Any) -> Workload:
@@ -105,87 +110,8 @@ class Workload:
             critic=cfg.uses_critic,
             lora=cfg.policy.lora,
             max_staleness=cfg.max_staleness,
-            reward_models=rm_checkpoints(cfg.reward),
+            scorers=scorer_loads(cfg),
         )
-
-
-def rm_checkpoints(reward: Any) -> tuple[tuple[str, str], ...]:
-    """(folder, dtype) of each `rm:` reward a `RewardConfig` names (its own options win)."""
-    from jaxrl_llm.rewards.model_config import is_model_reward, model_folder
-
-    out = []
-    for name, value in reward.rewards().items():
-        if is_model_reward(name):
-            options = value[1] if isinstance(value, (tuple, list)) and len(value) > 1 else {}
-            out.append((str(model_folder(name)), options.get("dtype", reward.model.dtype)))
-    return tuple(out)
-
-
-def _reward_model_bytes(checkpoint: str, dtype: str, mesh) -> int:
-    """Per-device bytes of a reward model's `ValueModel` as `RewardModel` loads it."""
-    from jaxrl_llm.models import ValueModel
-
-    try:
-        cfg = model_config(checkpoint, dtype=dtype, param_dtype=dtype)
-    except ValueError as e:
-        raise ValueError(f"reward model 'rm:{checkpoint}': {e}") from e
-    return param_bytes(cfg, mesh, TRAIN_RULES, ValueModel)[0]
-
-
-def model_config(checkpoint: str, **numerics: Any):
-    """`ModelConfig` of a checkpoint directory, 'builtin', or a `SHAPES` name.
-
-    A path that does not exist is matched by its last component (`/ckpts/Qwen2.5-Math-7B`
-    -> 'qwen2.5-math-7b'), so paper configs can be planned before the weights are fetched.
-    """
-    from jaxrl_llm.assets import resolve_checkpoint
-    from jaxrl_llm.models import ModelConfig, read_config
-
-    key = checkpoint.lower()
-    if key not in SHAPES:
-        path = resolve_checkpoint(checkpoint)
-        if (Path(path) / "config.json").is_file():
-            return ModelConfig.from_hf(read_config(path), **numerics)
-        key = re.sub(r"-(instruct|base|hf)$", "", Path(checkpoint).name.lower())
-        key = key.replace("meta-llama-3", "llama3").replace("llama-3", "llama3")
-    if key not in SHAPES:
-        raise ValueError(
-            f"checkpoint {checkpoint!r} has no config.json here and is not a known shape; "
-            f"pass --model with one of {sorted(SHAPES)}"
-        )
-    return ModelConfig.from_hf(SHAPES[key], **numerics)
-
-
-def abstract_mesh(data: int, fsdp: int, tensor: int):
-    from jax.sharding import AbstractMesh
-
-    return AbstractMesh((data, fsdp, tensor), ax.MESH_AXES)
-
-
-def shard_numel(shape, logical, rules: Rules, mesh) -> int:
-    """Elements of one device's shard of an array with these logical axes."""
-    spec = logical_to_spec(logical, rules, mesh, shape)
-    n = 1
-    for i, dim in enumerate(shape):
-        entry = spec[i] if i < len(spec) else None
-        names = () if entry is None else (entry,) if isinstance(entry, str) else entry
-        n *= dim // math.prod(mesh.shape[name] for name in names)
-    return n
-
-
-@functools.cache
-def abstract_params(cfg, cls=None) -> tuple[tuple[tuple[int, ...], tuple, int], ...]:
-    """(shape, logical axes, itemsize) of every parameter, from `nnx.eval_shape`."""
-    from flax import nnx
-
-    from jaxrl_llm.models import CausalLM
-
-    cls = cls or CausalLM
-    state = nnx.state(nnx.eval_shape(lambda: cls(cfg.replace(remat=False), rngs=nnx.Rngs(0))))
-    return tuple(
-        (var.shape, tuple(var.get_metadata()["logical_axes"]), var.get_value().dtype.itemsize)
-        for _, var in nnx.to_flat_state(state)
-    )
 
 
 @functools.cache
@@ -249,13 +175,6 @@ def lora_activation_bytes(cfg, mesh, w: Workload, remat: bool) -> int:
         out_axes = (ax.BATCH, None, *(None if x == ax.EMBED else x for x in b_axes[1:]))
         total += shard_numel(out_shape, out_axes, TRAIN_RULES, mesh) * a
     return total // (cfg.num_layers if remat else 1)
-
-
-def param_bytes(cfg, mesh, rules: Rules, cls=None) -> tuple[int, int]:
-    """(per-device bytes, total parameter count) of a model."""
-    params = abstract_params(cfg.replace(remat=False), cls)
-    per_device = sum(shard_numel(s, lg, rules, mesh) * n for s, lg, n in params)
-    return per_device, sum(math.prod(s) for s, _, _ in params)
 
 
 def gathered_bytes(cfg, mesh) -> int:
@@ -326,7 +245,7 @@ class Plan:
     @property
     def resident(self) -> int:
         keys = ("params", "optimizer", "reference", "critic_params", "critic_optimizer",
-                "overlap_weights", "reward_models")  # fmt: skip
+                "overlap_weights", "reward_models", "judges")  # fmt: skip
         return sum(self.terms[k] for k in keys)
 
     @property
@@ -335,7 +254,9 @@ class Plan:
 
     @property
     def rollout_phase(self) -> int:
-        return self.terms["kv_cache"] + self.terms["rollout_weights"]
+        """Sampling, then scoring (the sampler's weight copy held through both)."""
+        t = self.terms
+        return t["rollout_weights"] + max(t["kv_cache"], t["scoring"])
 
     @property
     def train_step(self) -> int:
@@ -407,15 +328,7 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
     mesh = abstract_mesh(*mesh_shape)
     params, count = param_bytes(cfg, mesh, TRAIN_RULES)
     critic = param_bytes(cfg, mesh, TRAIN_RULES, ValueModel)[0] if w.critic else 0
-    a = np.dtype(cfg.dtype).itemsize
-    from jaxrl_llm.models.paged import DEFAULT_PAGE_SIZE
-
-    # The engine's paged pool: every slot can hold a full-length sequence; pages split over
-    # the slots' batch axes (each shard's slots use its pages) and kv heads over tensor.
-    pages = w.slots * -(-w.cache_len // DEFAULT_PAGE_SIZE)
-    kv_shape = (cfg.num_layers, pages * DEFAULT_PAGE_SIZE, cfg.num_kv_heads, cfg.head_dim)
-    kv_axes = (ax.LAYERS, ax.BATCH, ax.ACT_KV_HEADS, None)
-    kv = 2 * shard_numel(kv_shape, kv_axes, SAMPLE_RULES, mesh) * a
+    kv = kv_pool_bytes(cfg, mesh, w.slots, w.cache_len)
     rows = shard_numel((w.micro_batches * w.micro_batch,), (ax.BATCH,), TRAIN_RULES, mesh)
     act = {r: activation_bytes(cfg, mesh, w, r)["peak"] for r in (False, True)}
     if w.lora is not None:
@@ -439,7 +352,7 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
         "rollout_weights": _sampling_copy_bytes(cfg, mesh) if w.slots else 0,
         # The producer's copies of the trained params (learner/overlap.py), on their layout.
         "overlap_weights": (w.max_staleness + 1) * trained if w.max_staleness else 0,
-        "reward_models": sum(_reward_model_bytes(rm, dtype, mesh) for rm, dtype in w.reward_models),
+        **scorers_memory(w.scorers, mesh, cfg.dtype),
     }
     return Plan(
         model={

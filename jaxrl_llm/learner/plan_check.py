@@ -1,6 +1,7 @@
-"""The planner's check: XLA's memory analysis of the real jitted policy step, compiled from
-abstract inputs on a mesh (nothing is allocated). `tests/learner/test_plan.py` and
-`test_lora.py` hold `plan.plan_memory` to it; `plan.ACTIVATION_COUNTS` were fitted to it."""
+"""The planner's check: XLA's memory analysis of the real jitted policy step (and of a reward
+model's scoring forward), compiled from abstract inputs on a mesh (nothing is allocated).
+`tests/learner/test_plan.py`, `test_plan_rewards.py` and `test_lora.py` hold the plan to it;
+`plan.ACTIVATION_COUNTS` and `plan_rewards.SCORING_COUNTS` were fitted to it."""
 
 from __future__ import annotations
 
@@ -82,3 +83,35 @@ def xla_step_bytes(cfg, mesh, w: Workload, algo=None, optim=None) -> dict[str, i
     }
     out["total"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temp"]
     return out
+
+
+def xla_rm_forward_bytes(cfg, mesh, rows: int, length: int) -> dict[str, int]:
+    """XLA's memory analysis of a reward model's scoring forward (`rewards.model`'s packed
+    forward, the `ValueModel` in the training layout, its inputs replicated as the host's
+    arrays arrive) over [rows, length] on `mesh`, compiled from abstract inputs."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxrl_llm.models import ValueModel
+    from jaxrl_llm.rewards.model import packed_scores
+    from jaxrl_llm.sharding.rules import ShardingContext, state_shardings
+
+    ctx = ShardingContext(mesh, TRAIN_RULES)
+    abstract = nnx.eval_shape(lambda: ValueModel(cfg, rngs=nnx.Rngs(0), sharding=ctx))
+    graphdef, state = nnx.split(abstract)
+    state = jax.tree.map(
+        lambda v, s: v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s.get_value())),
+        state,
+        state_shardings(state, mesh, TRAIN_RULES),
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+    host = NamedSharding(mesh, PartitionSpec())
+    ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=host)
+    forward = jax.jit(lambda s, *a: packed_scores(nnx.merge(graphdef, s), *a))
+    tokens = ints(rows, length)
+    ma = forward.lower(state, tokens, tokens, tokens, ints(rows)).compile().memory_analysis()
+    if ma is None:
+        raise RuntimeError(f"the {jax.default_backend()} backend reports no memory analysis")
+    return {"arguments": ma.argument_size_in_bytes, "temp": ma.temp_size_in_bytes}

@@ -8,7 +8,8 @@ import dataclasses
 import json
 from typing import Any
 
-from jaxrl_llm.learner.plan import GB, SHAPES, Plan, Workload, model_config, plan_memory
+from jaxrl_llm.learner.plan import GB, Plan, Workload, plan_memory
+from jaxrl_llm.learner.plan_shapes import SHAPES, model_config
 
 
 def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
@@ -33,10 +34,7 @@ def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
         options.append((f"MeshConfig.data={d // 2} (fsdp={f * 2})", cfg, (d // 2, f * 2, t), w))
     if f > 1:
         options.append((f"MeshConfig.tensor={t * 2} (fsdp={f // 2})", cfg, (d, f // 2, t * 2), w))
-    if any(dtype == "float32" for _, dtype in w.reward_models):  # half their resident bytes
-        halved = tuple((rm, "bfloat16") for rm, _ in w.reward_models)
-        ww = dataclasses.replace(w, reward_models=halved)
-        options.append(('RewardModelConfig.dtype="bfloat16"', cfg, mesh_shape, ww))
+    options += [(change, cfg, mesh_shape, ww) for change, ww in _scorer_options(w, cfg.dtype)]
     if w.slots > 1:
         ww = dataclasses.replace(w, slots=w.slots // 2)
         options.append((f"RolloutConfig.max_slots={w.slots // 2}", cfg, mesh_shape, ww))
@@ -45,6 +43,25 @@ def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
         p = plan_memory(c, m, ww, device_memory=plan.device_memory, **kw)
         out.append({"change": change, "peak": p.peak, "fits": bool(p.fits)})
     return sorted(out, key=lambda s: s["peak"])
+
+
+def _scorer_options(w: Workload, compute_dtype: str) -> list[tuple[str, Workload]]:
+    """Reward models and judges in bfloat16 (half their bytes), and half an RM's rows."""
+    out = []
+    for kind, owner in (("rm", "RewardModelConfig"), ("judge", "JudgeConfig")):
+        mine = lambda s, kind=kind: s.kind == kind
+        dtype = lambda s: compute_dtype if s.dtype == "auto" else s.dtype
+        if any(mine(s) and dtype(s) == "float32" for s in w.scorers):
+            halved = [dataclasses.replace(s, dtype="bfloat16") if mine(s) else s for s in w.scorers]
+            change = f'{owner}.dtype="bfloat16"'
+            out.append((change, dataclasses.replace(w, scorers=tuple(halved))))
+    rows = max((s.rows for s in w.scorers if s.kind == "rm"), default=1)
+    if rows > 1:
+        fewer = [dataclasses.replace(s, rows=min(s.rows, rows // 2)) if s.kind == "rm" else s
+                 for s in w.scorers]  # fmt: skip
+        change = f"RewardModelConfig.batch_size={rows // 2}"
+        out.append((change, dataclasses.replace(w, scorers=tuple(fewer))))
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -186,6 +186,17 @@ def build_reward_pool(cfg: RewardConfig) -> RewardPool:
     )
 
 
+def device_reward_configs(cfg: RewardConfig) -> dict[str, RewardModelConfig | JudgeConfig]:
+    """{name: its config} of each `rm:` and `judge:` reward `cfg` names: the shared
+    `RewardConfig.model` or `.judge` with the reward's own options applied."""
+    out: dict[str, RewardModelConfig | JudgeConfig] = {}
+    for name, value in cfg.rewards().items():
+        if on_device(name):
+            base = cfg.model if is_model_reward(name) else cfg.judge
+            out[name] = with_options(base, _options(value), f"reward {name!r}")
+    return out
+
+
 def build_rewards(
     cfg: RewardConfig, *, mesh: Mesh | None = None, judges: JudgeFactory | None = None
 ) -> RewardPool | ModelAndRuleRewards:
@@ -209,15 +220,13 @@ def build_rewards(
     rules = {k: v for k, v in cfg.rewards().items() if not on_device(k)}
     scorers: list[tuple[Any, float]] = []
     try:
-        for name in names:
-            value, owner = cfg.rewards()[name], f"reward {name!r}"
-            if is_model_reward(name):
-                config = with_options(cfg.model, _options(value), owner)
+        for name, config in device_reward_configs(cfg).items():
+            if isinstance(config, RewardModelConfig):
                 scorer = RewardModel(model_folder(name), config, mesh=mesh)
             else:
                 assert judges is not None
-                scorer = judges(name, with_options(cfg.judge, _options(value), owner), mesh)
-            scorers.append((scorer, _weight(value)))
+                scorer = judges(name, config, mesh)
+            scorers.append((scorer, _weight(cfg.rewards()[name])))
         pool = None
         if rules:  # the rule rewards alone, under the same settings
             rule_cfg = dataclasses.replace(cfg, name=next(iter(rules)), weights=rules)

@@ -153,7 +153,7 @@ def normalize_scores(scores: np.ndarray, how: str) -> np.ndarray:
     return scores.astype(np.float32)
 
 
-def _packed_scores(model: ValueModel, ids, positions, segment_ids, where):
+def packed_scores(model: ValueModel, ids, positions, segment_ids, where):
     """ids, positions, segment_ids [B, T], where [S] (flat index b * T + t) -> the head's
     float32 output at each conversation's score token [S]."""
     values = model(ids, positions=positions, segment_ids=segment_ids)
@@ -183,7 +183,7 @@ class RewardModel:
         self.tokenizer = load_tokenizer(self.path)
         graphdef, self._state = nnx.split(model)
         self._forward = jax.jit(
-            lambda state, ids, positions, segments, where: _packed_scores(
+            lambda state, ids, positions, segments, where: packed_scores(
                 nnx.merge(graphdef, state), ids, positions, segments, where
             )
         )
@@ -361,5 +361,6 @@ __all__ = [
     "conversation_tokens",
     "load_reward_model",
     "normalize_scores",
+    "packed_scores",
     "score_index",
 ]

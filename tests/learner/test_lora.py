@@ -165,7 +165,8 @@ def _get(model, path) -> Any:
 def test_planner_counts_the_adapters_apply_lora_makes():
     """`plan.adapter_bytes` (shapes only) agrees with the adapters `apply_lora` attaches, and
     the LoRA plan's optimiser and gradient terms are those of the adapters alone."""
-    from jaxrl_llm.learner.plan import Workload, abstract_mesh, adapter_bytes, plan_memory
+    from jaxrl_llm.learner.plan import Workload, adapter_bytes, plan_memory
+    from jaxrl_llm.learner.plan_shapes import abstract_mesh
 
     lora = LoraConfig(rank=4, targets=("q_proj", "down_proj"))
     model = init_model(CFG, seed=1)
@@ -191,8 +192,9 @@ def test_planner_counts_the_adapters_apply_lora_makes():
     ids=["tiny-mb4", "tiny-mb8", "small", "small-fsdp2-tensor2", "small-data2-fsdp2"],
 )  # fmt: skip
 def test_lora_plan_within_20_percent_of_xla(mesh_shape, micro_batch, seq_len, micro_batches, rank):
-    from jaxrl_llm.learner.plan import Workload, model_config, plan_memory
+    from jaxrl_llm.learner.plan import Workload, plan_memory
     from jaxrl_llm.learner.plan_check import xla_step_bytes
+    from jaxrl_llm.learner.plan_shapes import model_config
     from jaxrl_llm.models import ModelConfig
 
     small = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -267,7 +269,8 @@ def test_int8_base_trains_adapters_only():
 
 
 def test_planner_counts_the_int8_base():
-    from jaxrl_llm.learner.plan import Workload, abstract_mesh, int8_base_saving, plan_memory
+    from jaxrl_llm.learner.plan import Workload, int8_base_saving, plan_memory
+    from jaxrl_llm.learner.plan_shapes import abstract_mesh
     from jaxrl_llm.models.lora import state_bytes
 
     lora = LoraConfig(rank=4, targets=("q_proj", "gate_proj", "o_proj"))

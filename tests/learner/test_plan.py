@@ -5,19 +5,17 @@ import json
 
 import jax
 import pytest
-from flax import nnx
 
 from jaxrl_llm import cli
-from jaxrl_llm.learner.plan import (
+from jaxrl_llm.learner.plan import Workload, plan_memory
+from jaxrl_llm.learner.plan_check import xla_step_bytes
+from jaxrl_llm.learner.plan_shapes import (
     SHAPES,
-    Workload,
     abstract_mesh,
     model_config,
     param_bytes,
-    plan_memory,
     shard_numel,
 )
-from jaxrl_llm.learner.plan_check import xla_step_bytes
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sharding import build_mesh
 from jaxrl_llm.sharding.rules import TRAIN_RULES
@@ -105,45 +103,3 @@ def test_cli_says_what_to_change(capsys):
     assert cli.main(["plan", "--devices=8", "--device-memory-gb=16"]) == 0  # built-in default
     table = capsys.readouterr().out
     assert "fits" in table and "kv_cache" in table
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_reward_model_is_counted_as_it_loads(tmp_path, dtype):
-    """The `reward_models` term is the bytes one device holds of an `rm:` folder loaded as
-    `RewardModel` loads it (its `ValueModel`, training layout) on the same mesh; the plan
-    reads the folders and the dtype from the `RewardConfig`."""
-    from jaxrl_llm.config import parse_gin
-    from jaxrl_llm.learner.rl_config import RLConfig
-    from jaxrl_llm.rewards.model import load_reward_model
-    from jaxrl_llm.testing import write_reward_model
-
-    write_reward_model(tmp_path, "qwen2", seed=1)
-    parse_gin(["grpo_tiny.gin"], [f"RewardConfig.weights = {{'math': 1.0, 'rm:{tmp_path}': "
-                                  f"(0.5, {{'dtype': '{dtype}'}})}}"])  # fmt: skip
-    work = Workload.from_rl_config(RLConfig())
-    assert work.reward_models == ((str(tmp_path), dtype),)
-    mesh = build_mesh(data=2, fsdp=2, tensor=2)
-    model = load_reward_model(tmp_path, dtype=dtype, mesh=mesh)
-    device = mesh.devices.flat[0]
-    held = sum(
-        s.data.nbytes
-        for x in jax.tree.leaves(nnx.state(model))
-        for s in x.addressable_shards
-        if s.device == device
-    )
-    plan = plan_memory(model_config("builtin"), (2, 2, 2), work)
-    assert plan.terms["reward_models"] == held > 0
-    assert (
-        plan.resident
-        == plan_memory(
-            model_config("builtin"), (2, 2, 2), dataclasses.replace(work, reward_models=())
-        ).resident
-        + held
-    )
-    if dtype == "float32":  # `plan` suggests the reward models in bfloat16: half their bytes
-        from jaxrl_llm.learner.plan_cli import suggest
-
-        tips = {
-            s["change"]: s["peak"] for s in suggest(model_config("builtin"), (2, 2, 2), work, plan)
-        }
-        assert tips['RewardModelConfig.dtype="bfloat16"'] == plan.peak - held // 2

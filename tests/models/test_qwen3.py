@@ -154,7 +154,7 @@ def test_unsupported_qwen3_options_are_refused():
 def test_qwen3_presets_match_published_parameter_counts():
     """Qwen3-0.6B: 0.60 B parameters (0.44 B without the tied embedding); Qwen3-8B: 8.19 B
     (6.95 B without embeddings), as the model cards state."""
-    from jaxrl_llm.learner.plan import abstract_mesh, model_config, param_bytes
+    from jaxrl_llm.learner.plan_shapes import abstract_mesh, model_config, param_bytes
 
     one = abstract_mesh(1, 1, 1)
     small = param_bytes(model_config("qwen3-0.6b"), one, TRAIN_RULES)[1]

@@ -1,0 +1,91 @@
+"""Bytes per device of a model's arrays, from shapes alone (`nnx.eval_shape`, an
+`AbstractMesh`, the logical-axis rules): what `learner.plan` and `learner.plan_rewards` build
+their terms from. Nothing is allocated."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxrl_llm.models.presets import PRESETS as SHAPES
+from jaxrl_llm.sharding import axes as ax
+from jaxrl_llm.sharding.rules import SAMPLE_RULES, Rules, logical_to_spec
+
+
+def model_config(checkpoint: str, **numerics: Any):
+    """`ModelConfig` of a checkpoint directory, 'builtin', or a `SHAPES` name.
+
+    A path that does not exist is matched by its last component (`/ckpts/Qwen2.5-Math-7B`
+    -> 'qwen2.5-math-7b'), so paper configs can be planned before the weights are fetched.
+    """
+    from jaxrl_llm.assets import resolve_checkpoint
+    from jaxrl_llm.models import ModelConfig, read_config
+
+    key = checkpoint.lower()
+    if key not in SHAPES:
+        path = resolve_checkpoint(checkpoint)
+        if (Path(path) / "config.json").is_file():
+            return ModelConfig.from_hf(read_config(path), **numerics)
+        key = re.sub(r"-(instruct|base|hf)$", "", Path(checkpoint).name.lower())
+        key = key.replace("meta-llama-3", "llama3").replace("llama-3", "llama3")
+    if key not in SHAPES:
+        raise ValueError(
+            f"checkpoint {checkpoint!r} has no config.json here and is not a known shape; "
+            f"pass --model with one of {sorted(SHAPES)}"
+        )
+    return ModelConfig.from_hf(SHAPES[key], **numerics)
+
+
+def abstract_mesh(data: int, fsdp: int, tensor: int):
+    from jax.sharding import AbstractMesh
+
+    return AbstractMesh((data, fsdp, tensor), ax.MESH_AXES)
+
+
+def shard_numel(shape, logical, rules: Rules, mesh) -> int:
+    """Elements of one device's shard of an array with these logical axes."""
+    spec = logical_to_spec(logical, rules, mesh, shape)
+    n = 1
+    for i, dim in enumerate(shape):
+        entry = spec[i] if i < len(spec) else None
+        names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        n *= dim // math.prod(mesh.shape[name] for name in names)
+    return n
+
+
+@functools.cache
+def abstract_params(cfg, cls=None) -> tuple[tuple[tuple[int, ...], tuple, int], ...]:
+    """(shape, logical axes, itemsize) of every parameter, from `nnx.eval_shape`."""
+    from flax import nnx
+
+    from jaxrl_llm.models import CausalLM
+
+    cls = cls or CausalLM
+    state = nnx.state(nnx.eval_shape(lambda: cls(cfg.replace(remat=False), rngs=nnx.Rngs(0))))
+    return tuple(
+        (var.shape, tuple(var.get_metadata()["logical_axes"]), var.get_value().dtype.itemsize)
+        for _, var in nnx.to_flat_state(state)
+    )
+
+
+def param_bytes(cfg, mesh, rules: Rules, cls=None) -> tuple[int, int]:
+    """(per-device bytes, total parameter count) of a model."""
+    params = abstract_params(cfg.replace(remat=False), cls)
+    per_device = sum(shard_numel(s, lg, rules, mesh) * n for s, lg, n in params)
+    return per_device, sum(math.prod(s) for s, _, _ in params)
+
+
+def kv_pool_bytes(cfg, mesh, slots: int, cache_len: int) -> int:
+    """The engine's paged pool: every slot can hold a full-length sequence; pages split over
+    the slots' batch axes (each shard's slots use its pages) and kv heads over tensor."""
+    from jaxrl_llm.models.paged import DEFAULT_PAGE_SIZE
+
+    pages = slots * -(-cache_len // DEFAULT_PAGE_SIZE)
+    kv_shape = (cfg.num_layers, pages * DEFAULT_PAGE_SIZE, cfg.num_kv_heads, cfg.head_dim)
+    kv_axes = (ax.LAYERS, ax.BATCH, ax.ACT_KV_HEADS, None)
+    return 2 * shard_numel(kv_shape, kv_axes, SAMPLE_RULES, mesh) * np.dtype(cfg.dtype).itemsize
