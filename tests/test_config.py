@@ -40,7 +40,9 @@ def test_shipped_configs_parse_and_validate(name):
     cfg = RLConfig()
     cfg.validate()
     first_line = (CONFIGS_DIR / name).read_text().splitlines()[0]
-    assert first_line.startswith("# jaxrl-llm train"), "configs start with their command"
+    assert first_line.startswith(("# jaxrl-llm train", "# jaxrl-llm bench")), (
+        "configs start with their command"
+    )
 
 
 def test_unknown_parameter_is_named():
