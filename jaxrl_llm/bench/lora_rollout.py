@@ -4,7 +4,7 @@
 
 Prints one JSON line: the paged engine's greedy decode milliseconds per step for the plain
 model, the model with rank-r adapters on every projection (unmerged: the adapter term runs
-in each projection, `models.lora.with_lora`), and the same model merged (W + (alpha/r) A B),
+in each projection, `models.lora.dense`), and the same model merged (W + (alpha/r) A B),
 plus the seconds of one jitted merge of every adapted weight: what merging once per weight
 sync would add to each RL step, besides a second full copy of the weights for the rollout.
 docs/lora.md has the readings and the choice they led to (unmerged).

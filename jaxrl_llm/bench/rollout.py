@@ -6,6 +6,11 @@ same run, with the machine's ceilings (float32 matmul FLOP/s, streaming read byt
 output reads as ratios and roofline fractions. Greedy decoding with EOS disabled, so every
 row produces exactly `--new-tokens` tokens. Prompts are random token ids.
 
+`--gin_param 'RolloutConfig.weights="int8"'` (or `"w8a8"`) also measures the engine with
+int8 projections (`models.quant.int8_projections`, what the RL sampler holds with that
+setting) in the same run: its tokens/s beside the float engine's and its roofline fraction
+of the bytes it reads.
+
 `--checkpoint` is a directory, 'builtin' (the shipped tiny model) or a shape
 name from `models.presets.PRESETS` (random weights, written once to a temporary HF
 checkpoint that both sides load).
@@ -58,13 +63,18 @@ def timed_greedy_decode(model, B: int, P: int, N: int, steps: int, repeats: int)
     return engine, best
 
 
-def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -> dict:
+def bench_engine(
+    path: Path, B: int, P: int, N: int, steps: int, repeats: int, weights: str = "same"
+) -> dict:
     import jax
     from flax import nnx
 
     from jaxrl_llm.models import from_pretrained
+    from jaxrl_llm.models.quant import int8_projections
 
     model = from_pretrained(path)
+    if weights != "same":
+        int8_projections(model, activations=weights == "w8a8")
     engine, best = timed_greedy_decode(model, B, P, N, steps, repeats)
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
@@ -83,6 +93,18 @@ def bench_engine(path: Path, B: int, P: int, N: int, steps: int, repeats: int) -
         "decode_tokens_per_s": B * N / decode_s,
         "tokens_per_s": B * N / (prefill_s + decode_s),
         "decode_weight_bytes_per_s": param_bytes * N / decode_s,
+    }
+
+
+def _quantised_fields(ours: dict, q: dict, ceilings: dict) -> dict:
+    """The int8 engine against the float one of the same run: decode speedup, the bytes
+    ratio that bounds it, and its own roofline fractions (weights; weights + KV)."""
+    read = ceilings["read_bytes_per_s"]
+    return {
+        "quantised_decode_speedup": q["decode_tokens_per_s"] / ours["decode_tokens_per_s"],
+        "quantised_weight_bytes_ratio": ours["param_bytes"] / q["param_bytes"],
+        "quantised_decode_bandwidth_roofline_fraction": q["decode_weight_bytes_per_s"] / read,
+        "quantised_decode_bandwidth_roofline_fraction_with_kv": q["decode_bytes_per_s"] / read,
     }
 
 
@@ -105,11 +127,24 @@ def bench_hf(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
     return {"total_s": best, "tokens_per_s": B * N / best, "torch_threads": torch.get_num_threads()}
 
 
+def _sampler_weights(args: argparse.Namespace) -> str:
+    """`RolloutConfig.weights` as `--gin_file` / `--gin_param` set it ('same' by default)."""
+    from jaxrl_llm.config import parse_gin
+    from jaxrl_llm.rollout.config import RolloutConfig
+
+    parse_gin(args.gin_file or [], args.gin_param)
+    return RolloutConfig().weights
+
+
 def main(args: argparse.Namespace) -> int:
     B, P, N = args.batch, args.prompt_len, args.new_tokens
+    weights = _sampler_weights(args)
+    quantised = None
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_checkpoint(args.checkpoint, Path(tmp))
         ours = bench_engine(path, B, P, N, args.steps_per_call, args.repeats)
+        if weights != "same":
+            quantised = bench_engine(path, B, P, N, args.steps_per_call, args.repeats, weights)
         hf = None if args.skip_hf else bench_hf(path, B, P, N, args.repeats)
         vllm = None
         if args.backend == "vllm":
@@ -126,6 +161,8 @@ def main(args: argparse.Namespace) -> int:
         "engine": ours,
         "hf_generate": hf,
         "vllm": vllm,
+        "sampler_weights": weights,
+        "engine_quantised": quantised,
         "ceilings": ceilings,
         "speedup_vs_hf": None if hf is None else ours["tokens_per_s"] / hf["tokens_per_s"],
         "speedup_vs_vllm": None if vllm is None else ours["tokens_per_s"] / vllm["tokens_per_s"],
@@ -135,6 +172,7 @@ def main(args: argparse.Namespace) -> int:
         "decode_bandwidth_roofline_fraction_with_kv": (
             ours["decode_bytes_per_s"] / ceilings["read_bytes_per_s"]
         ),
+        **(_quantised_fields(ours, quantised, ceilings) if quantised else {}),
     }
     print(json.dumps(result, indent=1))
     return 0

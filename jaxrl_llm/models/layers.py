@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models.config import ModelConfig, RopeConfig, as_dtype
-from jaxrl_llm.models.lora import with_lora
+from jaxrl_llm.models.lora import dense
 from jaxrl_llm.models.paged import PagedBatch, gathered_attention, write_and_decode, write_kv
 from jaxrl_llm.models.self_attention import Segments, attend, self_attend
 from jaxrl_llm.sharding import axes as ax
@@ -92,9 +92,6 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
-
-
-_QKV = ("q_proj", "k_proj", "v_proj")
 
 
 class Attention(nnx.Module):
@@ -184,10 +181,9 @@ class Attention(nnx.Module):
         """q [B,T,N,H], k, v [B,T,K,H] with rotary embeddings applied to q and k (after the
         q/k norm when the family has one: full, cached and paged paths all come here)."""
         dtype = x.dtype
-        q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dtype))
-        k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dtype))
-        v = jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dtype))
-        q, k, v = (with_lora(self, n, x, y, ctx) for n, y in zip(_QKV, (q, k, v), strict=True))
+        q = dense(self, "q_proj", "btd,dnh->btnh", x, ctx)
+        k = dense(self, "k_proj", "btd,dkh->btkh", x, ctx)
+        v = dense(self, "v_proj", "btd,dkh->btkh", x, ctx)
         if self.qkv_bias:
             q = q + self.q_bias[...].astype(dtype)
             k = k + self.k_bias[...].astype(dtype)
@@ -201,12 +197,7 @@ class Attention(nnx.Module):
 
     def output(self, out: Array) -> Array:
         """Attention output [B,T,N,H] -> [B,T,D] through o_proj."""
-        out = with_lora(
-            self,
-            "o_proj",
-            out,
-            jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(out.dtype)),
-        )
+        out = dense(self, "o_proj", "btnh,nhd->btd", out)
         if self.use_o_bias:
             out = out + self.o_bias[...].astype(out.dtype)
         return out
@@ -229,13 +220,13 @@ class MLP(nnx.Module):
 
     def __call__(self, x: Array, ctx: ShardingContext | None) -> Array:
         dtype = x.dtype
-        gate = with_lora(self, "gate_proj", x, x @ self.gate_proj[...].astype(dtype), ctx)
-        up = with_lora(self, "up_proj", x, x @ self.up_proj[...].astype(dtype), ctx)
+        gate = dense(self, "gate_proj", "btd,df->btf", x, ctx)
+        up = dense(self, "up_proj", "btd,df->btf", x, ctx)
         if self.use_bias:
             gate = gate + self.gate_bias[...].astype(dtype)
             up = up + self.up_bias[...].astype(dtype)
         h = constrain(jax.nn.silu(gate) * up, (ax.BATCH, ax.SEQ, ax.ACT_MLP), ctx)
-        out = with_lora(self, "down_proj", h, h @ self.down_proj[...].astype(dtype), ctx)
+        out = dense(self, "down_proj", "btf,fd->btd", h, ctx)
         if self.use_bias:
             out = out + self.down_bias[...].astype(dtype)
         return out

@@ -14,7 +14,7 @@ method only (`quantize_nnx_model(call_method=...)`) by patching `jnp.einsum`/`do
 while that method runs; this model is driven through `hidden_states` + `logits` in training
 and `extend_paged` in the rollout engine, so adapters would be missing from all but one of
 them, and turning them off for the reference forward would mean swapping the module class.
-Here the layers add the adapter term themselves (`with_lora`), on every path.
+Here the layers add the adapter term themselves (`dense`), on every path.
 
 No LoRA dropout: the PPO ratio compares this network with itself, and a dropout mask in the
 trainer's forward (absent from the rollout's) would make the ratio noisy and the on-policy
@@ -38,7 +38,14 @@ from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_llm.config_checks import Ge, Gt, checked_fields, documented
-from jaxrl_llm.models.quant import dequantize, quantize_variable
+from jaxrl_llm.models.quant import (
+    INT8_ACTIVATIONS,
+    PROJECTION_IN_DIMS,
+    SCALE_SUFFIX,
+    dequantize,
+    int8_product,
+    quantize_variable,
+)
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import (
     TRAIN_RULES,
@@ -52,9 +59,7 @@ Array = jax.Array
 M = TypeVar("M", bound=nnx.Module)
 
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# Input dims of each projection's weight (the rest are output dims).
-_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1,
-            "down_proj": 1}  # fmt: skip
+_IN_DIMS = PROJECTION_IN_DIMS  # input dims of each projection's weight (the rest: output)
 _SUFFIXES = ("_lora_a", "_lora_b")
 
 
@@ -209,16 +214,24 @@ def _new_adapter(base: nnx.Param, name: str, rank: int, key, rules: Rules, dtype
     return nnx.LoRAParam(a, logical_axes=a_axes), nnx.LoRAParam(b, logical_axes=b_axes)
 
 
-def with_lora(
-    module: nnx.Module, name: str, x: Array, y: Array, ctx: ShardingContext | None = None
+def dense(
+    module: nnx.Module, name: str, spec: str, x: Array, ctx: ShardingContext | None = None
 ) -> Array:
-    """`y` (= x W for the weight `name`; x W_q for an int8 one, scaled here) plus the adapter
-    term (alpha / r) (x A) B, when the module has one. x [B, T, in...], y [B, T, out...].
-    With `ctx`, x A [B, T, r] is kept split by rows only: XLA then gathers the small A rather
-    than re-laying out the activations to match A's fsdp-split input dim."""
-    qscale = getattr(module, name + "_qscale", None)
-    if qscale is not None:  # y = x W_q of an int8 weight: scale its output channels
-        y = y * qscale[...].astype(y.dtype)
+    """x times the module's weight `name` by einsum `spec` (x [B, T, in...] -> y [B, T,
+    out...]), plus the adapter term (alpha / r) (x A) B when it has one: every projection's
+    product is formed here. An int8 weight (`models.quant`) is scaled per output channel
+    after the product; on a module marked `int8_activations` (the W8A8 sampler) x is
+    quantised per token as well (`quant.int8_product`). With `ctx`, x A [B, T, r] is kept
+    split by rows only: XLA then gathers the small A rather than re-laying out the
+    activations to match A's fsdp-split input dim."""
+    w = getattr(module, name)[...]
+    qscale = getattr(module, name + SCALE_SUFFIX, None)
+    if qscale is not None and vars(module).get(INT8_ACTIVATIONS, False):
+        y = int8_product(spec, x, w, qscale[...], _IN_DIMS[name])
+    else:
+        y = jnp.einsum(spec, x, w.astype(x.dtype))
+        if qscale is not None:  # y = x W_q of an int8 weight: scale its output channels
+            y = y * qscale[...].astype(y.dtype)
     a = getattr(module, name + "_lora_a", None)
     if a is None:
         return y

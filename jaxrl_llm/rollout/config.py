@@ -24,6 +24,7 @@ from jaxrl_llm.config_checks import Ge, Interval, checked_fields, documented
     max_slots=Ge(1),
     steps_per_call=Ge(1),
     val_temperature=Ge(0),
+    weights=("same", "int8", "w8a8"),
 )
 class RolloutConfig:
     """How an RL run samples its responses: sampling settings, the tool, the backend and
@@ -80,6 +81,16 @@ class RolloutConfig:
         "What samples: 'jax' (our paged engine, sampling from the trainer's live arrays), "
         "'vllm' (an in-process vLLM, weights pushed after each update; settings in "
         "VllmConfig) or your own factory as 'package.module:factory' (rollout/sampler.py).",
+    )
+
+    weights: str = documented(
+        "same",
+        "The sampler's copy of the policy: 'same' (the trainer's weights, or their "
+        "`PolicyConfig.rollout_dtype` cast), 'int8' (the JAX engine's projections quantised "
+        "per output channel at every weight sync, activations as they are) or 'w8a8' (int8 "
+        "projections and activations quantised per token, int32 products: the fast form on "
+        "CPU). The trainer keeps full precision; the gap shows in rollout/logprob_diff/* "
+        "(docs/performance.md).",
     )
 
     def __post_init__(self):

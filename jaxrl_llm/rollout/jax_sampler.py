@@ -41,11 +41,18 @@ class JaxSampler:
     def __init__(self, ctx: SamplerContext):
         from flax import nnx
 
+        from jaxrl_llm.models.quant import int8_sampler_model
         from jaxrl_llm.rollout import Engine, RolloutDriver
 
         r = ctx.cfg
+        # 'int8' / 'w8a8': the engine compiles for the policy with int8 projections; the
+        # sync quantises the trainer's weights into that tree once per update.
+        int8 = r.weights in ("int8", "w8a8")
+        sampler_model = (
+            int8_sampler_model(ctx.policy, activations=r.weights == "w8a8") if int8 else ctx.policy
+        )
         self.engine = Engine(
-            ctx.policy,
+            sampler_model,
             max_concurrent_decodes=r.max_slots,
             max_cache_length=ctx.max_prompt_length + r.max_new_tokens + 1,
             max_prefill_length=ctx.max_prompt_length,
@@ -60,9 +67,9 @@ class JaxSampler:
         # Rollout weights may be narrower (e.g. bfloat16: half the bytes read per decoded
         # token); the trainer's master weights are untouched, and the gap shows in
         # rollout/logprob_diff/*. One jitted cast (and, multi-host, gather) per step.
-        cast = _make_cast(ctx.rollout_dtype) if ctx.rollout_dtype else None
+        cast = _make_cast(ctx.rollout_dtype, int8=int8)
         self._sync = _AdapterSync(
-            nnx.state(ctx.policy), ctx.mesh, self.engine.param_shardings, cast
+            nnx.state(sampler_model), ctx.mesh, self.engine.param_shardings, cast
         )
         self.params: Any = None
 
@@ -205,17 +212,24 @@ def _version_of(delivered: jax.Array) -> int | None:
     return None if value == _NO_VERSION else value
 
 
-def _make_cast(dtype: str):
+def _make_cast(dtype: str | None, *, int8: bool = False):
+    """The map from the trainer's params to the sampler's, or None (the same arrays):
+    projections quantised to int8 from the master weights (`int8`), then floats cast to
+    `dtype` (the scales included)."""
     import jax.numpy as jnp
 
     from jaxrl_llm.models.config import as_dtype
+    from jaxrl_llm.models.quant import quantize_projections
 
-    target = as_dtype(dtype)
+    if dtype is None and not int8:
+        return None
+    target = None if dtype is None else as_dtype(dtype)
 
-    @jax.jit
+    def narrow(x):
+        return x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
     def cast(params):
-        return jax.tree.map(
-            lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
-        )
+        params = quantize_projections(params) if int8 else params
+        return params if target is None else jax.tree.map(narrow, params)
 
     return cast

@@ -108,6 +108,12 @@ class VllmSampler:
     def __init__(self, ctx: SamplerContext, cfg: VllmConfig | None = None):
         from flax import nnx
 
+        if ctx.cfg.weights != "same":
+            raise ConfigError(
+                f"rollout.weights = {ctx.cfg.weights!r} quantises our JAX engine's copy; vLLM "
+                "loads and quantises its own (its `quantization` option): use "
+                "rollout.weights = 'same' with rollout.backend = 'vllm'"
+            )
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
