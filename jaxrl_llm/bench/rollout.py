@@ -73,7 +73,9 @@ def bench_engine(
     from jaxrl_llm.models.quant import int8_projections
 
     model = from_pretrained(path)
+    sync = None
     if weights != "same":
+        sync = sync_seconds(nnx.state(model))
         int8_projections(model, activations=weights == "w8a8")
     engine, best = timed_greedy_decode(model, B, P, N, steps, repeats)
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
@@ -93,7 +95,36 @@ def bench_engine(
         "decode_tokens_per_s": B * N / decode_s,
         "tokens_per_s": B * N / (prefill_s + decode_s),
         "decode_weight_bytes_per_s": param_bytes * N / decode_s,
+        **({"weight_sync_s": sync} if sync else {}),
     }
+
+
+def sync_seconds(state, repeats: int = 5) -> dict:
+    """Best-of-`repeats` seconds of the sampler sync's program on `state` (a float policy
+    State) three ways: a plain copy (what a re-layout writes), the bfloat16 cast
+    (`PolicyConfig.rollout_dtype`) and the int8 quantisation (`RolloutConfig.weights`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl_llm.models.quant import quantize_projections
+
+    programs = {
+        "copy": lambda p: jax.tree.map(jnp.copy, p),
+        "cast_bfloat16": lambda p: jax.tree.map(lambda x: x.astype(jnp.bfloat16), p),
+        "quantise_int8": quantize_projections,
+    }
+    out = {}
+    for name, fn in programs.items():
+        fn = jax.jit(fn)
+        jax.block_until_ready(fn(state))
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(state))
+            best = min(best, time.perf_counter() - t0)
+        out[name] = best
+    out["quantise_over_copy"] = out["quantise_int8"] / out["copy"]
+    return out
 
 
 def _quantised_fields(ours: dict, q: dict, ceilings: dict) -> dict:

@@ -56,6 +56,7 @@ from jaxrl_llm.learner.plan_shapes import (
     abstract_mesh,
     kv_pool_bytes,
     param_bytes,
+    sampler_copy_bytes,
     shard_numel,
 )
 from jaxrl_llm.sharding import axes as ax
@@ -94,6 +95,9 @@ class Workload:
     max_staleness: int = 0
     # Each `rm:` reward model and `judge:` judge the run loads.
     scorers: tuple[ScorerLoad, ...] = ()
+    # The sampler's copy: `PolicyConfig.rollout_dtype` and `RolloutConfig.weights`.
+    rollout_dtype: str | None = None
+    sampler_weights: str = "same"
 
     @classmethod
     def from_rl_config(cls, cfg: Any) -> Workload:
@@ -111,6 +115,8 @@ class Workload:
             lora=cfg.policy.lora,
             max_staleness=cfg.max_staleness,
             scorers=scorer_loads(cfg),
+            rollout_dtype=cfg.policy.rollout_dtype,
+            sampler_weights=r.weights,
         )
 
 
@@ -192,11 +198,14 @@ def gathered_bytes(cfg, mesh) -> int:
     return int(heads + 2 * (total - heads) / cfg.num_layers)
 
 
-def _sampling_copy_bytes(cfg, mesh) -> int:
-    """Bytes of the rollout's weight copy: zero when both layouts agree (weight sync is a
-    pointer), else the parameters in the sampling layout."""
-    same = mesh.shape["fsdp"] == 1
-    return 0 if same else param_bytes(cfg, mesh, SAMPLE_RULES)[0]
+def _sampling_copy_bytes(cfg, mesh, w: Workload) -> int:
+    """Bytes of the rollout's weight copy: zero when the layouts agree and nothing is cast
+    or quantised (weight sync is a pointer), else the sampler's params in the sampling
+    layout, at `rollout_dtype`, int8 projections one byte each."""
+    int8 = w.sampler_weights != "same"
+    if mesh.shape["fsdp"] == 1 and w.rollout_dtype is None and not int8:
+        return 0
+    return sampler_copy_bytes(cfg, mesh, SAMPLE_RULES, w.rollout_dtype, int8)
 
 
 def activation_bytes(cfg, mesh, w: Workload, remat: bool) -> dict[str, int]:
@@ -349,7 +358,7 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
         "batch": 8 * 4 * rows * w.seq_len,
         "activations": act[cfg.remat] + gathered_bytes(cfg, mesh),
         "kv_cache": kv if w.slots else 0,
-        "rollout_weights": _sampling_copy_bytes(cfg, mesh) if w.slots else 0,
+        "rollout_weights": _sampling_copy_bytes(cfg, mesh, w) if w.slots else 0,
         # The producer's copies of the trained params (learner/overlap.py), on their layout.
         "overlap_weights": (w.max_staleness + 1) * trained if w.max_staleness else 0,
         **scorers_memory(w.scorers, mesh, cfg.dtype),

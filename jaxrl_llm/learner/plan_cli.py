@@ -35,6 +35,9 @@ def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
     if f > 1:
         options.append((f"MeshConfig.tensor={t * 2} (fsdp={f // 2})", cfg, (d, f // 2, t * 2), w))
     options += [(change, cfg, mesh_shape, ww) for change, ww in _scorer_options(w, cfg.dtype)]
+    if w.sampler_weights == "same" and plan.terms["rollout_weights"]:  # a copy already
+        ww = dataclasses.replace(w, sampler_weights="int8")
+        options.append(('RolloutConfig.weights="int8"', cfg, mesh_shape, ww))
     if w.slots > 1:
         ww = dataclasses.replace(w, slots=w.slots // 2)
         options.append((f"RolloutConfig.max_slots={w.slots // 2}", cfg, mesh_shape, ww))

@@ -89,3 +89,34 @@ def kv_pool_bytes(cfg, mesh, slots: int, cache_len: int) -> int:
     kv_shape = (cfg.num_layers, pages * DEFAULT_PAGE_SIZE, cfg.num_kv_heads, cfg.head_dim)
     kv_axes = (ax.LAYERS, ax.BATCH, ax.ACT_KV_HEADS, None)
     return 2 * shard_numel(kv_shape, kv_axes, SAMPLE_RULES, mesh) * np.dtype(cfg.dtype).itemsize
+
+
+@functools.cache
+def _sampler_params(cfg, int8: bool) -> tuple[tuple[tuple[int, ...], tuple, np.dtype], ...]:
+    """(shape, logical axes, dtype) of every array of the sampler's copy of the policy: the
+    policy's, or with `int8` its int8 projections and their scales (`quant.int8_projections`)."""
+    from flax import nnx
+
+    from jaxrl_llm.models import CausalLM
+    from jaxrl_llm.models.quant import int8_projections
+
+    def build():
+        model = CausalLM(cfg.replace(remat=False), rngs=nnx.Rngs(0))
+        return int8_projections(model) if int8 else model
+
+    state = nnx.state(nnx.eval_shape(build))
+    return tuple(
+        (var.shape, tuple(var.get_metadata()["logical_axes"]), np.dtype(var.get_value().dtype))
+        for _, var in nnx.to_flat_state(state)
+    )
+
+
+def sampler_copy_bytes(cfg, mesh, rules: Rules, dtype: str | None, int8: bool) -> int:
+    """Per-device bytes of the sampler's copy in layout `rules`: float arrays in `dtype`
+    (`PolicyConfig.rollout_dtype`; None: their own), int8 projections one byte each."""
+    total = 0
+    for shape, axes, kind in _sampler_params(cfg, int8):
+        floating = np.issubdtype(kind, np.floating)
+        size = np.dtype(dtype).itemsize if floating and dtype else kind.itemsize
+        total += shard_numel(shape, axes, rules, mesh) * size
+    return total

@@ -89,6 +89,34 @@ def test_overlapped_rollout_counts_its_weight_copies_and_both_phases():
     assert ahead.peak > sync.peak
 
 
+@pytest.mark.parametrize(
+    "weights, dtype, fsdp",
+    [("same", None, 1), ("same", None, 2), ("same", "bfloat16", 1), ("int8", None, 1),
+     ("w8a8", "bfloat16", 2)],
+)  # fmt: skip
+def test_the_sampler_copy_is_the_bytes_the_sampler_holds(weights, dtype, fsdp):
+    """`rollout_weights`: a copy only when the sync makes one (another layout, a cast or
+    int8), of the bytes the JAX sampler's params take on one device after a push."""
+    from flax import nnx
+
+    from jaxrl_llm.models import init_model
+    from jaxrl_llm.rollout.config import RolloutConfig
+    from jaxrl_llm.rollout.jax_sampler import JaxSampler
+    from jaxrl_llm.rollout.sampler import SamplerContext
+
+    mesh = build_mesh(fsdp=fsdp, devices=jax.devices()[:fsdp])
+    policy = init_model(SMALL, seed=0, mesh=mesh)
+    cfg = RolloutConfig(max_new_tokens=8, max_slots=2, weights=weights)
+    sampler = JaxSampler(SamplerContext(cfg, policy, None, mesh, None, 8, dtype))
+    sampler.push_weights(nnx.state(policy))
+    held = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(sampler.params))
+    work = Workload(micro_batch=2, seq_len=16, slots=2, cache_len=17, rollout_dtype=dtype,
+                    sampler_weights=weights)  # fmt: skip
+    planned = plan_memory(SMALL, (1, fsdp, 1), work).terms["rollout_weights"]
+    pointer = fsdp == 1 and dtype is None and weights == "same"
+    assert planned == (0 if pointer else held)
+
+
 @pytest.mark.slow  # 22 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_cli_says_what_to_change(capsys):
     # The shipped LIMR config with a micro-batch that does not split over the 64 devices
@@ -100,6 +128,10 @@ def test_cli_says_what_to_change(capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["fits"] is False and out["workload"]["critic"] and out["workload"]["reference"]
     assert any(s["fits"] for s in out["suggestions"])
+    # fsdp over 64 devices: the sampler holds a re-laid-out copy, which int8 shrinks
+    (int8,) = [s for s in out["suggestions"] if s["change"] == 'RolloutConfig.weights="int8"']
+    used = out["bytes_per_device"]
+    assert used["rollout_weights"] > 0 and int8["peak"] <= used["peak"]  # train phase peaks
     assert cli.main(["plan", "--devices=8", "--device-memory-gb=16"]) == 0  # built-in default
     table = capsys.readouterr().out
     assert "fits" in table and "kv_cache" in table
