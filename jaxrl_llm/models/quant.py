@@ -6,6 +6,10 @@ s[out...] = max |W| over the input dims / 127, W_q = round(W / s): each element 
 most s / 2. Scaling commutes with the contraction over the input dims, so the layer computes
 x W ~= (x W_q) * s, reading one byte per weight element instead of two or four. (QLoRA's
 4-bit NormalFloat with double quantisation is not implemented.)
+
+The sampler's W8A8 form (`RolloutConfig.weights = 'w8a8'`, `int8_product`) also rounds each
+token's activations to int8 with one scale per token, so the product runs on int8 operands
+with int32 sums; it is for sampling only (rounding has no useful gradient).
 """
 
 from __future__ import annotations

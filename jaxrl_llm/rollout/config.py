@@ -90,7 +90,7 @@ class RolloutConfig:
         "per output channel at every weight sync, activations as they are) or 'w8a8' (int8 "
         "projections and activations quantised per token, int32 products: the fast form on "
         "CPU). The trainer keeps full precision; the gap shows in rollout/logprob_diff/* "
-        "(docs/performance.md).",
+        "and in the importance weights of `AlgoConfig.is_cap` (docs/algorithms.md).",
     )
 
     def __post_init__(self):

@@ -12,7 +12,9 @@ from flax import nnx
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.models import from_pretrained, load_tokenizer
+from jaxrl_llm.models.lora import LoraConfig, apply_lora, split_adapters
 from jaxrl_llm.models.quant import (
+    INT8_ACTIVATIONS,
     SCALE_SUFFIX,
     dequantize,
     int8_product,
@@ -26,6 +28,7 @@ from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.sampler import SamplerContext
 from jaxrl_llm.rollout.sampling import SamplingParams
 from jaxrl_llm.sharding.mesh import build_mesh
+from jaxrl_llm.testing import randomise_lora_b
 from tests.rollout.reference import full_logits, naive_greedy
 
 
@@ -116,21 +119,32 @@ def test_a_bad_weights_value_names_the_choices():
         RolloutConfig(weights="fp8")
 
 
-def test_w8a8_decoding_equals_full_recomputation():
+@pytest.mark.parametrize("lora", [False, True])
+def test_w8a8_decoding_equals_full_recomputation(lora):
     """'w8a8': the sampler's greedy tokens are the W8A8 model's own full-recompute greedy
     continuation (its uncached forward on the whole sequence at every step), and its
     logprobs that forward's (per-token activation scales make each token's product its
-    own: cached decoding changes nothing but float32 summation order)."""
+    own: cached decoding changes nothing but float32 summation order). With LoRA (trained,
+    non-zero adapters) the sampler's base is int8 and its adapters float, and only the
+    sampler's copy quantises activations: the trainer's modules are left as they were."""
     path = builtin_checkpoint()
     policy, tokenizer = from_pretrained(path), load_tokenizer(path)
+    if lora:
+        apply_lora(policy, LoraConfig(rank=2, alpha=4.0), seed=0)
+        randomise_lora_b(policy)
     sampler = _sampler(policy, tokenizer, "w8a8")
     sampler.push_weights(nnx.state(policy))
+    assert not any(hasattr(m, INT8_ACTIVATIONS) for _, m in nnx.iter_modules(policy))
+    adapters, _ = split_adapters(sampler.params)
+    assert {x.dtype for x in jax.tree.leaves(adapters)} <= {jnp.dtype(jnp.float32)}
+    assert len(jax.tree.leaves(adapters)) == (14 * policy.config.num_layers if lora else 0)
     w8a8 = int8_projections(nnx.clone(policy), activations=True)
     prompts = [np.asarray(tokenizer(q)["input_ids"], np.int32)
                for q in ("What is 3 + 4?", "2, 4, 8, next?")]  # fmt: skip
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12, raw_logprobs=True)
+    eos = tuple(policy.config.eos_token_ids)
     for prompt, got in zip(prompts, sampler.generate(prompts, greedy), strict=True):
-        want = naive_greedy(w8a8, prompt, 12, eos=tuple(policy.config.eos_token_ids))
+        want = naive_greedy(w8a8, prompt, 12, eos=eos)
         np.testing.assert_array_equal(got.token_ids, want)
         rows = [np.concatenate([prompt, want[:t]]) for t in range(len(want))]
         logp = jax.nn.log_softmax(full_logits(w8a8, rows), axis=-1)
