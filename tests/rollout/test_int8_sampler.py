@@ -79,6 +79,7 @@ def test_the_synced_tree_is_the_engines_and_the_modules():
         np.testing.assert_array_equal(synced[key], floats[key], err_msg=key)
 
 
+@pytest.mark.slow  # 9-11 s each, Intel Xeon, nothing else running
 @pytest.mark.parametrize("fsdp", [1, 4])
 def test_int8_sampling_equals_the_dequantised_float_model(fsdp):
     """Greedy tokens of the int8 sampler equal those of the float sampler holding the
@@ -119,6 +120,7 @@ def test_a_bad_weights_value_names_the_choices():
         RolloutConfig(weights="fp8")
 
 
+@pytest.mark.slow  # 6-8 s each, Intel Xeon, nothing else running
 @pytest.mark.parametrize("lora", [False, True])
 def test_w8a8_decoding_equals_full_recomputation(lora):
     """'w8a8': the sampler's greedy tokens are the W8A8 model's own full-recompute greedy
