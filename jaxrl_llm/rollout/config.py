@@ -89,8 +89,9 @@ class RolloutConfig:
         "`PolicyConfig.rollout_dtype` cast), 'int8' (the JAX engine's projections, embedding "
         "and LM head quantised per output channel at every weight sync, activations as they "
         "are) or 'w8a8' (int8 weights and activations quantised per token, int32 products: "
-        "the fast form on CPU). The trainer keeps full precision; the gap shows in rollout/logprob_diff/* "
-        "and in the importance weights of `AlgoConfig.is_cap` (docs/algorithms.md).",
+        "the fast form on CPU). The trainer keeps full precision; the gap shows in "
+        "rollout/logprob_diff/* and in the importance weights of `AlgoConfig.is_cap` "
+        "(docs/algorithms.md).",
     )
 
     def __post_init__(self):
