@@ -201,7 +201,7 @@ def gathered_bytes(cfg, mesh) -> int:
 def _sampling_copy_bytes(cfg, mesh, w: Workload) -> int:
     """Bytes of the rollout's weight copy: zero when the layouts agree and nothing is cast
     or quantised (weight sync is a pointer), else the sampler's params in the sampling
-    layout, at `rollout_dtype`, int8 projections one byte each."""
+    layout, at `rollout_dtype`, int8 weights one byte each."""
     int8 = w.sampler_weights != "same"
     if mesh.shape["fsdp"] == 1 and w.rollout_dtype is None and not int8:
         return 0

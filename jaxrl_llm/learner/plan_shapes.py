@@ -94,7 +94,8 @@ def kv_pool_bytes(cfg, mesh, slots: int, cache_len: int) -> int:
 @functools.cache
 def _sampler_params(cfg, int8: bool) -> tuple[tuple[tuple[int, ...], tuple, np.dtype], ...]:
     """(shape, logical axes, dtype) of every array of the sampler's copy of the policy: the
-    policy's, or with `int8` its int8 projections and their scales (`quant.int8_projections`)."""
+    policy's, or with `int8` its int8 weights (projections, embedding, an untied LM head) and
+    their scales (`quant.int8_projections`)."""
     from flax import nnx
 
     from jaxrl_llm.models import CausalLM
@@ -113,7 +114,7 @@ def _sampler_params(cfg, int8: bool) -> tuple[tuple[tuple[int, ...], tuple, np.d
 
 def sampler_copy_bytes(cfg, mesh, rules: Rules, dtype: str | None, int8: bool) -> int:
     """Per-device bytes of the sampler's copy in layout `rules`: float arrays in `dtype`
-    (`PolicyConfig.rollout_dtype`; None: their own), int8 projections one byte each."""
+    (`PolicyConfig.rollout_dtype`; None: their own), int8 weights one byte each."""
     total = 0
     for shape, axes, kind in _sampler_params(cfg, int8):
         floating = np.issubdtype(kind, np.floating)
