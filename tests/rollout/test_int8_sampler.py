@@ -102,7 +102,9 @@ def test_int8_sampling_equals_the_dequantised_float_model(fsdp):
     """Greedy tokens of the int8 sampler equal those of the float sampler holding the
     dequantised weights; their logprobs agree to float32 rounding of a reordered product
     (4e-6 measured, bar 1e-4; the int8 and the original float weights differ by 1.4e-2 to
-    6.2e-2 on these prompts).
+    6.2e-2 on these prompts). The bar is a measured margin (25x), not derived from a float64
+    run: the model has no float64 forward (ModelConfig.dtype refuses it, the LM head
+    computes in float32), so deriving it is open (issue #26's tolerance item).
     Sharded over fsdp=4 as well: the scales are laid out by their logical axes."""
     mesh = build_mesh(fsdp=fsdp, devices=jax.devices()[:fsdp])
     path = builtin_checkpoint()
@@ -181,7 +183,8 @@ def test_int8_logits_equal_the_dequantised_model_tied_or_not(tied):
     """Weight-only int8 logits of a whole forward (embedding lookup, projections, the LM
     head: the tied embedding's rows or an untied [D, V] head) equal the dequantised float
     model's, to float32 rounding of a reordered product (measured 2-3e-7 of the largest
-    logit, bar 1e-5; quantising moves them by 5-7e-3 of it)."""
+    logit, bar 1e-5, a 40x margin and not a float64-derived bound, as above; quantising
+    moves them by 5-7e-3 of it)."""
     from jaxrl_llm.models import ModelConfig, init_model
 
     cfg = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2,
