@@ -13,6 +13,8 @@ and imports no JAX.
 - `aggregation_weights`: each token's float64 weight in `aggregate_loss`, the sum's terms.
 - `log_softmax_tolerance`: the float64 log-softmax and how far two float32 programs may
   disagree on it.
+- `float64_twin`, `assert_as_accurate`: a whole model's float32 path against the trusted
+  path, both measured against the same computation in float64.
 """
 
 from __future__ import annotations
@@ -106,6 +108,56 @@ def log_softmax_tolerance(
     )
     lp = s - log_z
     return lp, e_s + e_log_z + FLOAT32_EPS * np.abs(lp)
+
+
+def float64_twin(model: Any) -> Any:
+    """``model`` (a `CausalLM` or `ValueModel`, sharded or not) computing in float64: a model
+    of its class whose ``dtype`` and ``param_dtype`` are float64, holding its parameters
+    upcast (exactly), unsharded. Build and call it under ``jax.enable_x64(True)``: the exact
+    reference that `assert_as_accurate` measures float32 programs against."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    cfg = dataclasses.replace(model.config, dtype="float64", param_dtype="float64")
+    twin = type(model)(cfg, rngs=nnx.Rngs(0))
+    up = lambda x: jnp.asarray(np.asarray(jax.device_get(x)), jnp.float64)
+    nnx.update(twin, jax.tree.map(up, nnx.state(model, nnx.Param)))
+    return twin
+
+
+def assert_as_accurate(got: Any, trusted: Any, exact: Any, *, factor: float = 4.0) -> float:
+    """A float32 program ``got`` is as accurate as the trusted float32 program ``trusted`` of
+    the same computation: for every array of the (matching) pytrees,
+    ``max|got - exact| <= factor * max|trusted - exact| + eps32 * max|exact|``, ``exact``
+    being the same computation in float64 on the same float32 inputs (`float64_twin`,
+    ``jax.enable_x64``). Returns the largest ``max|got - exact| / bound``.
+
+    Two float32 programs of one computation (sharded vs unsharded, micro-batched vs whole,
+    paged vs dense) round differently, and XLA:CPU fuses and orders sums per instruction
+    set, so a fixed tolerance picked on one host fails on another (issue #26). The trusted
+    program's distance from the exact result is this host's float32 error at these
+    magnitudes; a program doing the same operations in another order errs by the same
+    order (``factor`` covers the spread of two orders' worst elements), a bug by far more.
+    The eps32 term is one rounding of the largest value (a leaf the trusted program got
+    exactly right).
+    """
+    import jax
+
+    n = len(jax.tree.leaves(exact))
+    assert len(jax.tree.leaves(got)) == len(jax.tree.leaves(trusted)) == n, "pytrees differ"
+    worst = 0.0
+    pairs = zip(jax.tree.leaves(got), jax.tree.leaves(trusted), jax.tree.leaves(exact))
+    for i, (g, t, x) in enumerate(pairs):
+        g, t, x = (np.asarray(jax.device_get(a), np.float64) for a in (g, t, x))
+        assert g.shape == t.shape == x.shape, (i, g.shape, t.shape, x.shape)
+        bound = factor * np.abs(t - x).max(initial=0) + FLOAT32_EPS * np.abs(x).max(initial=0)
+        err = np.abs(g - x).max(initial=0)
+        assert err <= bound, f"leaf {i}: max|got - exact| = {err:.3g} > {bound:.3g}"
+        worst = max(worst, err / bound if bound else 0.0)
+    return worst
 
 
 def randomise_lora_b(model: Any, seed: int = 1) -> None:

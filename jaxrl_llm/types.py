@@ -56,16 +56,20 @@ class TrainBatch(Generic[Leaf]):
 
 
 def check_train_batch(batch: TrainBatch[Any]) -> None:
-    """`input_ids` int32, every other field float32, all of `input_ids`' shape (rank >= 2).
-    Leaves that are not concrete arrays or `jax.ShapeDtypeStruct`s are skipped."""
+    """`input_ids` int32, every other field float32 (float64 in a reference run: all of
+    them), all of `input_ids`' shape (rank >= 2). Leaves that are not concrete arrays or
+    `jax.ShapeDtypeStruct`s are skipped."""
     shape: tuple[int, ...] | None = None
+    wide = np.dtype(batch.loss_mask.dtype) == np.float64
     for field in dataclasses.fields(batch):
         x = getattr(batch, field.name)
         if isinstance(x, Tracer) or not isinstance(
             x, np.ndarray | jax.Array | jax.ShapeDtypeStruct
         ):
             continue
-        want = np.dtype(np.int32 if field.name == "input_ids" else np.float32)
+        want = np.dtype(
+            np.int32 if field.name == "input_ids" else np.float64 if wide else np.float32
+        )
         shape = tuple(x.shape) if shape is None else shape
         if x.dtype != want or len(x.shape) < 2 or tuple(x.shape) != shape:
             raise ValueError(

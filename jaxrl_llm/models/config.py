@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields
@@ -41,16 +42,23 @@ _DTYPES = {
     "float32": jnp.float32,
     "bfloat16": jnp.bfloat16,
     "float16": jnp.float16,
+    "float64": jnp.float64,  # reference runs only (tests' tolerances), under jax.enable_x64
 }
 
 
 def as_dtype(dtype: Any) -> jnp.dtype:
-    """'float32' | 'bfloat16' | a jnp dtype -> jnp dtype, with a clear error otherwise."""
+    """'float32' | 'bfloat16' | ... | a jnp dtype -> jnp dtype, with a clear error otherwise.
+
+    float64 needs JAX's 64-bit mode (`with jax.enable_x64(True):`); without it JAX would
+    silently compute in float32, so it is refused."""
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)}")
-        return jnp.dtype(_DTYPES[dtype])
-    return jnp.dtype(dtype)
+        dtype = _DTYPES[dtype]
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.float64 and jax.dtypes.canonicalize_dtype(jnp.float64) != jnp.float64:
+        raise ValueError("dtype float64 needs JAX's 64-bit mode: run under jax.enable_x64(True)")
+    return dtype
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_llm.algorithms.masked import compute_dtype
 from jaxrl_llm.models.config import ModelConfig, RopeConfig, as_dtype
 from jaxrl_llm.models.lora import dense
 from jaxrl_llm.models.paged import PagedBatch, gathered_attention, write_and_decode, write_kv
@@ -47,7 +48,7 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x: Array) -> Array:
         dtype = x.dtype
-        x32 = x.astype(jnp.float32)
+        x32 = x.astype(compute_dtype(x))
         var = jnp.mean(x32 * x32, axis=-1, keepdims=True)
         normed = (x32 * jax.lax.rsqrt(var + self.eps)).astype(dtype)
         return self.weight[...].astype(dtype) * normed
@@ -81,8 +82,10 @@ def rope_inv_freq(head_dim: int, rope: RopeConfig) -> np.ndarray:
 
 
 def rope_cos_sin(positions: Array, inv_freq: np.ndarray, dtype) -> tuple[Array, Array]:
-    """cos, sin [B, T, H] for integer positions [B, T] (angles in float32)."""
-    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    """cos, sin [B, T, H] for integer positions [B, T] (angles in float32, or float64 for a
+    float64 model)."""
+    wide = compute_dtype(dtype)
+    angles = positions.astype(wide)[..., None] * jnp.asarray(inv_freq, wide)[None, None, :]
     angles = jnp.concatenate([angles, angles], axis=-1)
     return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
 

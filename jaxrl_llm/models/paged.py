@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from jaxrl_llm.algorithms.masked import compute_dtype
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext
 
@@ -234,10 +235,11 @@ def pages_read(kv_lens, page_size: int, pages_per_seq: int, xp=np):
 
 def _init(qg: Array):
     B, K, G, H = qg.shape
+    acc = compute_dtype(qg)
     return (
-        jnp.full((B, K, G), _NEG, jnp.float32),
-        jnp.zeros((B, K, G), jnp.float32),
-        jnp.zeros((B, K, G, H), jnp.float32),
+        jnp.full((B, K, G), _NEG, acc),
+        jnp.zeros((B, K, G), acc),
+        jnp.zeros((B, K, G, H), acc),
     )
 
 
@@ -245,13 +247,13 @@ def _block_stats(qg, blk, ok, sm_scale):
     """Per-item softmax statistics of a block: qg [C, K, G, H], blk [C, t, 2K, H] keys and
     values, ok [C, t] -> max [C, K, G], sum [C, K, G], unnormalised output [C, K, G, H]."""
     kb, vb = blk[:, :, 0::2], blk[:, :, 1::2]
-    s = jnp.einsum("ckgh,cpkh->ckgp", qg, kb, preferred_element_type=jnp.float32)
+    acc = compute_dtype(qg)
+    s = jnp.einsum("ckgh,cpkh->ckgp", qg, kb, preferred_element_type=acc)
     mask = ok[:, None, None, :]
     s = jnp.where(mask, s * sm_scale, _NEG)
     m_i = jnp.max(s, axis=-1)
     p = jnp.where(mask, jnp.exp(s - m_i[..., None]), 0.0)
-    o_i = jnp.einsum("ckgp,cpkh->ckgh", p.astype(vb.dtype), vb,
-                     preferred_element_type=jnp.float32)  # fmt: skip
+    o_i = jnp.einsum("ckgp,cpkh->ckgh", p.astype(vb.dtype), vb, preferred_element_type=acc)
     return m_i, jnp.sum(p, axis=-1), o_i
 
 
@@ -350,7 +352,8 @@ def gathered_attention(
         key_pos[None, None, :] < kv_lens[:, None, None]
     )
     qg = q.reshape(B, T, K, N // K, H)
-    s = jnp.einsum("btkgh,bskh->bkgts", qg, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    acc = compute_dtype(q)
+    s = jnp.einsum("btkgh,bskh->bkgts", qg, k.astype(q.dtype), preferred_element_type=acc)
     s = jnp.where(mask[:, None, None], s * sm_scale, _NEG)
     p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", p, v.astype(q.dtype))

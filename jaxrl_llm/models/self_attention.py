@@ -29,6 +29,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 from jax.sharding import PartitionSpec
 
+from jaxrl_llm.algorithms.masked import compute_dtype
 from jaxrl_llm.models.config import ATTENTION_IMPLS
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext
@@ -160,9 +161,10 @@ def attend(q: Array, k: Array, v: Array, mask: Array, scale: float) -> Array:
     B, T, N, H = q.shape
     K = k.shape[2]
     qg = q.reshape(B, T, K, N // K, H)
-    scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32)
+    acc = compute_dtype(q)
+    scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=acc)
     scores = scores * scale
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(acc).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
     return out.reshape(B, T, N, H)

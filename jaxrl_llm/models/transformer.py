@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 from typing_extensions import TypeVar  # `default=` (PEP 696) before Python 3.13
 
+from jaxrl_llm.algorithms.masked import compute_dtype
 from jaxrl_llm.models.config import ModelConfig, as_dtype
 from jaxrl_llm.models.layers import (
     MLP,
@@ -271,7 +272,9 @@ class CausalLM(_Trunked):
         return self.logits(self.hidden_states(input_ids, positions, attention_mask, segment_ids))
 
     def logits(self, hidden: Array) -> Array:
-        """Project hidden states [..., D] to float32 logits [..., V]."""
+        """Project hidden states [..., D] to float32 logits [..., V] (float64 for a float64
+        model: a reference run)."""
+        acc = compute_dtype(hidden)
         tied = self.config.tie_word_embeddings
         owner, name = (self.model, "embed_tokens") if tied else (self, "lm_head")
         scale = getattr(owner, name + SCALE_SUFFIX, None)  # the sampler's int8 copy
@@ -280,7 +283,7 @@ class CausalLM(_Trunked):
         else:
             w = self.model.embed_tokens[...].T if tied else self.lm_head[...]
             out = jnp.einsum(
-                "...d,dv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32
+                "...d,dv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=acc
             )
         if out.ndim == 3:
             out = constrain(out, (ax.BATCH, ax.SEQ, ax.ACT_VOCAB), self.sharding_ctx)
@@ -370,7 +373,8 @@ class ValueModel(_Trunked):
     ) -> Array:
         """Values [B, T] in float32 (`segment_ids`: packed rows, as `hidden_states`)."""
         h = self.hidden_states(input_ids, positions, attention_mask, segment_ids)
+        acc = compute_dtype(h)
         v = jnp.einsum(
-            "btd,do->bto", h, self.score[...].astype(h.dtype), preferred_element_type=jnp.float32
+            "btd,do->bto", h, self.score[...].astype(h.dtype), preferred_element_type=acc
         )
-        return v[..., 0] + self.score_bias[...][0].astype(jnp.float32)
+        return v[..., 0] + self.score_bias[...][0].astype(acc)
