@@ -233,7 +233,7 @@ def make_experience_fn(
         one = lambda x: forwards(params, ref_params, critic_params, *x)
         logprob_mask = jnp.maximum(response_mask, loss_mask)
         outs = jax.lax.map(one, (split(input_ids), split(logprob_mask), packing))
-        zeros = jnp.zeros((B, T), jnp.float32)
+        zeros = jnp.zeros((B, T), loss_mask.dtype)  # float32 (float64 in a reference run)
         old, ref, values = (zeros if x is None else x.reshape(B, T) for x in outs)
         adv, returns, token_rewards = advantages(
             rewards, loss_mask, old, ref, None if outs[2] is None else values
