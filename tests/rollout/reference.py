@@ -6,6 +6,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models import ModelConfig
+from jaxrl_llm.testing import float64_twin
 
 TINY = ModelConfig(vocab_size=128, num_heads=4, num_kv_heads=4, eos_token_id=5)
 
@@ -39,3 +40,18 @@ def naive_greedy(model, prompt, steps, eos=(), width=64):
         if tok in eos:
             break
     return out
+
+
+def exact_logprobs(model, samples, temperature=1.0):
+    """float64 log-probabilities [sum of lengths] of every sample's tokens, teacher-forced on
+    its prompt and tokens, by the model's float64 twin (`testing.float64_twin`): the exact
+    values an engine's float32 logprobs round from (`testing.assert_as_accurate`)."""
+    out = []
+    with jax.enable_x64(True):
+        twin = float64_twin(model)
+        for c in samples:
+            seq, P = list(c.prompt_ids) + list(c.token_ids), len(c.prompt_ids)
+            rows = [seq[: P + t] for t in range(len(c.token_ids))]
+            logp = np.asarray(jax.nn.log_softmax(full_logits(twin, rows) / temperature, -1))
+            out.append(logp[np.arange(len(c.token_ids)), c.token_ids])
+    return np.concatenate(out)
