@@ -1,7 +1,10 @@
 """LoRA (`models.lora`, `learner.lora`): adapters start at the base and merge exactly, are
 laid out like their weights, are the only trained leaves (their gradient is the chain rule
-of the full one), switch off for the reference; bad configs name the field."""
+of the full one), switch off for the reference; bad configs name the field. Two float32
+programs of one computation are compared as `testing.assert_as_accurate` does: each as
+accurate as the trusted one against the same computation in float64 (`_float64_twin`)."""
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -26,9 +29,9 @@ from jaxrl_llm.models.lora import (
 )
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
 from jaxrl_llm.sharding.rules import logical_sharding
-from jaxrl_llm.testing import randomise_lora_b, tiny_config
+from jaxrl_llm.testing import assert_as_accurate, randomise_lora_b, tiny_config
 
-from .test_steps import ALGO, B, _batch
+from .test_steps import ALGO, B, _batch, _exact_policy
 
 CFG = tiny_config()
 
@@ -37,21 +40,51 @@ def _ids(seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(0, CFG.vocab_size, (2, 9)), jnp.int32)
 
 
+def _float64_twin(model, lora: LoraConfig):
+    """`testing.float64_twin` of a model carrying `lora`'s adapters (and int8 base): a
+    float64 model of its config given the same adapters (`apply_lora`), then every variable
+    of `model` copied in, float32 ones upcast (exactly), int8 weights as they are. Build and
+    call it under `jax.enable_x64(True)`. Built abstract (`nnx.eval_shape`), then filled:
+    an eager random init in float64 would compile its ops for seconds."""
+    cfg = dataclasses.replace(model.config, dtype="float64", param_dtype="float64")
+
+    def build():
+        twin = type(model)(cfg, rngs=nnx.Rngs(0))
+        apply_lora(twin, lora, seed=0)
+        return twin
+
+    twin = nnx.eval_shape(build)
+    wide = lambda x: jnp.float64 if x.dtype == jnp.float32 else x.dtype
+    up = lambda x: jnp.asarray(np.asarray(jax.device_get(x)), wide(x))
+    nnx.update(twin, jax.tree.map(up, nnx.state(model)))
+    return twin
+
+
+def _exact_forward(model, lora: LoraConfig, ids) -> np.ndarray:
+    """`model(ids)` computed in float64 (`_float64_twin`; jitted: faster than eager)."""
+    with jax.enable_x64(True):
+        return np.asarray(nnx.jit(lambda m, x: m(x))(_float64_twin(model, lora), ids))
+
+
 @pytest.mark.slow  # 35 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_adapters_start_at_base_merge_exactly_and_switch_off():
     model = init_model(CFG, seed=1)
     base = model(_ids())
-    assert apply_lora(model, LoraConfig(rank=4, alpha=8.0), seed=0) == 7 * CFG.num_layers
+    lora = LoraConfig(rank=4, alpha=8.0)
+    assert apply_lora(model, lora, seed=0) == 7 * CFG.num_layers
     np.testing.assert_allclose(model(_ids()), base, rtol=0, atol=0)  # B = 0: exactly the base
     randomise_lora_b(model)
     adapted = model(_ids())
     assert np.abs(np.asarray(adapted - base)).max() > 1e-2
     graphdef, ads, rest = nnx.split(model, nnx.LoRAParam, ...)
     off = nnx.merge(graphdef, adapters_off(ads), rest)
-    np.testing.assert_allclose(off(_ids()), base, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(off(_ids()), base)  # A = B = 0: x W + 0, exactly the base
+    exact = _exact_forward(model, lora, _ids())
     merged = merge_adapters(nnx.merge(graphdef, ads, rest))
     assert not any(True for _ in adapters(merged))
-    np.testing.assert_allclose(merged(_ids()), adapted, rtol=1e-4, atol=1e-5)
+    # trusted: the adapters applied, x W + s (x A) B; exact: the same in float64
+    worst = assert_as_accurate(merged(_ids()), adapted, exact)
+    print(f"merged error / bound = {worst:.2f}")
 
 
 def test_targets_select_weights_by_name_or_path():
@@ -124,22 +157,35 @@ def test_only_adapters_train_and_their_gradient_is_the_chain_rule():
     _, (state, m) = _step(graphdef, params, frozen, lr)  # donates a copy of `params`
     # Optimiser state of the adapters only: SGD keeps none; the trained leaves are adapters.
     assert jax.tree.structure(state.params) == jax.tree.structure(params)
+    # The full step in float64 (`test_steps._exact_policy`: the same model, batch, split,
+    # and SGD at lr = 0.1): the exact metrics, and the exact full update for the chain rule.
+    exact_params, exact_m = _exact_policy(init_model(CFG, seed=1), _batch(), 4)
+    worst = {}
     for k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
-        np.testing.assert_allclose(float(m[k]), float(full_m[k]), rtol=1e-5, atol=1e-7, err_msg=k)
+        # trusted: the full step's metric; exact: the full step in float64 (one number)
+        worst[k] = assert_as_accurate(m[k], full_m[k], exact_m[k], factor=16.0)
     for a, b in zip(jax.tree.leaves(frozen), jax.tree.leaves(frozen_before), strict=True):
         np.testing.assert_array_equal(np.asarray(a), b)  # the base is untouched
     new = nnx.merge(graphdef, state.params, frozen)
     old_full = nnx.merge(full_gd, full_params_)
     new_full = nnx.merge(full_gd, full_state.params)
+    got_b, want_b, exact_b = {}, {}, {}
     for ad in adapters(new):
         mod_path = ad.path.split("/")
         w_old = _get(old_full, mod_path).get_value()
         grad_w = (w_old - _get(new_full, mod_path).get_value()) / lr
         a0 = _get(nnx.merge(graphdef, params, frozen), [*mod_path[:-1], ad.name + "_lora_a"])
-        n_in = ad.a.ndim - 1
-        want_b = -lr * ad.scale * jnp.tensordot(a0.get_value(), grad_w, (tuple(range(n_in)),) * 2)
-        np.testing.assert_allclose(ad.b, want_b, rtol=1e-4, atol=1e-7, err_msg=ad.path)
+        dims = (tuple(range(ad.a.ndim - 1)),) * 2
+        want_b[ad.path] = -lr * ad.scale * jnp.tensordot(a0.get_value(), grad_w, dims)
+        got_b[ad.path] = ad.b
+        w_new64 = np.asarray(_get(exact_params, mod_path).get_value(), np.float64)
+        grad_w64 = (np.asarray(w_old, np.float64) - w_new64) / lr
+        a64 = np.asarray(a0.get_value(), np.float64)
+        exact_b[ad.path] = -lr * ad.scale * np.tensordot(a64, grad_w64, dims)
         np.testing.assert_allclose(ad.a, a0.get_value(), rtol=0, atol=0, err_msg=ad.path)
+    # trusted: the chain rule on the full step's float32 update; exact: on its float64 update
+    worst["B"] = assert_as_accurate(got_b, want_b, exact_b)
+    print("error / bound:", {k: round(float(v), 2) for k, v in worst.items()})
     # The reference is the base: the adapters zeroed, the same frozen arrays.
     assert ref is not None  # asked for
     ref_ads, ref_base = split_adapters(ref)
@@ -212,13 +258,17 @@ def test_lora_plan_within_20_percent_of_xla(mesh_shape, micro_batch, seq_len, mi
 
 
 def test_scanned_layers_run_the_adapters_and_refuse_uneven_targets():
-    ids, outs = _ids(), []
+    ids, outs, models = _ids(), [], []
     for scan in (False, True):
         model = init_model(tiny_config(scan_layers=scan), seed=1)
         apply_lora(model, LoraConfig(rank=4), seed=0)
         randomise_lora_b(model)
         outs.append(np.asarray(model(ids)))
-    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+        models.append(model)
+    # trusted: the unrolled layers; exact: the same in float64
+    exact = _exact_forward(models[0], LoraConfig(rank=4), ids)
+    worst = assert_as_accurate(outs[1], outs[0], exact)
+    print(f"scanned error / bound = {worst:.2f}")
     scanned = init_model(tiny_config(scan_layers=True), seed=1)
     with pytest.raises(ValueError, match="scan_layers"):
         apply_lora(scanned, LoraConfig(targets=(r"model/layers/0/self_attn/q_proj",)), seed=0)
@@ -226,8 +276,9 @@ def test_scanned_layers_run_the_adapters_and_refuse_uneven_targets():
 
 def test_int8_base_is_the_dequantised_model_and_merges():
     """`quantize_base='int8'`: targeted weights stored as int8 (each within half a scale
-    step of the float weight); the model computes exactly what the dequantised float model
-    computes; merging folds adapters into the dequantised weights; only adapters train."""
+    step of the float weight); the model computes what the dequantised float model computes
+    (as accurately, against each one's float64 run); merging folds adapters into the
+    dequantised weights; only adapters train."""
     from jaxrl_llm.models.quant import dequantize
 
     lora = LoraConfig(rank=4, alpha=8.0, quantize_base="int8")
@@ -250,10 +301,21 @@ def test_int8_base_is_the_dequantised_model_and_merges():
                 ad.a if suffix == "_lora_a" else ad.b
             )
     want = np.asarray(float_model(_ids()))
-    np.testing.assert_allclose(model(_ids()), want, rtol=1e-5, atol=1e-5)
+    # Exact values: the int8 model's ((x W_q) s, W_q s unrounded) and the float model's (its
+    # float32 weights round32(W_q s)); they differ by that rounding alone.
+    float_lora = dataclasses.replace(lora, quantize_base="none")
+    exact_int8 = _exact_forward(model, lora, _ids())
+    exact_float = _exact_forward(float_model, float_lora, _ids())
+    kw = dict(trusted_exact=exact_float)
+    assert_as_accurate(exact_int8, want, exact_float)  # q * s's float32 rounding alone
+    # trusted: the dequantised float model; exact: each model's own, in float64
+    worst = {"int8": assert_as_accurate(model(_ids()), want, exact_int8, **kw)}
     merged = merge_adapters(model)
     assert all(x.dtype != jnp.int8 for x in jax.tree.leaves(nnx.state(merged)))
-    np.testing.assert_allclose(merged(_ids()), want, rtol=1e-4, atol=1e-5)
+    # The merged weights W_q s + (alpha / r) A B compute the int8 model's function, rounded.
+    # trusted: the dequantised float model; exact: the int8 model's and its own, in float64
+    worst["merged"] = assert_as_accurate(merged(_ids()), want, exact_int8, **kw)
+    print("error / bound:", {k: round(float(v), 2) for k, v in worst.items()})
 
 
 @pytest.mark.slow  # 15 s in a loaded 2-worker run, AMD EPYC AVX2

@@ -123,4 +123,6 @@ def test_value_model_from_policy_checkpoint(qwen_checkpoint, tmp_path):
         ref = hf(input_ids=torch.tensor(np.asarray(ids))).logits[..., 0].numpy()
     np.testing.assert_allclose(np.asarray(critic(ids)), ref, atol=1e-4, rtol=0)
     again = from_pretrained(tmp_path / "critic", cls=ValueModel)
-    np.testing.assert_allclose(np.asarray(again(ids)), np.asarray(critic(ids)), atol=1e-6)
+    # The float32 weights round-trip bit for bit and both run one (eager) program: equal.
+    assert again.config == critic.config
+    np.testing.assert_array_equal(np.asarray(again(ids)), np.asarray(critic(ids)))

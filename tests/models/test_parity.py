@@ -67,10 +67,15 @@ def test_save_pretrained_roundtrip_through_transformers(reference_checkpoint, tm
     model = from_pretrained(path)
     save_pretrained(model, tmp_path / "out")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    # The weights round-trip bit for bit, so both logits are one torch program on the same
+    # inputs: equal exactly.
+    want, got = torch_model.state_dict(), reloaded.state_dict()
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
     ids, mask, positions = _batch(model.config.vocab_size, seed=2)
     ref = _torch_logits(torch_model, ids, mask, positions)
     again = _torch_logits(reloaded, ids, mask, positions)
-    np.testing.assert_allclose(again, ref, atol=1e-6, rtol=0)
+    np.testing.assert_array_equal(again, ref)
     assert reloaded.config.tie_word_embeddings == torch_model.config.tie_word_embeddings
 
 
@@ -104,10 +109,14 @@ def test_remat_gives_same_logits_and_grads(qwen_checkpoint):
     def loss(model):
         return model(ids).mean()
 
-    g1 = nnx.grad(loss)(plain)
-    g2 = nnx.grad(loss)(remat)
-    for a, b in zip(jax.tree.leaves(nnx.state(g1)), jax.tree.leaves(nnx.state(g2))):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    g1 = jax.tree.leaves(nnx.state(nnx.grad(loss)(plain)))
+    g2 = jax.tree.leaves(nnx.state(nnx.grad(loss)(remat)))
+    with jax.enable_x64(True):
+        exact = jax.tree.leaves(nnx.state(nnx.jit(nnx.grad(loss))(float64_twin(plain))))
+    # Two programs: remat splits the backward pass into other XLA computations.
+    # trusted: the plain (stored activations) gradient; exact: the same in float64
+    worst = assert_as_accurate(g2, g1, exact)
+    print(f"remat gradient error / bound = {worst:.2f}")
 
 
 @pytest.mark.slow  # 9 s in a loaded 2-worker run, AMD EPYC AVX2
