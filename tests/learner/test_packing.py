@@ -107,7 +107,9 @@ def test_packed_forward_equals_per_sample_forward():
     packed = model(pack(ids, p), p.positions, segment_ids=p.segment_ids)
     got = jax.vmap(lambda x: unpack(x, p), in_axes=-1, out_axes=-1)(packed)
     inside = np.arange(T)[None, :] < lengths[:, None]
-    np.testing.assert_allclose(np.asarray(got)[inside], np.asarray(plain)[inside], atol=1e-5)
+    with jax.enable_x64(True):  # trusted: one sample a row; exact: the same in float64
+        exact = np.asarray(float64_twin(model)(ids))
+    assert_as_accurate(np.asarray(got)[inside], np.asarray(plain)[inside], exact[inside])
 
 
 def _up(x):
