@@ -60,7 +60,7 @@ def check_train_batch(batch: TrainBatch[Any]) -> None:
     them), all of `input_ids`' shape (rank >= 2). Leaves that are not concrete arrays or
     `jax.ShapeDtypeStruct`s are skipped."""
     shape: tuple[int, ...] | None = None
-    wide = np.dtype(batch.loss_mask.dtype) == np.float64
+    wide = getattr(batch.loss_mask, "dtype", None) == np.float64
     for field in dataclasses.fields(batch):
         x = getattr(batch, field.name)
         if isinstance(x, Tracer) or not isinstance(

@@ -69,3 +69,23 @@ def test_train_batch_is_built_by_keyword_from_arrays_of_its_dtypes_and_one_shape
     spec = jax.ShapeDtypeStruct((2, 3), np.float32)
     with pytest.raises(ValueError, match=r"TrainBatch\.input_ids is float32"):
         TrainBatch(**{f.name: spec for f in dataclasses.fields(TrainBatch)})
+
+
+def test_a_reference_train_batch_is_float64_throughout_never_mixed():
+    """A float64 reference run (docs/testing.md, Tolerances) builds its batch in float64:
+    every float field, or none."""
+    wide = {f.name: np.zeros((2, 3), np.float64) for f in dataclasses.fields(TrainBatch)}
+    _train_batch(**{k: v for k, v in wide.items() if k != "input_ids"})
+    with pytest.raises(ValueError, match=r"old_logprobs is float32\[2, 3\]; expected float64"):
+        _train_batch(loss_mask=wide["loss_mask"])
+    with pytest.raises(ValueError, match=r"advantages is float64\[2, 3\]; expected float32"):
+        _train_batch(advantages=wide["advantages"])
+
+
+def test_a_float64_model_needs_jax_64_bit_mode():
+    from jaxrl_llm.models.config import as_dtype
+
+    with pytest.raises(ValueError, match=r"float64 needs JAX's 64-bit mode"):
+        as_dtype("float64")
+    with jax.enable_x64(True):
+        assert as_dtype("float64") == np.float64
