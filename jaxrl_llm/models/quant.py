@@ -88,14 +88,14 @@ def quantize_variable(weight: nnx.Param, in_dims: int | tuple[int, ...]) -> nnx.
     return nnx.Param(scale, logical_axes=_kept(axes, in_dims))
 
 
-def _projection_in_dims(path: tuple, value: Any, flat: dict) -> int | tuple[int, ...] | None:
-    """The reduced dims of a float weight at `path` the sampler stores as int8 and that is
-    not yet quantised, else None."""
-    name = path[-1]
+def _sampler_in_dims(name: Any, value: Any, scaled: bool) -> int | tuple[int, ...] | None:
+    """The reduced dims of the weight `name` if the sampler stores it as int8 and it is still
+    float (`scaled`: its scales already exist, as on an int8 LoRA base), else None. The one
+    rule for modules (`int8_projections`) and States (`quantize_projections`)."""
     in_dims = SAMPLER_WEIGHTS.get(name) if isinstance(name, str) else None
-    if in_dims is None or not jnp.issubdtype(value.dtype, jnp.floating):
+    if in_dims is None or scaled or not jnp.issubdtype(value.dtype, jnp.floating):
         return None
-    return None if (*path[:-1], name + SCALE_SUFFIX) in flat else in_dims
+    return in_dims
 
 
 def int8_product(spec: str, x: Array, q: Array, scale: Array, in_dims: int) -> Array:
@@ -133,14 +133,13 @@ def int8_projections(model: M, *, activations: bool = False) -> M:
     for path, module in nnx.iter_modules(model):
         if activations and (not path or any(hasattr(module, n) for n in SAMPLER_WEIGHTS)):
             setattr(module, INT8_ACTIVATIONS, True)  # the root: its LM head (`logits`)
-        for name, in_dims in SAMPLER_WEIGHTS.items():
+        for name in SAMPLER_WEIGHTS:
             w = getattr(module, name, None)
-            if (
-                isinstance(w, nnx.Param)
-                and not isinstance(w, nnx.LoRAParam)
-                and getattr(module, name + SCALE_SUFFIX, None) is None
-                and jnp.issubdtype(w.get_value().dtype, jnp.floating)
-            ):
+            if not isinstance(w, nnx.Param) or isinstance(w, nnx.LoRAParam):
+                continue
+            scaled = getattr(module, name + SCALE_SUFFIX, None) is not None
+            in_dims = _sampler_in_dims(name, w.get_value(), scaled)
+            if in_dims is not None:
                 setattr(module, name + SCALE_SUFFIX, quantize_variable(w, in_dims))
     return model
 
@@ -160,7 +159,8 @@ def quantize_projections(state: nnx.State) -> nnx.State:
     out = {}
     for path, var in flat.items():
         value = var.get_value()
-        in_dims = _projection_in_dims(path, value, flat)
+        scaled = (*path[:-1], f"{path[-1]}{SCALE_SUFFIX}") in flat
+        in_dims = _sampler_in_dims(path[-1], value, scaled)
         if in_dims is None:
             out[path] = var
             continue
