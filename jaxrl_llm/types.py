@@ -56,11 +56,12 @@ class TrainBatch(Generic[Leaf]):
 
 
 def check_train_batch(batch: TrainBatch[Any]) -> None:
-    """`input_ids` int32, every other field float32 (float64 in a reference run: all of
-    them), all of `input_ids`' shape (rank >= 2). Leaves that are not concrete arrays or
-    `jax.ShapeDtypeStruct`s are skipped."""
+    """`input_ids` int32, every other field float32 (float64 in a reference run under JAX's
+    64-bit mode: all of them), all of `input_ids`' shape (rank >= 2). Leaves that are not
+    concrete arrays or `jax.ShapeDtypeStruct`s are skipped."""
     shape: tuple[int, ...] | None = None
-    wide = getattr(batch.loss_mask, "dtype", None) == np.float64
+    x64 = jax.dtypes.canonicalize_dtype(np.float64) == np.float64
+    wide = x64 and getattr(batch.loss_mask, "dtype", None) == np.float64
     for field in dataclasses.fields(batch):
         x = getattr(batch, field.name)
         if isinstance(x, Tracer) or not isinstance(

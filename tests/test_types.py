@@ -72,12 +72,17 @@ def test_train_batch_is_built_by_keyword_from_arrays_of_its_dtypes_and_one_shape
 
 
 def test_a_reference_train_batch_is_float64_throughout_never_mixed():
-    """A float64 reference run (docs/testing.md, Tolerances) builds its batch in float64:
-    every float field, or none."""
+    """A float64 reference run (docs/testing.md, Tolerances) builds its batch in float64
+    under JAX's 64-bit mode: every float field, or none. Without that mode a float64 batch
+    (numpy's default dtype) is refused: JAX would silently compute in float32."""
     wide = {f.name: np.zeros((2, 3), np.float64) for f in dataclasses.fields(TrainBatch)}
-    _train_batch(**{k: v for k, v in wide.items() if k != "input_ids"})
-    with pytest.raises(ValueError, match=r"old_logprobs is float32\[2, 3\]; expected float64"):
-        _train_batch(loss_mask=wide["loss_mask"])
+    floats = {k: v for k, v in wide.items() if k != "input_ids"}
+    with pytest.raises(ValueError, match=r"loss_mask is float64\[2, 3\]; expected float32"):
+        _train_batch(**floats)
+    with jax.enable_x64(True):
+        _train_batch(**floats)
+        with pytest.raises(ValueError, match=r"old_logprobs is float32\[2, 3\]; expected"):
+            _train_batch(loss_mask=wide["loss_mask"])
     with pytest.raises(ValueError, match=r"advantages is float64\[2, 3\]; expected float32"):
         _train_batch(advantages=wide["advantages"])
 

@@ -20,7 +20,7 @@ from jaxtyping import Bool, Float, Int
 
 from jaxrl_llm.algorithms import head_logprobs, kl_shaped_rewards, outcome_token_rewards
 from jaxrl_llm.algorithms.logprobs import EntropyMode
-from jaxrl_llm.algorithms.masked import masked_max, masked_mean, masked_min
+from jaxrl_llm.algorithms.masked import compute_dtype, masked_max, masked_mean, masked_min
 from jaxrl_llm.algorithms.registry import resolve_declared
 from jaxrl_llm.learner.packing import Packing, pack, unpack
 from jaxrl_llm.types import Completion, TrainBatch
@@ -233,7 +233,7 @@ def make_experience_fn(
         one = lambda x: forwards(params, ref_params, critic_params, *x)
         logprob_mask = jnp.maximum(response_mask, loss_mask)
         outs = jax.lax.map(one, (split(input_ids), split(logprob_mask), packing))
-        zeros = jnp.zeros((B, T), loss_mask.dtype)  # float32 (float64 in a reference run)
+        zeros = jnp.zeros((B, T), compute_dtype(loss_mask))  # float64 in a reference run
         old, ref, values = (zeros if x is None else x.reshape(B, T) for x in outs)
         adv, returns, token_rewards = advantages(
             rewards, loss_mask, old, ref, None if outs[2] is None else values

@@ -143,8 +143,9 @@ def test_float64_twin_is_exact_and_float32_as_accurate_as_transformers(reference
     """The float64 twin (`testing.float64_twin`), the exact reference of the derived
     tolerances (docs/testing.md), is the same function as transformers' model: within what
     transformers' own float64 run keeps in float32 (its rotary angles and RMSNorm upcast
-    to float32), measured 1.3-2.2e-7. And our float32 logits are as close to it as
-    transformers' float32 logits are (`assert_as_accurate`; measured 0.15-0.19 of the bound)."""
+    to float32), measured 1.3-2.2e-7, under half of transformers' float32 error. And our
+    float32 logits are as close to it as transformers' float32 logits are
+    (`assert_as_accurate`; measured 0.15-0.19 of the bound)."""
     name, path, torch_model = reference_checkpoint
     model = from_pretrained(path)
     ids, mask, positions = _batch(model.config.vocab_size, seed=1)
@@ -156,6 +157,8 @@ def test_float64_twin_is_exact_and_float32_as_accurate_as_transformers(reference
         ours64 = np.asarray(twin(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
     assert ours64.dtype == np.float64
     real = mask.astype(bool)
-    assert np.abs(ours64 - ref64)[real].max() <= np.abs(ref32 - ref64)[real].max(), name
+    # Half of transformers' float32 error: a twin computing in float32 would sit at 0.6-0.8
+    # of it (as our float32 logits do), the float64 twin measured 0.2-0.33.
+    assert np.abs(ours64 - ref64)[real].max() <= 0.5 * np.abs(ref32 - ref64)[real].max(), name
     worst = assert_as_accurate(ours32[real], ref32[real], ours64[real])
     print(f"{name}: float32 error / bound = {worst:.2f}")
