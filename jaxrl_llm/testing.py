@@ -15,6 +15,8 @@ and imports no JAX.
   disagree on it.
 - `float64_twin`, `assert_as_accurate`: a whole model's float32 path against the trusted
   path, both measured against the same computation in float64.
+- `as_float64`: a pytree's floating-point arrays upcast to float64 (exactly), the inputs of
+  that float64 run.
 """
 
 from __future__ import annotations
@@ -118,7 +120,6 @@ def float64_twin(model: Any) -> Any:
     import dataclasses
 
     import jax
-    import jax.numpy as jnp
     from flax import nnx
 
     cfg = dataclasses.replace(model.config, dtype="float64", param_dtype="float64")
@@ -131,9 +132,28 @@ def float64_twin(model: Any) -> Any:
         "float64_twin copies a plain model's parameters; this one has others (LoRA adapters, "
         "int8 weights' scales): build its twin as tests/learner/test_lora.py does"
     )
-    wide = lambda x: jnp.float64 if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
-    up = lambda x: jnp.asarray(np.asarray(jax.device_get(x)), wide(x))
-    return nnx.merge(graphdef, jax.tree.map(up, params))
+    return nnx.merge(graphdef, as_float64(params))
+
+
+def as_float64(tree: Any) -> Any:
+    """``tree`` with every floating-point array (JAX or numpy) upcast to float64, exactly;
+    other arrays (integer, boolean) kept in their dtype, every array as a JAX array, and
+    leaves without a dtype (Python numbers) unchanged. Call it under
+    ``jax.enable_x64(True)`` (refused otherwise: JAX would silently keep float32): the
+    inputs of the float64 run that `assert_as_accurate` measures float32 programs against."""
+    import jax
+    import jax.numpy as jnp
+
+    if jax.dtypes.canonicalize_dtype(np.float64) != np.float64:
+        raise ValueError("as_float64 needs JAX's 64-bit mode: run under jax.enable_x64(True)")
+
+    def up(x: Any) -> Any:
+        if not hasattr(x, "dtype"):
+            return x
+        wide = jnp.float64 if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+        return jnp.asarray(np.asarray(jax.device_get(x)), wide)
+
+    return jax.tree.map(up, tree)
 
 
 def assert_as_accurate(

@@ -24,7 +24,7 @@ from jaxrl_llm.learner.rl_config import AlgoConfig
 from jaxrl_llm.learner.state import TrainState
 from jaxrl_llm.learner.steps import make_critic_step, make_policy_step, to_micro_batches
 from jaxrl_llm.models import ValueModel, init_model
-from jaxrl_llm.testing import assert_as_accurate, float64_twin, tiny_config
+from jaxrl_llm.testing import as_float64, assert_as_accurate, float64_twin, tiny_config
 from jaxrl_llm.types import TrainBatch
 
 from .rl_helpers import random_rows
@@ -112,11 +112,6 @@ def test_packed_forward_equals_per_sample_forward():
     assert_as_accurate(np.asarray(got)[inside], np.asarray(plain)[inside], exact[inside])
 
 
-def _up(x):
-    """float32 -> float64 (exactly), other dtypes kept: a reference run's input."""
-    return jnp.asarray(np.asarray(x), jnp.float64 if x.dtype == jnp.float32 else x.dtype)
-
-
 def _maybe(f, model):
     return None if model is None else f(model)
 
@@ -146,7 +141,7 @@ def test_packed_experience_equals_unpacked(models, estimator):
             group_size=G, micro_batch=MB,
         )  # fmt: skip
         states = [_maybe(nnx.state, m) for m in (policy, ref, critic)]
-        up = _up if policy.config.dtype == "float64" else lambda x: x
+        up = as_float64 if policy.config.dtype == "float64" else lambda x: x
         batch, rewards, metrics = fn(
             *states, ids, up(mask), up(mask), up(scores), up(rollout), packing
         )
@@ -194,7 +189,7 @@ def test_packed_policy_and_critic_steps_equal_unpacked(models, loss_agg):
     for model in (policy, critic):
         want, got = run(model, batch), run(model, batch, packing)
         with jax.enable_x64(True):  # trusted: unpacked; exact: unpacked in float64
-            exact = run(float64_twin(model), jax.tree.map(_up, batch))
+            exact = run(float64_twin(model), as_float64(batch))
         _assert_as_accurate(got, want, exact)
 
 

@@ -24,7 +24,7 @@ from jaxrl_llm.learner.steps import (
 from jaxrl_llm.models import ValueModel, init_model
 from jaxrl_llm.sharding import build_mesh
 from jaxrl_llm.sharding.hosts import batch_sharding
-from jaxrl_llm.testing import assert_as_accurate, float64_twin, tiny_config
+from jaxrl_llm.testing import as_float64, assert_as_accurate, float64_twin, tiny_config
 from jaxrl_llm.types import TrainBatch
 
 from .rl_helpers import random_rows
@@ -65,17 +65,11 @@ def _run_policy(model, batch, micro, algo=ALGO, **kw):
     return step(state, to_micro_batches(batch, jnp.arange(B), micro))
 
 
-def _wide(batch: TrainBatch) -> TrainBatch:
-    """The batch's float32 fields upcast to float64 (exactly): a reference run's input."""
-    up = lambda x: jnp.asarray(np.asarray(x), jnp.float64 if x.dtype == jnp.float32 else x.dtype)
-    return jax.tree.map(up, batch)
-
-
 def _exact_policy(model, batch, micro, algo=ALGO, **kw):
     """`_run_policy` in float64 on the same (upcast) weights and batch: the exact update the
     float32 programs are measured against (`testing.assert_as_accurate`)."""
     with jax.enable_x64(True):
-        state, metrics = _run_policy(float64_twin(model), _wide(batch), micro, algo, **kw)
+        state, metrics = _run_policy(float64_twin(model), as_float64(batch), micro, algo, **kw)
         return jax.device_get((state.params, metrics))
 
 
@@ -239,7 +233,7 @@ def test_on_policy_shortcut_equals_the_full_path(policy_loss):
     blind = dataclasses.replace(batch, old_logprobs=jnp.full((B, T), jnp.nan))
     got = _run_policy(model, blind, 4, algo, on_policy=True)
     with jax.enable_x64(True):  # exact: the full path in float64
-        (s64, m64), _ = full_path(float64_twin(model), _wide(batch))
+        (s64, m64), _ = full_path(float64_twin(model), as_float64(batch))
         exact = jax.device_get((s64.params, m64))
     _assert_as_accurate(got, want, exact)
     for k in ("rollout/logprob_diff/mean", "rollout/logprob_diff/max"):

@@ -13,7 +13,7 @@ import pytest
 from jaxrl_llm.models import KVCache, ModelConfig, init_model
 from jaxrl_llm.models.layers import attend
 from jaxrl_llm.models.paged import decode, decode_attention, gathered_attention, write_kv
-from jaxrl_llm.testing import assert_as_accurate, float64_twin
+from jaxrl_llm.testing import as_float64, assert_as_accurate, float64_twin
 
 CFG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8)  # fmt: skip
@@ -28,10 +28,10 @@ def _pool(rng, B, pps, ps, K, H, extra=7):
 
 
 def _float64(fn, *args):
-    """`fn` on `args` with float arrays upcast to float64 (exactly), under x64: numpy out."""
+    """`fn` on `args` with float arrays upcast to float64 (`testing.as_float64`), under x64:
+    numpy out."""
     with jax.enable_x64(True):
-        up = lambda a: jnp.asarray(np.asarray(a), jnp.float64 if a.dtype.kind == "f" else None)
-        return np.asarray(fn(*(up(a) if hasattr(a, "dtype") else a for a in args)))
+        return np.asarray(fn(*as_float64(args)))
 
 
 def _dense_reference(q, kv, lens, table, scale):

@@ -24,7 +24,7 @@ from jaxrl_llm.models.self_attention import (
 from jaxrl_llm.models.transformer import CausalLM
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
 from jaxrl_llm.sharding.rules import ShardingContext
-from jaxrl_llm.testing import assert_as_accurate, float64_twin
+from jaxrl_llm.testing import as_float64, assert_as_accurate, float64_twin
 
 
 def _inputs(T, seed=0, B=2, N=4, K=2, H=8):
@@ -45,10 +45,10 @@ def _grads(f, q, k, v, seed=9):
 
 
 def _float64(fn, *arrays):
-    """`fn` on float32 `arrays` upcast to float64 (exactly), under x64: numpy leaves out."""
+    """`fn` on float32 `arrays` upcast to float64 (`testing.as_float64`), under x64: numpy
+    leaves out."""
     with jax.enable_x64(True):
-        out = fn(*(jnp.asarray(np.asarray(a), jnp.float64) for a in arrays))
-        return jax.tree.map(np.asarray, out)
+        return jax.tree.map(np.asarray, fn(*as_float64(arrays)))
 
 
 def test_segments_mask_is_causal_same_sequence_and_hides_padding():
