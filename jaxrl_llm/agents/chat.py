@@ -97,8 +97,6 @@ class ChatToolUse:
             return None
         return self.chat.observation(self.toolbox.answer(parsed), end)
 
-    observe = __call__
-
     @property
     def schemas(self) -> list[dict[str, Any]]:
         """The tools' JSON schemas, for `apply_chat_template(..., tools=schemas)`."""

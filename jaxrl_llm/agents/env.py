@@ -16,6 +16,19 @@ object with
 - `close()`: called when the episode ends, and for every open episode when the run stops or
   fails.
 
+Text-format environments (raw-text tools such as ToRL's code blocks and Search-R1's tags:
+`agents.ToolEnv`) also set `stop_strings`, the strings that end a model turn (they stay in
+the response and are trained), and may set the tool turn rules `turn_ends_on_eos` /
+`sees_special_tokens` (`tools.protocol.turn_rules`). Their turns are read differently:
+`Turn.text` is the sample's whole response so far (observations included, as a raw-text tool
+reads it), nothing is parsed for them (`Turn.calls` is empty: the environment reads its own
+format), and a `str` observation is appended as it is, not rendered by the template. A
+`reset` that returns no messages keeps the data pipeline's prompt for the row (`DataConfig`:
+template, system prompt, chat template), token for token; such an environment has no tool
+schemas. An environment that sets `uses_run_reward = True` leaves scoring to the run's
+reward (`RewardConfig`), which scores each finished episode's response with its row as it
+scores a plain sample; its step rewards must be 0.
+
 The episode's reward is the turns' rewards combined by `EpisodeConfig.reward_rule`:
 "final" (the last turn's), "sum", or "discounted" (sum of gamma^(T-1-t) r_t: earlier turns
 count less, as a return seen from the episode's end). With `reward_placement = "turns"`
@@ -51,9 +64,10 @@ class Turn:
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """What an environment answers to a turn."""
+    """What an environment answers to a turn: `observations` are messages (rendered by the
+    chat template) or, in a text format, the text to append as it is."""
 
-    observations: Messages = dataclasses.field(default_factory=list)
+    observations: Messages | str = dataclasses.field(default_factory=list)
     reward: float = 0.0
     done: bool = False
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)

@@ -20,6 +20,13 @@ the environments' own, summed over turns and episodes (an environment reports co
 `env/episodes`, `env/turns`, `env/calls` (well-formed), `env/malformed`, `env/reward_sum`;
 `summarise` turns the totals into `env/{turns,calls,malformed,reward}/mean` per episode and
 `env/well_formed_share` (well-formed calls out of all attempts; 1 with none).
+
+Text-format environments (`stop_strings` set: `agents.ToolEnv`, raw-text tools) run the same
+way with their own turn rules: the sampler stops a turn on their stop strings, the
+environment gets the whole response so far, a turn it answers counts as a call, and an
+episode whose `reset` gives no messages starts from the data pipeline's prompt (`prompts`).
+When the environment `uses_run_reward`, the caller scores the finished responses with the
+run's reward and `env/reward_sum` is not counted (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import numpy as np
 from jaxrl_llm.agents.chat import ChatFormat
 from jaxrl_llm.agents.env import Environment, EpisodeConfig, Turn, combine_rewards
 from jaxrl_llm.agents.functions import sum_metrics
+from jaxrl_llm.tools.protocol import turn_rules
 from jaxrl_llm.types import Completion
 
 
@@ -64,9 +72,6 @@ class Episodes:
     """The rollout tool over one batch's episodes (see the module docstring)."""
 
     name = "env"
-    stop_strings: tuple[str, ...] = ()
-    turn_ends_on_eos = True
-    sees_special_tokens = True
 
     def __init__(
         self,
@@ -75,42 +80,110 @@ class Episodes:
         n: int,
         tokenizer: Any,
         cfg: EpisodeConfig,
+        *,
+        prompts: Sequence[np.ndarray] | None = None,
     ):
+        """`prompts`: the data pipeline's prompt token ids of `rows`, the prompts of episodes
+        whose `reset` gives no messages."""
         self.cfg, self.n, self.tokenizer = cfg, n, tokenizer
-        self.chat = ChatFormat(tokenizer, cfg.tool_format)
         self._lock = threading.Lock()
         self.episodes: list[_Episode] = []
         try:
-            self.prompts = [self._start(factory, row) for row in rows]
+            make = self._opener(factory)
+            self.prompts = [
+                self._start(make, row, None if prompts is None else prompts[i])
+                for i, row in enumerate(rows)
+            ]
         except BaseException:
             self.close()
             raise
 
-    def _start(self, factory: Callable[[], Environment], row: Mapping[str, Any]) -> np.ndarray:
-        started = []
-        for _ in range(self.n):
+    def _opener(self, factory: Callable[[], Environment]) -> Callable[[], _Episode]:
+        """Opens episodes; the first one's environment sets the batch's turn rules."""
+        first = _Episode(factory())
+        self.episodes.append(first)
+        self._read_rules(first.env)
+        spare = [first]
+
+        def make() -> _Episode:
+            if spare:
+                return spare.pop()
             episode = _Episode(factory())
             self.episodes.append(episode)
-            started.append(episode.env.reset(row))
+            return episode
+
+        return make
+
+    def _read_rules(self, env: Environment) -> None:
+        stops = getattr(env, "stop_strings", None)
+        self.text = stops is not None  # a text format (see the module docstring)
+        self.uses_run_reward = bool(getattr(env, "uses_run_reward", False))
+        rules = turn_rules(env)
+        self.stop_strings: tuple[str, ...] = () if stops is None else tuple(stops)
+        self.turn_ends_on_eos = rules.on_eos if self.text else True
+        self.sees_special_tokens = rules.special_tokens if self.text else True
+        self.chat = None if self.text else self._template()
+        if self.uses_run_reward and self.cfg.reward_placement == "turns":
+            raise ValueError(
+                "EpisodeConfig.reward_placement = 'turns' with an environment scored by the "
+                "run's reward (a rollout tool, `uses_run_reward`): no turn has a reward of its "
+                "own to place; use 'end'"
+            )
+
+    def _template(self) -> ChatFormat:
+        """The chat template's arithmetic (built once; a text format may never need it)."""
+        if self._format is None:
+            self._format = ChatFormat(self.tokenizer, self.cfg.tool_format)
+        return self._format
+
+    _format: ChatFormat | None = None
+
+    def _start(self, make: Callable[[], _Episode], row: Mapping[str, Any], pipeline) -> np.ndarray:
+        episodes = [make() for _ in range(self.n)]
+        started = [e.env.reset(row) for e in episodes]
         if any(m != started[0] for m in started[1:]):
             raise ValueError(
                 f"the environment's reset gave different messages for one row "
                 f"({row.get('id', '?')}): the samples of a group must share their prompt"
             )
-        text = self.chat.render(
-            started[0], generation_prompt=True, tools=list(self.episodes[-1].env.tools)
-        )
+        tools = list(episodes[-1].env.tools)
+        if not started[0]:
+            return self._pipeline_prompt(row, pipeline, tools)
+        text = self._template().render(started[0], generation_prompt=True, tools=tools)
         return np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
+
+    @staticmethod
+    def _pipeline_prompt(row: Mapping[str, Any], pipeline, tools: list) -> np.ndarray:
+        """The data pipeline's prompt of `row`, for an environment that adds no messages."""
+        where = f"row {row.get('id', '?')}"
+        if tools:
+            raise ValueError(
+                f"{where}: the environment's reset gave no messages but it has tool schemas, "
+                "which only a prompt it renders can show; return the prompt messages"
+            )
+        if pipeline is None:
+            raise ValueError(
+                f"{where}: the environment's reset gave no messages (keep the data "
+                "pipeline's prompt) but no pipeline prompts were given to Episodes(prompts=)"
+            )
+        return np.asarray(pipeline, np.int32)
 
     def observe_episode(self, prompt: int, sample: int, text: str) -> str | None:
         """The observation after a sample's turn (`text`: its response so far), or None
         when its environment says the episode is done."""
         episode = self.episodes[prompt * self.n + sample]
-        turn, parsed, end = self.chat.parse(text)
-        result = episode.step(Turn(turn, parsed.calls, parsed.malformed))
+        if self.chat is None:  # a text format: the whole response so far
+            result = episode.step(Turn(text))
+            end = ""
+            episode.calls += not episode.done
+        else:
+            turn, parsed, end = self.chat.parse(text)
+            result = episode.step(Turn(turn, parsed.calls, parsed.malformed))
         if episode.done:
             return None
-        return self.chat.observation(list(result.observations), end)
+        if isinstance(result.observations, str):
+            return result.observations
+        return self._template().observation(list(result.observations), end)
 
     def finish(self, index: int, completion: Completion) -> float:
         """The reward of episode `index` (prompt-major) after its sample ended, with a
@@ -121,9 +194,13 @@ class Episodes:
                 # The model's last turn: an observation the budget cut short is not part of it.
                 model = np.flatnonzero(np.asarray(completion.response_mask))
                 kept = completion.token_ids[: model[-1] + 1] if len(model) else []
-                text = self.tokenizer.decode(list(kept), skip_special_tokens=False)
-                turn, parsed, _ = self.chat.parse(text)
-                episode.step(Turn(turn, parsed.calls, parsed.malformed, final=True))
+                skip = not self.sees_special_tokens
+                text = self.tokenizer.decode(list(kept), skip_special_tokens=skip)
+                if self.chat is None:
+                    episode.step(Turn(text, final=True))
+                else:
+                    turn, parsed, _ = self.chat.parse(text)
+                    episode.step(Turn(turn, parsed.calls, parsed.malformed, final=True))
         finally:
             episode.close()
         return combine_rewards(episode.rewards, self.cfg.reward_rule, self.cfg.discount)
@@ -146,8 +223,10 @@ class Episodes:
             "env/turns": float(sum(len(e.rewards) for e in eps)),
             "env/calls": float(sum(e.calls for e in eps)),
             "env/malformed": float(sum(e.malformed for e in eps)),
-            "env/reward_sum": sum(combine_rewards(e.rewards, rule, gamma) for e in eps),
-        }
+            **({} if self.uses_run_reward else {
+                "env/reward_sum": sum(combine_rewards(e.rewards, rule, gamma) for e in eps)
+            }),
+        }  # fmt: skip
 
     def close(self) -> None:
         """Close every environment still open; each closer runs even if another raises."""
@@ -170,7 +249,8 @@ def summarise(total: Mapping[str, float]) -> dict[str, float]:
     out = {k: v for k, v in total.items() if k not in _COUNTERS}
     for name in ("turns", "calls", "malformed"):
         out[f"env/{name}/mean"] = total[f"env/{name}"] / episodes
-    out["env/reward/mean"] = total["env/reward_sum"] / episodes
+    if "env/reward_sum" in total:  # not with the run's reward (`uses_run_reward`)
+        out["env/reward/mean"] = total["env/reward_sum"] / episodes
     attempts = total["env/calls"] + total["env/malformed"]
     out["env/well_formed_share"] = total["env/calls"] / attempts if attempts else 1.0
     return out

@@ -54,6 +54,7 @@ class RolloutStage:
         devices (`MeshConfig.rollout_devices`; None: the training mesh's)."""
         from jaxrl_llm.agents.env import EpisodeConfig
         from jaxrl_llm.agents.factory import NO_ENV, env_factory
+        from jaxrl_llm.agents.tool_env import tool_env_factory
         from jaxrl_llm.rollout.sampler import SamplerContext, build_sampler
         from jaxrl_llm.tools.factory import build_tool
 
@@ -69,9 +70,12 @@ class RolloutStage:
             r.tool, search_corpus=r.search_corpus or corpus, search_k=r.search_k,
             tokenizer=tokenizer,
         )  # fmt: skip
+        # A tool runs as a text-format environment over the one shared tool (`ToolEnv`);
+        # an environment factory is checked at start-up.
         if self.tool is not None:
-            self.stop = (*self.stop, *self.tool.stop_strings)
-        self.env = None if r.env == NO_ENV else env_factory(r.env)  # checked at start-up
+            self.env = tool_env_factory(self.tool)
+        else:
+            self.env = None if r.env == NO_ENV else env_factory(r.env)
         self.episode_cfg = EpisodeConfig()
         self._episode_metrics: list[dict[str, float]] = []
         ctx = SamplerContext(
@@ -153,8 +157,7 @@ class RolloutStage:
         progress = bar(f"rollout {step}", len(batch) * r.n, unit="sample")
         on_progress = lambda done, total: progress.update(done - progress.n)
         if self.env is not None:
-            completions, scores = self._episodes(batch, sampling, on_progress)
-            counts = RewardCounts()
+            completions, scores, counts = self._episodes(batch, sampling, reward, on_progress)
         else:
             n = len(batch)
             prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(n)]
@@ -180,27 +183,38 @@ class RolloutStage:
         counts.check(reward)
         return rollout
 
-    def _episodes(self, batch, sampling, progress=None, rows=None):
-        """Completions and episode rewards of `batch` (its `rows`; all by default) as
+    def _episodes(self, batch, sampling, reward, progress=None, rows=None):
+        """Completions, scores and reward counts of `batch` (its `rows`; all by default) as
         environment episodes (`agents.Episodes`): the prompts are the environments' reset
-        messages, the scores their combined rewards; every environment is closed."""
+        messages (or the pipeline's), the scores their combined rewards or, for an
+        environment that `uses_run_reward` (a tool's), the run's `reward` of each finished
+        response, scored while the rest decode; every environment is closed."""
         from jaxrl_llm.agents.episodes import Episodes
 
         assert self.env is not None
         mine = list(range(len(batch))) if rows is None else list(rows)
         examples = [batch.examples[i] for i in mine]
-        episodes = Episodes(self.env, examples, sampling.n, self.tokenizer, self.episode_cfg)
+        pipeline = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in mine]
+        episodes = Episodes(
+            self.env, examples, sampling.n, self.tokenizer, self.episode_cfg, prompts=pipeline
+        )
+        scorer = None
+        if episodes.uses_run_reward:
+            scorer = StreamingScorer(reward, [e for e in examples for _ in range(sampling.n)])
+        sampling = dataclasses.replace(sampling, stop=(*sampling.stop, *episodes.stop_strings))
         try:
             completions = self.sampler.generate(
                 episodes.prompts, sampling, tool=episodes, progress=progress,
                 prompt_indices=_global_rows(len(mine)) if rows is None else mine,
+                on_finish=None if scorer is None else lambda i, c: scorer.add(i, c.text),
             )  # fmt: skip
-            scores = [episodes.finish(i, c) for i, c in enumerate(completions)]
+            rewards = [episodes.finish(i, c) for i, c in enumerate(completions)]
             completions = [episodes.placed(i, c) for i, c in enumerate(completions)]
         finally:
             episodes.close()
         self._episode_metrics.append(episodes.metrics())
-        return completions, scores
+        scores, counts = scorer.result() if scorer is not None else (rewards, RewardCounts())
+        return completions, scores, counts
 
     def reward_metrics(self) -> dict[str, float]:
         """Over the `generate` calls since the last call (one step, every try, all hosts):
@@ -262,7 +276,7 @@ class RolloutStage:
             # Multi-host: each host takes every process_count-th row of the batch.
             rows = range(me, len(batch), hosts_)
             if self.env is not None:
-                results.append((self._episodes(batch, sampling, rows=rows)[1], RewardCounts()))
+                results.append(self._episodes(batch, sampling, reward, rows=rows)[1:])
                 continue
             prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in rows]
             scorer = StreamingScorer(reward, [batch.examples[i] for i in rows])

@@ -122,11 +122,9 @@ class PythonTool:
     def _observation(self, result: ExecResult) -> str:
         return format_observation(result, limit=self.limit, keep=self.keep)[len(OUTPUT_START) :]
 
-    def observe(self, text: str) -> str | None:
+    def __call__(self, text: str) -> str | None:
         code = self.pending_code(text)
         return None if code is None else self._observation(run_python(code, config=self.config))
-
-    __call__ = observe
 
     def response_metrics(self, responses: Sequence[str]) -> dict[str, float]:
         """`env/code_success_rate`: the share of output blocks in `responses` that show a

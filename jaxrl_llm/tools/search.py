@@ -177,15 +177,13 @@ class SearchTool:
     name: str = "search"
     stop_strings: tuple[str, ...] = (SEARCH_END, ANSWER_END)
 
-    def observe(self, text: str) -> str | None:
+    def __call__(self, text: str) -> str | None:
         if not text.endswith(SEARCH_END):
             return None
         query = pending_query(text)
         if query is None:
             return INVALID_ACTION
         return information_block(self.retriever.search(query, self.k))
-
-    __call__ = observe
 
 
 def make_search_tool(corpus_path: str | os.PathLike | Path, k: int = 3, **bm25) -> SearchTool:

@@ -8,7 +8,8 @@
   greedy tokens exactly (the prefix cache is emptied with each push);
 - a tool episode gives the same tokens, masks and tool-call counts on both backends: with
   a deterministic echo tool on a stop string the responses do write, and with the Python
-  tool (sandboxed) on the built-in task, whose shipped model writes code greedily;
+  tool (sandboxed) on the built-in task, whose shipped model writes code greedily, bare
+  and as an environment (`agents.ToolEnv`);
 - LoRA: vLLM sampling from the merged push gives the logprobs of the adapted model;
 - agents: a chat-format tool and environment episodes (turns ending on the end-of-turn
   token) give the same tokens, masks and rewards on both backends.
@@ -183,8 +184,6 @@ class _EchoTool:
         self.calls.append(text)
         return f"\n[obs {len(text)}]\n"
 
-    observe = __call__
-
 
 def test_tool_turns_give_the_same_tokens_and_masks(setup):
     _, _, jax_s, vllm_s, prompts = setup
@@ -233,8 +232,6 @@ class _FlakyTool(_EchoTool):
         if len(text) % 2:
             raise RuntimeError("tool down")
         return None
-
-    observe = __call__
 
 
 @pytest.mark.parametrize("max_tool_calls", [1, 2])
@@ -293,10 +290,30 @@ def test_a_python_tool_episode_is_the_same_on_both_backends(setup, tmp_path):
     # greedy samples call it depends on the host's float rounding (5 here on AMD EPYC AVX2,
     # 3 on a CI host): only "some" is a property of the model.
     assert any(c.tool_calls for c in a) and any(0 in c.response_mask for c in a)
-    for x, y in zip(a, b, strict=True):
-        assert x.token_ids.tolist() == y.token_ids.tolist()
-        assert x.response_mask.tolist() == y.response_mask.tolist()
-        assert (x.tool_calls, x.finish_reason, x.text) == (y.tool_calls, y.finish_reason, y.text)
+    # The same tool as an environment (`agents.ToolEnv`, how `RolloutConfig.tool` runs
+    # since the port) gives the bare tool's samples on either backend.
+    envs = [_tool_env_episodes(s, batch, prompts, tool, tok) for s in (jax_s, vllm_s)]
+    for x, y, *z in zip(a, b, *envs, strict=True):
+        for other in (y, *z):
+            assert x.token_ids.tolist() == other.token_ids.tolist()
+            assert x.response_mask.tolist() == other.response_mask.tolist()
+            assert (x.tool_calls, x.finish_reason, x.text) == (
+                other.tool_calls, other.finish_reason, other.text
+            )  # fmt: skip
+
+
+def _tool_env_episodes(sampler, batch, prompts, tool, tok):
+    from jaxrl_llm.agents import EpisodeConfig, Episodes
+    from jaxrl_llm.agents.tool_env import tool_env_factory
+
+    episodes = Episodes(
+        tool_env_factory(tool), batch.examples, 1, tok, EpisodeConfig(), prompts=prompts
+    )
+    sp = SamplingParams(temperature=0.0, max_new_tokens=128, stop=episodes.stop_strings)
+    try:
+        return sampler.generate(episodes.prompts, sp, tool=episodes)
+    finally:
+        episodes.close()
 
 
 def test_lora_runs_push_merged_weights(setup):

@@ -68,7 +68,7 @@ def test_python_tool_observes_and_skips_executed_blocks():
     assert isinstance(tool, Tool) and tool.stop_strings == ("```output",)
     text = "Compute.\n```python\nprint(6 * 7)\n```\n```output"
     observation = tool(text)
-    assert observation == "\n42\n```\n" and tool.observe(text) == observation
+    assert observation == "\n42\n```\n" and tool(text) == observation
     assert tool(text + observation + "Again.```output") is None  # that block already ran
     assert tool("Compute.\n```python\nprint(6 * 7)\n```\n") is None  # not at the stop
     assert tool("no code```output") is None

@@ -55,7 +55,7 @@ def test_without_bubblewrap_nothing_runs_unless_opted_in(no_bwrap, tmp_path):
     assert result.ok and result.backend == "subprocess", result
     assert marker.read_text() == "x"  # the weak backend can write the host's files
     tool = PythonTool(opted_in)  # warned once per process, not per call
-    assert tool.observe("```python\nprint(6 * 7)\n```\n```output") == "\n42\n```\n"
+    assert tool("```python\nprint(6 * 7)\n```\n```output") == "\n42\n```\n"
 
 
 @requires_bwrap

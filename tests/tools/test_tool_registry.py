@@ -52,10 +52,8 @@ class Echo:
     name: str = "python"
     stop_strings: tuple[str, ...] = ("</echo>",)
 
-    def observe(self, text):
+    def __call__(self, text):
         return None
-
-    __call__ = observe
 
 
 def _env_metrics(tool, texts):
