@@ -47,3 +47,16 @@ def pytest_collection_modifyitems(config, items):
     two xdist workers the minutes-long runs start at once and the short tests fill in around
     them, instead of one worker finishing a long run alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(scope="module")
+def search_task(tmp_path_factory):
+    """(A `SearchTool` over the built-in retrieval task's corpus, k = 2; its 5 val rows)."""
+    import json
+
+    from jaxrl_llm.data.tasks import retrieval
+    from jaxrl_llm.tools.search import make_search_tool
+
+    paths = retrieval.write_task(tmp_path_factory.mktemp("retrieval"), n_train=30, n_val=5)
+    rows = [json.loads(line) for line in paths["val"].read_text().splitlines()]
+    return make_search_tool(paths["corpus"], k=2), rows

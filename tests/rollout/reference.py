@@ -45,13 +45,20 @@ def naive_greedy(model, prompt, steps, eos=(), width=64):
 def exact_logprobs(model, samples, temperature=1.0):
     """float64 log-probabilities [sum of lengths] of every sample's tokens, teacher-forced on
     its prompt and tokens, by the model's float64 twin (`testing.float64_twin`): the exact
-    values an engine's float32 logprobs round from (`testing.assert_as_accurate`)."""
-    out = []
+    values an engine's float32 logprobs round from (`testing.assert_as_accurate`). One
+    uncached forward per sample (causal: a token's logits see only what precedes it), the
+    rows right-padded to one width, a multiple of 64."""
+    seqs = [list(c.prompt_ids) + list(c.token_ids) for c in samples]
+    width = -(-max(map(len, seqs)) // 64) * 64
+    padded = np.zeros((len(seqs), width), np.int32)
+    for b, seq in enumerate(seqs):
+        padded[b, : len(seq)] = seq
     with jax.enable_x64(True):
-        twin = float64_twin(model)
-        for c in samples:
-            seq, P = list(c.prompt_ids) + list(c.token_ids), len(c.prompt_ids)
-            rows = [seq[: P + t] for t in range(len(c.token_ids))]
-            logp = np.asarray(jax.nn.log_softmax(full_logits(twin, rows) / temperature, -1))
-            out.append(logp[np.arange(len(c.token_ids)), c.token_ids])
+        graphdef, state = nnx.split(float64_twin(model))
+        logits = np.asarray(_forward(graphdef, state, jnp.asarray(padded)))
+        logp = np.asarray(jax.nn.log_softmax(logits / temperature, -1))
+    out = []
+    for b, c in enumerate(samples):
+        P, T = len(c.prompt_ids), len(c.token_ids)
+        out.append(logp[b, np.arange(P - 1, P + T - 1), c.token_ids])
     return np.concatenate(out)

@@ -6,13 +6,10 @@ EOS after the last. The tools are real: `PythonTool` (bubblewrap sandbox) and th
 `SearchTool`, called with the driver's one contract (text ending in the stop string).
 """
 
-import json
-
 import numpy as np
 import pytest
 
 from jaxrl_llm.assets import builtin_checkpoint
-from jaxrl_llm.data.tasks import retrieval
 from jaxrl_llm.data.templates import search_r1_prompt
 from jaxrl_llm.models import load_tokenizer
 from jaxrl_llm.rewards import exact_match_reward, format_reward
@@ -20,7 +17,7 @@ from jaxrl_llm.rollout import RolloutDriver, SamplingParams
 from jaxrl_llm.testing import ScriptedEngine
 from jaxrl_llm.tools import PythonTool
 from jaxrl_llm.tools.python_tool import OUTPUT_START
-from jaxrl_llm.tools.search import INVALID_ACTION, information_block, make_search_tool
+from jaxrl_llm.tools.search import INVALID_ACTION, information_block
 
 FILLER = "~"
 LOGPROB = -0.25
@@ -120,13 +117,6 @@ def test_torl_stop_without_code_ends_the_sample(tokenizer, python_tool):
     assert len(calls) == 1 and c.tool_calls == 0
     assert c.finish_reason == "stop" and c.text == turns[0]
     np.testing.assert_array_equal(c.response_mask, 1)
-
-
-@pytest.fixture(scope="module")
-def search_task(tmp_path_factory):
-    paths = retrieval.write_task(tmp_path_factory.mktemp("retrieval"), n_train=30, n_val=5)
-    rows = [json.loads(line) for line in paths["val"].read_text().splitlines()]
-    return make_search_tool(paths["corpus"], k=2), rows
 
 
 def test_search_r1_information_is_masked_and_answer_scores_em(search_task, tokenizer):
