@@ -95,7 +95,8 @@ def _register_configurables() -> None:
     import jaxrl_llm.agents.env
     import jaxrl_llm.learner.rl_config
     import jaxrl_llm.learner.sft
-    import jaxrl_llm.metrics.writer  # noqa: F401
+    import jaxrl_llm.metrics.writer
+    import jaxrl_llm.tools.search  # noqa: F401
 
 
 class _DropMessages(logging.Filter):

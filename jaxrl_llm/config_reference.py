@@ -58,6 +58,7 @@ def config_classes() -> list[type]:
     from jaxrl_llm.rewards.model_config import RewardModelConfig
     from jaxrl_llm.rollout.config import RolloutConfig, VllmConfig
     from jaxrl_llm.tools.sandbox_types import SandboxConfig
+    from jaxrl_llm.tools.search import SearchConfig
 
     return [
         RLConfig,
@@ -77,6 +78,7 @@ def config_classes() -> list[type]:
         RMConfig,
         MetricsConfig,
         SandboxConfig,
+        SearchConfig,
     ]
 
 

@@ -14,7 +14,7 @@ from jaxrl_llm.data.config import DataConfig
 from jaxrl_llm.data.examples import FieldMap
 from jaxrl_llm.data.pipeline import PipelineConfig, build_prompt_pipeline
 from jaxrl_llm.data.sources import SourceConfig, require_source
-from jaxrl_llm.data.tasks import builtin_task
+from jaxrl_llm.data.tasks import SEARCH_CORPUS, builtin_task
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def prompt_data(d: DataConfig, tokenizer: Any, run_dir: Path) -> PromptData:
             levels=d.builtin_levels,
         )
         train_file, val_file = str(paths["train"]), str(paths["val"])
-        corpus_key = task.supplies.get("search_corpus")  # the retrieval task's corpus
+        corpus_key = task.supplies.get(SEARCH_CORPUS)  # the retrieval task's corpus
         corpus = paths[corpus_key] if corpus_key else None
     fields = FieldMap(
         prompt=(d.prompt_key,) if d.prompt_key else FieldMap().prompt,

@@ -326,14 +326,15 @@ class RLConfig:
 
 
 def _check_tool_settings(cfg: RLConfig) -> None:
-    """The `RolloutConfig` fields the tool requires (`tools.factory.BuiltinTool.requires`)
-    are set, or stood in for by the built-in task's files (`data.tasks.BuiltinTask.supplies`:
-    the retrieval task writes the search tool's corpus) when there is no train_file."""
+    """The settings the tool requires (`tools.factory.BuiltinTool.requires`: the search
+    tool's `SearchConfig.corpus`) are set, or stood in for by the built-in task's files
+    (`data.tasks.BuiltinTask.supplies`: the retrieval task writes the search tool's corpus)
+    when there is no train_file."""
     from jaxrl_llm.data.tasks import builtin_task
-    from jaxrl_llm.tools.factory import missing_requirement
+    from jaxrl_llm.tools.factory import missing_requirement, tool_settings
 
     r, d = cfg.rollout, cfg.data
-    settings = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+    settings = tool_settings()
     supplied = builtin_task(d.builtin_task).supplies
     if d.train_file is None:
         for field in supplied:

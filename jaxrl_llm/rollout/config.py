@@ -20,7 +20,6 @@ from jaxrl_llm.config_checks import Ge, Interval, checked_fields, documented
     top_p=Interval(gt=0, le=1),
     max_tool_calls=Ge(0),
     max_turn_tokens=Ge(1),
-    search_k=Ge(1),
     max_slots=Ge(1),
     steps_per_call=Ge(1),
     val_temperature=Ge(0),
@@ -63,12 +62,6 @@ class RolloutConfig:
         "whole response): a turn that reaches it ends the sample with reason 'length'; "
         "None: no per-turn budget.",
     )
-    search_corpus: str | None = documented(
-        None,
-        "The 'search' tool's corpus, a jsonl file; None only with the built-in retrieval task, "
-        "which writes its own.",
-    )
-    search_k: int = documented(3, "Passages the 'search' tool returns per query.")
     max_slots: int = documented(
         64, "Samples decoded at the same time by the rollout engine (its batch of slots)."
     )

@@ -66,10 +66,7 @@ class RolloutStage:
         self._reward_counts = RewardCounts()
         # Built at start-up: a wrong plug-in path, or a Python tool with no safe sandbox
         # here, fails before the first step.
-        self.tool = build_tool(
-            r.tool, search_corpus=r.search_corpus or corpus, search_k=r.search_k,
-            tokenizer=tokenizer,
-        )  # fmt: skip
+        self.tool = build_tool(r.tool, corpus=corpus, tokenizer=tokenizer)
         # A tool runs as a text-format environment over the one shared tool (`ToolEnv`);
         # an environment factory is checked at start-up.
         if self.tool is not None:

@@ -1,7 +1,8 @@
 """The tool a rollout uses, from its config name: `build_tool`, over a table of built-ins.
 
 `RolloutConfig.tool` is a built-in's name (`BUILTIN_TOOLS`: "none", "python": ToRL's code
-interpreter, "search": Search-R1's BM25 retriever) or the import path of a factory,
+interpreter, settings in `SandboxConfig`; "search": Search-R1's BM25 retriever, settings in
+`SearchConfig`) or the import path of a factory,
 "package.module:factory". A factory takes no arguments, or a `tokenizer` keyword (the
 policy's: a chat-format tool renders its observations with the checkpoint's template,
 `agents.ChatToolUse`), and returns an object with the `Tool` contract (`tools/protocol.py`);
@@ -24,15 +25,18 @@ from typing import Any
 from jaxrl_llm.tools.protocol import Tool, turn_rules
 
 NO_TOOL = "none"
+CORPUS = "SearchConfig.corpus"  # the one setting a built-in tool requires
 
 
 @dataclasses.dataclass(frozen=True)
 class BuiltinTool:
     """A built-in tool: how to build it and what it needs from `RolloutConfig`.
 
-    `build` takes, as keywords, the `RolloutConfig` fields it declares (`search_corpus`,
-    `search_k`, ...) and returns the tool (None: no tool). `requires` maps the fields that
-    must be set (not None or empty) to what they hold, for the error that names a missing one.
+    `build` takes, as keywords, the settings it declares (`corpus`: the search corpus, from
+    `SearchConfig.corpus` or the built-in task's) and returns the tool (None: no tool); its
+    other settings it reads from its own gin config. `requires` maps the settings that must be
+    set (not None or empty), by their gin names, to what they hold, for the error that names
+    a missing one.
     """
 
     build: Callable[..., Tool | None]
@@ -50,10 +54,10 @@ def _python_tool() -> Tool:
     return PythonTool()
 
 
-def _search_tool(*, search_corpus: str | Path, search_k: int = 3) -> Tool:
-    from jaxrl_llm.tools.search import make_search_tool
+def _search_tool(*, corpus: str | Path) -> Tool:
+    from jaxrl_llm.tools.search import SearchConfig, make_search_tool
 
-    return make_search_tool(search_corpus, k=search_k)
+    return make_search_tool(corpus, k=SearchConfig().k)
 
 
 BUILTIN_TOOLS: dict[str, BuiltinTool] = {
@@ -62,7 +66,7 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
     "search": BuiltinTool(
         _search_tool,
         "Search-R1's BM25 retriever",
-        requires={"search_corpus": "a jsonl corpus"},
+        requires={CORPUS: "a jsonl corpus"},
     ),
 }
 
@@ -86,31 +90,37 @@ def check_tool_name(name: str) -> None:
 
 
 def missing_requirement(name: str, settings: Mapping[str, Any]) -> str | None:
-    """The error for the first field built-in `name` requires that `settings` (RolloutConfig
-    field -> value) leaves unset, e.g. "rollout.tool='search' needs rollout.search_corpus (a
-    jsonl corpus)"; None when nothing is missing or `name` is a plug-in path."""
+    """The error for the first setting built-in `name` requires that `settings` (gin name ->
+    value) leaves unset, e.g. "rollout.tool='search' needs SearchConfig.corpus (a jsonl
+    corpus)"; None when nothing is missing or `name` is a plug-in path."""
     spec = builtin_tool(name)
-    for field, what in (spec.requires if spec else {}).items():
-        if settings.get(field) in (None, ""):
-            return f"rollout.tool={name!r} needs rollout.{field} ({what})"
+    for setting, what in (spec.requires if spec else {}).items():
+        if settings.get(setting) in (None, ""):
+            return f"rollout.tool={name!r} needs {setting} ({what})"
     return None
 
 
-def build_tool(
-    name: str, *, search_corpus: str | Path | None = None, search_k: int = 3, tokenizer=None
-) -> Tool | None:
-    """The tool `name` refers to (None for "none"). `search_corpus`/`search_k`: the
-    built-in search tool's corpus (jsonl) and passages per query; `tokenizer`: the policy's,
-    for a plug-in factory that takes it."""
+def tool_settings(corpus: str | Path | None = None) -> dict[str, Any]:
+    """What the built-in tools may require, by gin name: the search corpus from
+    `SearchConfig.corpus`, else `corpus` (the built-in task's, when it writes one)."""
+    from jaxrl_llm.tools.search import SearchConfig
+
+    return {CORPUS: SearchConfig().corpus or corpus}
+
+
+def build_tool(name: str, *, corpus: str | Path | None = None, tokenizer=None) -> Tool | None:
+    """The tool `name` refers to (None for "none"). `corpus`: the built-in task's search
+    corpus, used when `SearchConfig.corpus` is unset; `tokenizer`: the policy's, for a plug-in
+    factory that takes it."""
     spec = builtin_tool(name)
     if spec is None:
         return _plugin_tool(name, tokenizer)
-    settings = {"search_corpus": search_corpus, "search_k": search_k}
+    settings = tool_settings(corpus)
     problem = missing_requirement(name, settings)
     if problem:
         raise ValueError(problem)
     declared = inspect.signature(spec.build).parameters
-    return spec.build(**{k: v for k, v in settings.items() if k in declared})
+    return spec.build(**({"corpus": settings[CORPUS]} if "corpus" in declared else {}))
 
 
 def resolve_import_path(spec: str, setting: str) -> Callable[..., Any]:

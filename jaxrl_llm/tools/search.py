@@ -31,6 +31,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import gin
+
+from jaxrl_llm.config_checks import Ge, checked_fields, documented
+
 SEARCH_START, SEARCH_END = "<search>", "</search>"
 ANSWER_END = "</answer>"
 INVALID_ACTION = (
@@ -38,6 +42,21 @@ INVALID_ACTION = (
     "<search> and </search>. If I want to give the final answer, I should put the answer "
     "between <answer> and </answer>. Let me try again.\n"
 )
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+@checked_fields(k=Ge(1))
+class SearchConfig:
+    """The built-in search tool (`RolloutConfig.tool = "search"`): its corpus and how many
+    passages a query returns."""
+
+    corpus: str | None = documented(
+        None,
+        "A jsonl corpus (`{id, contents}` or `{id, title, text}` rows); None only with the "
+        "built-in retrieval task, which writes its own.",
+    )
+    k: int = documented(3, "Passages returned per query (Search-R1's topk).")
 
 
 @dataclasses.dataclass(frozen=True)

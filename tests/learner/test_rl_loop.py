@@ -314,7 +314,7 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch, masked):
         "DataConfig.template = 'search_r1'",
         "DataConfig.max_prompt_length = 768",
         "RolloutConfig.tool = 'search'",
-        "RolloutConfig.search_k = 1",
+        "SearchConfig.k = 1",
         "RolloutConfig.max_new_tokens = 384",
         "RewardConfig.name = 'exact_match'",
         f"AlgoConfig.mask_tool_output = {masked}",

@@ -15,6 +15,9 @@ from pathlib import Path
 
 from jaxrl_llm.data.tasks import arithmetic, retrieval
 
+# The search tool's corpus setting (`tools.factory.CORPUS`; data sits below tools).
+SEARCH_CORPUS = "SearchConfig.corpus"
+
 
 @dataclasses.dataclass(frozen=True)
 class BuiltinTask:
@@ -22,9 +25,9 @@ class BuiltinTask:
 
     ``write(out_dir, *, n_train, n_val, seed, levels) -> {"train": path, "val": path, ...}``;
     ``levels`` are ``DataConfig.builtin_levels`` (arithmetic difficulty; other tasks ignore
-    them). ``supplies`` maps ``RolloutConfig`` fields the written files stand in for to the
-    key of the file in what ``write`` returns (the retrieval task: ``search_corpus`` ->
-    ``"corpus"``).
+    them). ``supplies`` maps the tool settings the written files stand in for, by their gin
+    names (``tools.factory.BuiltinTool.requires``), to the key of the file in what ``write``
+    returns (the retrieval task: ``SearchConfig.corpus`` -> ``"corpus"``).
     """
 
     write: Callable[..., dict[str, Path]]
@@ -46,7 +49,7 @@ def _write_retrieval(
 
 BUILTIN_TASKS: dict[str, BuiltinTask] = {
     "arithmetic": BuiltinTask(_write_arithmetic),
-    "retrieval": BuiltinTask(_write_retrieval, supplies={"search_corpus": "corpus"}),
+    "retrieval": BuiltinTask(_write_retrieval, supplies={SEARCH_CORPUS: "corpus"}),
 }
 
 
