@@ -32,7 +32,6 @@ run's reward and `env/reward_sum` is not counted (docs/agents.md).
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -86,7 +85,6 @@ class Episodes:
         """`prompts`: the data pipeline's prompt token ids of `rows`, the prompts of episodes
         whose `reset` gives no messages."""
         self.cfg, self.n, self.tokenizer = cfg, n, tokenizer
-        self._lock = threading.Lock()
         self.episodes: list[_Episode] = []
         try:
             make = self._opener(factory)
