@@ -32,6 +32,7 @@ run's reward and `env/reward_sum` is not counted (docs/agents.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -87,32 +88,17 @@ class Episodes:
         self.cfg, self.n, self.tokenizer = cfg, n, tokenizer
         self.episodes: list[_Episode] = []
         try:
-            make = self._opener(factory)
             self.prompts = [
-                self._start(make, row, None if prompts is None else prompts[i])
+                self._start(factory, row, None if prompts is None else prompts[i])
                 for i, row in enumerate(rows)
             ]
+            self._read_rules(self.episodes[0].env if self.episodes else None)
         except BaseException:
             self.close()
             raise
 
-    def _opener(self, factory: Callable[[], Environment]) -> Callable[[], _Episode]:
-        """Opens episodes; the first one's environment sets the batch's turn rules."""
-        first = _Episode(factory())
-        self.episodes.append(first)
-        self._read_rules(first.env)
-        spare = [first]
-
-        def make() -> _Episode:
-            if spare:
-                return spare.pop()
-            episode = _Episode(factory())
-            self.episodes.append(episode)
-            return episode
-
-        return make
-
-    def _read_rules(self, env: Environment) -> None:
+    def _read_rules(self, env: Environment | None) -> None:
+        """The batch's turn rules, from its first environment (chat turns without one)."""
         stops = getattr(env, "stop_strings", None)
         self.text = stops is not None  # a text format (see the module docstring)
         self.uses_run_reward = bool(getattr(env, "uses_run_reward", False))
@@ -120,7 +106,8 @@ class Episodes:
         self.stop_strings: tuple[str, ...] = () if stops is None else tuple(stops)
         self.turn_ends_on_eos = rules.on_eos if self.text else True
         self.sees_special_tokens = rules.special_tokens if self.text else True
-        self.chat = None if self.text else self._template()
+        if not self.text:
+            _ = self.chat  # built here, not first in the sampler's worker threads
         if self.uses_run_reward and self.cfg.reward_placement == "turns":
             raise ValueError(
                 "EpisodeConfig.reward_placement = 'turns' with an environment scored by the "
@@ -128,16 +115,17 @@ class Episodes:
                 "own to place; use 'end'"
             )
 
-    def _template(self) -> ChatFormat:
-        """The chat template's arithmetic (built once; a text format may never need it)."""
-        if self._format is None:
-            self._format = ChatFormat(self.tokenizer, self.cfg.tool_format)
-        return self._format
+    @functools.cached_property
+    def chat(self) -> ChatFormat:
+        """The chat template's arithmetic (built when first needed: a text format may never
+        need it; an unknown `tool_format` fails here)."""
+        return ChatFormat(self.tokenizer, self.cfg.tool_format)
 
-    _format: ChatFormat | None = None
-
-    def _start(self, make: Callable[[], _Episode], row: Mapping[str, Any], pipeline) -> np.ndarray:
-        episodes = [make() for _ in range(self.n)]
+    def _start(
+        self, factory: Callable[[], Environment], row: Mapping[str, Any], pipeline
+    ) -> np.ndarray:
+        episodes = [_Episode(factory()) for _ in range(self.n)]
+        self.episodes += episodes
         started = [e.env.reset(row) for e in episodes]
         if any(m != started[0] for m in started[1:]):
             raise ValueError(
@@ -147,7 +135,7 @@ class Episodes:
         tools = list(episodes[-1].env.tools)
         if not started[0]:
             return self._pipeline_prompt(row, pipeline, tools)
-        text = self._template().render(started[0], generation_prompt=True, tools=tools)
+        text = self.chat.render(started[0], generation_prompt=True, tools=tools)
         return np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
 
     @staticmethod
@@ -170,10 +158,11 @@ class Episodes:
         """The observation after a sample's turn (`text`: its response so far), or None
         when its environment says the episode is done."""
         episode = self.episodes[prompt * self.n + sample]
-        if self.chat is None:  # a text format: the whole response so far
+        if self.text:  # the whole response so far; a turn it answers is a call
             result = episode.step(Turn(text))
             end = ""
-            episode.calls += not episode.done
+            if not episode.done:
+                episode.calls += 1
         else:
             turn, parsed, end = self.chat.parse(text)
             result = episode.step(Turn(turn, parsed.calls, parsed.malformed))
@@ -181,7 +170,7 @@ class Episodes:
             return None
         if isinstance(result.observations, str):
             return result.observations
-        return self._template().observation(list(result.observations), end)
+        return self.chat.observation(list(result.observations), end)
 
     def finish(self, index: int, completion: Completion) -> float:
         """The reward of episode `index` (prompt-major) after its sample ended, with a
@@ -194,7 +183,7 @@ class Episodes:
                 kept = completion.token_ids[: model[-1] + 1] if len(model) else []
                 skip = not self.sees_special_tokens
                 text = self.tokenizer.decode(list(kept), skip_special_tokens=skip)
-                if self.chat is None:
+                if self.text:
                     episode.step(Turn(text, final=True))
                 else:
                     turn, parsed, _ = self.chat.parse(text)
