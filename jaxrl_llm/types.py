@@ -108,6 +108,10 @@ class Completion:
     # each turn's last token (`EpisodeConfig.reward_placement = "turns"`); empty: the
     # sample's score is one outcome reward, on its last trained token.
     turn_rewards: tuple[float, ...] = ()
+    # int32, the policy version that sampled each token (a tool's tokens: the one current
+    # when they were inserted), set when the weights may change mid-sample (partial rollouts:
+    # `RLConfig.partial_rollouts`); None: every token is the batch's `Rollout.policy_version`.
+    token_versions: Int[np.ndarray, " response"] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +129,8 @@ class Rollout:
     scores: Float[np.ndarray, " B"]
     group_size: int  # G
     # The step whose synchronous weights sampled these (the weights after policy_version - 1
-    # updates); the step that trains on them minus this is their staleness.
+    # updates); the step that trains on them minus this is their staleness. With partial
+    # rollouts, the version sampling began with (newer tokens: `Completion.token_versions`).
     policy_version: int
 
     def __post_init__(self):

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from jaxrl_llm.learner.overlap import RolloutProducer
 
 Batch = tuple[Rollout, dict[str, float]]
-_ARRAYS = ("prompt_ids", "token_ids", "logprobs", "raw_logprobs", "response_mask")
+_ARRAYS = ("prompt_ids", "token_ids", "logprobs", "raw_logprobs", "response_mask", "token_versions")
 
 
 def save(

@@ -29,6 +29,17 @@ trains the saved batches first (`ready`) and samples from step s + k + 1 on, wit
 checkpoint's weights, as the uninterrupted run does: it equals that run to the digit, and
 every prompt of the data order is trained once. Only a batch being sampled with the
 checkpoint's own weights is lost at a stop, and it is sampled again identically.
+
+Partial rollouts (`RLConfig.partial_rollouts`, `partial=True`): a step starts with the
+newest weights published (at least those the bound asks), and whenever newer ones are
+published while it samples, the sampler continues the samples still decoding with them
+(`refresh`, between two device calls; the KV they have stays, computed with the older
+weights), each token tagged with the version that sampled it (`Completion.token_versions`).
+Every token then lags at most as much as without, usually less, and the logprobs the
+sampler records are those of the distribution each token was actually drawn from, so the
+importance weights (`AlgoConfig.is_cap`) correct exactly what happened. Where the swaps fall
+follows timing, so such a run is not reproducible to the digit, and a resumed run trains
+every prompt once but is not the uninterrupted run's twin.
 """
 
 from __future__ import annotations
@@ -40,25 +51,27 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm.learner import lora as lora_lib
-from jaxrl_llm.rollout.sampler import PolicyWeights
+from jaxrl_llm.rollout.sampler import PolicyWeights, Refresh
 from jaxrl_llm.types import Rollout
 
 Batch = tuple[Rollout, dict[str, float]]  # a step's scored samples and its rollout metrics
-# (step, the weights to sample it with, the version it expects) -> the batch and its metrics
-Collect = Callable[[int, PolicyWeights, int], Batch]
+# (step, the weights to sample it with, the version it expects, newer weights as they come
+# (partial rollouts) or None) -> the batch and its metrics
+Collect = Callable[[int, PolicyWeights, int, Refresh | None], Batch]
 
 
 class RolloutProducer:
     """Samples steps `first .. last` in order on its own thread; `take(step)` hands them to
     the trainer, `publish(updates, params)` receives the weights after each update. `ready`:
     batches of the first steps sampled before a stop (a checkpoint's), handed out as they
-    are; sampling starts after them."""
+    are; sampling starts after them. `partial`: partial rollouts (the module docstring)."""
 
     def __init__(
         self, collect: Collect, prompts: Any, *, first: int, last: int, k: int,
-        ready: Mapping[int, Batch] | None = None,
+        ready: Mapping[int, Batch] | None = None, partial: bool = False,
     ):  # fmt: skip
         if k < 1:
             raise ValueError(f"RolloutProducer needs max_staleness >= 1, got {k}")
@@ -68,7 +81,7 @@ class RolloutProducer:
                 f"saved batches of steps {sorted(ready)} do not follow step {first - 1}"
             )
         self._collect, self._prompts = collect, prompts
-        self._first, self._last, self._k = first, last, k
+        self._first, self._last, self._k, self._partial = first, last, k, partial
         self._sample_from = first + len(ready)
         self.rollout_lock = threading.Lock()
         self._cond = threading.Condition()
@@ -85,8 +98,10 @@ class RolloutProducer:
         self._thread.start()
 
     def needs(self, updates: int) -> bool:
-        """Whether a step still to be sampled uses the weights after `updates` updates."""
-        return self._updates_for(self._last) >= updates >= self._first - 1
+        """Whether a step still to be sampled uses the weights after `updates` updates (with
+        partial rollouts, any the last step may still swap to)."""
+        newest = self._last - 1 if self._partial else self._updates_for(self._last)
+        return newest >= updates >= self._first - 1
 
     def publish(self, updates: int, trained: Any, frozen: Any) -> None:
         """The trainer's weights after `updates` updates: its trained params, copied here
@@ -148,21 +163,19 @@ class RolloutProducer:
     def _run(self) -> None:
         try:
             for step in range(self._sample_from, self._last + 1):
-                updates = self._updates_for(step)
                 t_wait = time.perf_counter()
                 with self._cond:
-                    while updates not in self._weights and not self._stopping:
-                        self._cond.wait()
+                    updates = self._wait_for_weights(step)
                     waited = time.perf_counter() - t_wait  # the sampler idle
-                    if self._stopping:
+                    if updates is None:
                         return
                     params = self._weights[updates]
-                    for old in [u for u in self._weights if u < self._updates_for(step + 1)]:
-                        del self._weights[old]  # no later step samples with these
+                    self._drop_older(max(updates, self._updates_for(step + 1)))
                     self._data_state[step] = self._prompts.get_state()
+                refresh = self._refresher(updates) if self._partial else None
                 with self.rollout_lock:
                     t0 = time.perf_counter()
-                    samples, metrics = self._collect(step, params, updates + 1)
+                    samples, metrics = self._collect(step, params, updates + 1, refresh)
                     metrics["timing/rollout"] = (
                         time.perf_counter() - t0 - metrics["timing/weight_sync"]
                     )
@@ -175,6 +188,63 @@ class RolloutProducer:
             with self._cond:
                 self._error = e
                 self._cond.notify_all()
+
+    def _wait_for_weights(self, step: int) -> int | None:
+        """(Holding `_cond`.) The updates whose weights step `step` starts sampling with:
+        those the bound asks, or with partial rollouts the newest published; None at a stop."""
+        floor = self._updates_for(step)
+        while not any(u >= floor for u in self._weights) and not self._stopping:
+            self._cond.wait()
+        if self._stopping:
+            return None
+        return max(self._weights) if self._partial else floor
+
+    def _drop_older(self, updates: int) -> None:
+        """(Holding `_cond`.) Forget the copies older than `updates`: no later step (nor, with
+        partial rollouts, a sample that may swap) uses them."""
+        for old in [u for u in self._weights if u < updates]:
+            del self._weights[old]
+
+    def _refresher(self, updates: int) -> Refresh:
+        """Partial rollouts: the newest published weights whenever they are newer than those
+        the step is sampling with (starting from `updates`), else None."""
+        current = updates
+
+        def refresh() -> PolicyWeights | None:
+            nonlocal current
+            with self._cond:
+                newest = max(self._weights, default=current)
+                if newest <= current:
+                    return None
+                current = newest
+                self._drop_older(newest)
+                return self._weights[newest]
+
+        return refresh
+
+
+def staleness_metrics(samples: Rollout, step: int) -> dict[str, float]:
+    """`rollout/staleness/{mean,max}`: the policy versions the trained tokens of step `step`'s
+    batch lag behind its update (one version for the whole batch unless partial rollouts
+    tagged its tokens); with tags, `rollout/partial_frac` too: the share of samples whose
+    trained tokens come from more than one version."""
+    lag = float(step - samples.policy_version)
+    if all(c.token_versions is None for c in samples.completions):
+        return {"rollout/staleness/mean": lag, "rollout/staleness/max": lag}
+    lags, mixed = [], 0
+    for c in samples.completions:
+        versions = c.token_versions
+        if versions is None:
+            versions = np.full(len(c.token_ids), samples.policy_version, np.int32)
+        trained = versions[np.asarray(c.response_mask) == 1]
+        lags.append(step - trained)
+        mixed += int(len(np.unique(trained)) > 1)
+    every = np.concatenate(lags)
+    return {
+        "rollout/staleness/mean": float(every.mean()) if every.size else lag,
+        "rollout/staleness/max": float(every.max()) if every.size else lag,
+        "rollout/partial_frac": mixed / len(samples.completions),
+    }
 
 
 @jax.jit

@@ -217,6 +217,14 @@ class RLConfig:
         "trains, step s always with the weights after s - 1 - k updates (deterministic; none "
         "dropped); pair with `AlgoConfig.is_cap` to correct the lag (learner/overlap.py).",
     )
+    partial_rollouts: bool = documented(
+        False,
+        "With max_staleness >= 1: a step is sampled with the newest weights published when "
+        "it starts, and samples still decoding when newer ones arrive continue with them (on "
+        "the KV they have), each token tagged with its version (`Completion.token_versions`); "
+        "lower staleness, not reproducible to the digit (the swap points follow timing). "
+        "False: a batch finishes with the weights it began with. JAX backend.",
+    )
     log_generations: int = documented(
         8, "Samples per step written out as text for reading (metrics/generations.py)."
     )
@@ -297,6 +305,7 @@ class RLConfig:
         if mini % a.micro_batch_size and a.micro_batch_size < mini:
             raise ValueError(f"mini-batch {mini} not divisible by {a.micro_batch_size=}")
         _check_tool_settings(self)
+        _check_partial_rollouts(self)
         check_rewards(self.reward)  # names, options and `rm:` folders, nothing loaded
         if self.val_reward is not None:
             check_rewards(self.validation_reward(), field="RLConfig.val_reward")
@@ -342,6 +351,27 @@ def _check_tool_settings(cfg: RLConfig) -> None:
     problem = missing_requirement(r.tool, settings)
     if problem:
         raise ValueError(problem)
+
+
+def _check_partial_rollouts(cfg: RLConfig) -> None:
+    """Partial rollouts need an overlapped run (new weights arrive while a batch samples) and
+    a backend that continues samples with them (`rollout.backends.Backend.partial_rollouts`)."""
+    from jaxrl_llm.rollout.backends import BACKENDS
+
+    if not cfg.partial_rollouts:
+        return
+    if cfg.max_staleness < 1:
+        raise ValueError(
+            "RLConfig.partial_rollouts needs RLConfig.max_staleness >= 1: a synchronous run "
+            "samples every batch with the weights of its own step, none arrive mid-sample"
+        )
+    backend = BACKENDS.get(cfg.rollout.backend)
+    if backend is None or not backend.partial_rollouts:
+        able = [name for name, b in BACKENDS.items() if b.partial_rollouts]
+        raise ValueError(
+            f"RLConfig.partial_rollouts: rollout.backend = {cfg.rollout.backend!r} does not "
+            f"continue running samples with newer weights; backends that do: {able}"
+        )
 
 
 def _refuse_placeholders(cfg: object, where: str) -> None:

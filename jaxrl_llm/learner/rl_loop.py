@@ -29,7 +29,7 @@ from jaxrl_llm.learner.experience import (
     turn_token_rewards,
 )
 from jaxrl_llm.learner.export import export_final
-from jaxrl_llm.learner.overlap import RolloutProducer
+from jaxrl_llm.learner.overlap import RolloutProducer, staleness_metrics
 from jaxrl_llm.learner.packing import (
     Packing,
     forward_positions,
@@ -46,7 +46,7 @@ from jaxrl_llm.metrics.plots import write_dashboard
 from jaxrl_llm.metrics.progress import bar, summary_line
 from jaxrl_llm.metrics.samples import record_step_samples
 from jaxrl_llm.rewards.pool import Scorer
-from jaxrl_llm.rollout.sampler import PolicyWeights
+from jaxrl_llm.rollout.sampler import PolicyWeights, Refresh
 from jaxrl_llm.rollout.stage import RolloutStage
 from jaxrl_llm.sharding import hosts
 from jaxrl_llm.types import Experience, Rollout
@@ -118,14 +118,15 @@ def _producer(run: Run) -> RolloutProducer | None:
     cfg = run.cfg
     if not cfg.max_staleness:  # (one process only: `run._check_one_process`)
         return None
-    collect = lambda step, params, version: _collect(
-        cfg, step, run.prompts, run.rollout, run.reward, params, version
+    collect = lambda step, params, version, refresh: _collect(
+        cfg, step, run.prompts, run.rollout, run.reward, params, version, refresh
     )
     first = run.learner.state.step + 1
     ready, run.ahead = run.ahead, {}  # the saved batches are the producer's to hand out
     return RolloutProducer(
-        collect, run.prompts, first=first, last=cfg.steps, k=cfg.max_staleness, ready=ready
-    )
+        collect, run.prompts, first=first, last=cfg.steps, k=cfg.max_staleness, ready=ready,
+        partial=cfg.partial_rollouts,
+    )  # fmt: skip
 
 
 def close_run(run: Run, writer: MetricsWriter | None = None) -> None:
@@ -155,8 +156,7 @@ def train_step(run: Run, step: int, producer: RolloutProducer | None = None) -> 
         metrics["timing/rollout"] = time.perf_counter() - t0 - metrics["timing/weight_sync"]
     else:
         samples, metrics = producer.take(step)
-    lag = step - samples.policy_version  # one version per batch: every token lags alike
-    metrics["rollout/staleness/mean"] = metrics["rollout/staleness/max"] = float(lag)
+    metrics.update(staleness_metrics(samples, step))
     same = all_equal_groups(samples.scores, cfg.rollout.n)
     metrics["batch/all_equal_groups_frac"] = float(same.mean())
     t1 = time.perf_counter()
@@ -217,9 +217,11 @@ def _collect(
     reward: Scorer,
     params: PolicyWeights,
     version: int,
+    refresh: Refresh | None = None,
 ) -> tuple[Rollout, dict[str, float]]:
     """Rollouts and rewards for one step with the policy `params` (the synchronous weights
-    of step `version`), and their metrics; DAPO dynamic sampling refills all-equal groups."""
+    of step `version`; with `refresh`, newer ones as they arrive: partial rollouts), and their
+    metrics; DAPO dynamic sampling refills all-equal groups."""
     n = cfg.rollout.n
     want = cfg.data.prompts_per_step
     mixed: list[Rollout] = []  # groups with a learning signal
@@ -233,7 +235,7 @@ def _collect(
     while True:
         tries += 1
         batch = next(prompts)
-        got = rollout.generate(batch, step, tries, reward, version)  # the whole batch, scored
+        got = rollout.generate(batch, step, tries, reward, version, refresh)  # scored
         if tries == 1:
             metrics.update(rollout.env_metrics(got))
         if not cfg.algo.dynamic_sampling:

@@ -13,17 +13,21 @@ from jaxrl_llm.config_checks import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
-    """A built-in backend: its factory's import path, what it is, and what to install."""
+    """A built-in backend: its factory's import path, what it is, what to install, and
+    whether its `generate` continues running samples with newer weights (`refresh`: partial
+    rollouts, `RLConfig.partial_rollouts`)."""
 
     factory: str
     summary: str
     install: str = ""
+    partial_rollouts: bool = False
 
 
 BACKENDS: dict[str, Backend] = {
     "jax": Backend(
         "jaxrl_llm.rollout.jax_sampler:build",
         "our paged JAX engine (JetStream API), sampling from the trainer's live arrays",
+        partial_rollouts=True,
     ),
     "vllm": Backend(
         "jaxrl_llm.rollout.vllm_sampler:build",

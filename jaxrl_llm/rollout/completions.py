@@ -42,25 +42,39 @@ class LiveSample:
     turn_end: str = "stop"  # why the turn handed to the tool ended ("stop" | "eos")
     error: str | None = None
     epoch: int = 0  # bumped when the host stops the sample: in-flight tokens are stale
+    # The policy version of each token, when the weights may change mid-sample; None: untracked.
+    versions: list[int] | None = None
 
     @property
     def cached(self) -> int:
         return len(self.prompt_ids) + len(self.tokens)
 
-    def absorb(self, rec: StepRecords[np.ndarray], b: int) -> bool:
-        """Append slot b's sampled tokens from host step records [k, B]; True if the device
-        finished the sample (EOS, budget or full cache)."""
+    def absorb(self, rec: StepRecords[np.ndarray], b: int, version: int = 0) -> bool:
+        """Append slot b's sampled tokens from host step records [k, B], sampled by policy
+        `version`; True if the device finished the sample (EOS, budget or full cache)."""
         valid = rec.valid[:, b]
         self.tokens.extend(rec.tokens[valid, b].tolist())
         self.logprobs.extend(rec.logprobs[valid, b].tolist())
         if self.params.raw_logprobs:
             self.raw.extend(rec.raw_logprobs[valid, b].tolist())
         self.mask.extend([1] * int(valid.sum()))
+        if self.versions is not None:
+            self.versions.extend([version] * int(valid.sum()))
         return bool(rec.done[:, b].any())
+
+    def insert(self, ids: Sequence[int], version: int = 0) -> None:
+        """Append tokens that are not the model's (a tool's output): masked, logprob 0."""
+        self.tokens.extend(ids)
+        self.logprobs.extend([0.0] * len(ids))
+        if self.params.raw_logprobs:
+            self.raw.extend([0.0] * len(ids))
+        self.mask.extend([0] * len(ids))
+        if self.versions is not None:
+            self.versions.extend([version] * len(ids))
 
     def cut(self, keep: int) -> None:
         """Drop every token after the first `keep` of the response."""
-        for lst in (self.tokens, self.logprobs, self.raw, self.mask):
+        for lst in (self.tokens, self.logprobs, self.raw, self.mask, self.versions or []):
             del lst[keep:]
 
     def find_stop(self, decode: Callable[[Sequence[int]], str]) -> tuple[int, str] | None:
@@ -109,6 +123,7 @@ class LiveSample:
             stop_string=stop,
             tool_calls=self.tool_calls,
             error=self.error,
+            token_versions=None if self.versions is None else np.asarray(self.versions, np.int32),
         )
 
 

@@ -27,6 +27,9 @@
   The observation's tokens are appended to the sample's cache row (`Engine.append_tokens`,
   no re-prefill), marked 0 in `response_mask`, and sampling resumes in the same slot.
   Other slots keep decoding while a tool runs.
+- Partial rollouts (`refresh`): before each device call the driver asks for newer weights;
+  the samples still decoding continue with them on the KV they have, later samples start
+  with them, and each token records the version that sampled it (`token_versions`).
 - `max_new_tokens` bounds the whole response, inserted tokens included (as verl's
   response length); a response that hits it or the cache ends with reason "length".
   `max_turn_tokens` bounds each model turn: a turn that reaches it ends the sample there,
@@ -62,6 +65,8 @@ from jaxrl_llm.types import Completion
 log = logging.getLogger(__name__)
 
 _Running = dict[int, tuple[LiveSample, int]]  # slot -> (its sample, the sample's epoch)
+# Partial rollouts: newer (params, version) to continue with, or None (`generate`'s `refresh`).
+Refresh = Callable[[], tuple[Any, int] | None]
 DEFAULT_SAMPLING = SamplingParams()
 
 
@@ -84,6 +89,8 @@ class _Call:
     )
     pool: cf.ThreadPoolExecutor | None = None
     on_finish: Callable[[int, Completion], object] | None = None
+    refresh: Refresh | None = None
+    version: int = 0  # of the params the next call samples with (tracked with `refresh`)
 
     def finish(self, s: LiveSample, completion: Completion) -> None:
         """Record a finished sample and pass it to `on_finish`."""
@@ -163,6 +170,8 @@ class RolloutDriver:
         progress: Callable[[int, int], object] | None = None,
         prompt_indices: Sequence[int] | None = None,
         on_finish: Callable[[int, Completion], object] | None = None,
+        refresh: Refresh | None = None,
+        version: int = 0,
     ) -> list[Completion]:
         """Complete every prompt `n` times; returns completions prompt-major.
 
@@ -178,9 +187,13 @@ class RolloutDriver:
         sample is the same whichever host draws it.
         `on_finish(index, completion)` is called, on this thread, as each sample finishes
         (`index`: its position in the returned list), e.g. to score it while others decode.
+        `refresh` (partial rollouts): asked before each device call for newer weights,
+        `(params, their version)` or None; running samples continue with them on the KV
+        they have (computed with the older weights), and each completion's
+        `token_versions` records which version sampled each token (`params` are `version`).
         """
         call = self._start_call(prompts, sampling, tool, on_long_prompt, prompt_indices)
-        call.on_finish = on_finish
+        call.on_finish, call.refresh, call.version = on_finish, refresh, version
         for key in list(call.results):  # samples that ended before any compute
             call.report(key)
         eng = self.engine
@@ -191,6 +204,7 @@ class RolloutDriver:
         call.pool = cf.ThreadPoolExecutor(self.tool_workers) if tool is not None else None
         try:
             while True:
+                params = self._swap(params, call)
                 state = self._resume_tools(params, state, call)
                 state = self._admit(params, state, call)
                 running: _Running = {b: (s, s.epoch) for b, s in enumerate(call.slots)
@@ -199,7 +213,7 @@ class RolloutDriver:
                 if running:
                     state, rec = eng.generate_steps(params, state, self.steps_per_call)
                     self.stats["generate_calls"] += 1
-                    dispatched = (rec, running)
+                    dispatched = (rec, running, call.version)
                 if inflight is not None:
                     state = self._process(state, call, *inflight)
                     if progress is not None:
@@ -246,6 +260,17 @@ class RolloutDriver:
                 call.results[(i, j)] = self._completion(s, "prompt_too_long")
         return call
 
+    def _swap(self, params: Any, call: _Call) -> Any:
+        """The newer weights `call.refresh` hands over, if any; else `params` (also when no
+        sample is left to decode: the push would be wasted)."""
+        left = call.queue or call.ready or any(s is not None for s in call.slots)
+        newer = call.refresh() if call.refresh is not None and left else None
+        if newer is None:
+            return params
+        params, call.version = newer
+        self.stats["weight_swaps"] += 1
+        return self.engine.place_params(params)
+
     def _wait_for_tools(self, call: _Call) -> bool:
         """Nothing is decoding: wait for a running tool (True) or end the call (False)."""
         if call.pending:
@@ -275,7 +300,8 @@ class RolloutDriver:
             if not todo:
                 call.ready.popleft()
             seed = sample_seed(sp.seed, call.seed_index[i], j)
-            call.slots[slot] = LiveSample(i, j, call.ids[i], sp, seed)
+            tracked = [] if call.refresh is not None else None
+            call.slots[slot] = LiveSample(i, j, call.ids[i], sp, seed, versions=tracked)
             state = eng.insert_slot(
                 prefix, state, slot, SlotSampling.one(sp, seed), sp.max_new_tokens, row
             )
@@ -295,17 +321,18 @@ class RolloutDriver:
             call.ready.append((i, prefix, row, collections.deque(range(call.sampling[i].n))))
 
     def _process(
-        self, state: DecodeState, call: _Call, rec: StepRecords, running: _Running
+        self, state: DecodeState, call: _Call, rec: StepRecords, running: _Running, version: int
     ) -> DecodeState:
-        """Absorb one call's records into the samples that were running when it was
-        dispatched and are unchanged since (`epoch`: a sample stopped or resumed after
-        the dispatch ignores the call's tokens); finish or hand samples to the tool."""
+        """Absorb one call's records (sampled by policy `version`) into the samples that were
+        running when it was dispatched and are unchanged since (`epoch`: a sample stopped or
+        resumed after the dispatch ignores the call's tokens); finish or hand samples to the
+        tool."""
         host: StepRecords[np.ndarray] = jax.device_get(rec)
         stopped: list[int] = []
         for b, (s, epoch) in running.items():
             if call.slots[b] is not s or s.epoch != epoch:
                 continue
-            done = s.absorb(host, b)
+            done = s.absorb(host, b, version)
             finish = self._check_finish(s, done)
             if finish is None:
                 continue
@@ -372,11 +399,7 @@ class RolloutDriver:
                 room = eng.cache_length - 1 - s.cached
                 fit = max(0, min(len(obs_ids), budget, room))
                 start = s.cached
-                s.tokens.extend(obs_ids[:fit])
-                s.logprobs.extend([0.0] * fit)
-                if s.params.raw_logprobs:
-                    s.raw.extend([0.0] * fit)
-                s.mask.extend([0] * fit)
+                s.insert(obs_ids[:fit], call.version)
                 s.tool_calls += 1
                 if fit == len(obs_ids) and fit < budget:  # room for the whole output and more
                     resume = list(obs_ids)

@@ -22,9 +22,11 @@ import numpy as np
 from jaxrl_llm.rollout.sampler import (
     OnFinish,
     Progress,
+    Refresh,
     SamplerContext,
     ToolCallback,
     WeightPush,
+    check_version,
 )
 from jaxrl_llm.rollout.sampling import SamplingParams
 from jaxrl_llm.sharding import hosts
@@ -93,13 +95,26 @@ class JaxSampler:
         prompt_indices: Sequence[int] | None = None,
         on_finish: OnFinish | None = None,
         progress: Progress | None = None,
+        refresh: Refresh | None = None,
     ) -> list[Completion]:
         if self.params is None:
             raise RuntimeError("push_weights(params) before generate: the sampler has none")
+        swap = None if refresh is None else lambda: self._swap(refresh)
         return self.driver.generate(
             prompts, sampling, params=self.params, tool=tool, progress=progress,
-            prompt_indices=prompt_indices, on_finish=on_finish,
+            prompt_indices=prompt_indices, on_finish=on_finish, refresh=swap,
+            version=self.policy_version or 0,
         )  # fmt: skip
+
+    def _swap(self, refresh: Refresh) -> tuple[Any, int] | None:
+        """Partial rollouts: push the newer weights `refresh` hands over, if any, between two
+        device calls (the driver continues running samples with them)."""
+        newer = refresh()
+        if newer is None:
+            return None
+        self.push_weights(newer.params, newer.version)
+        check_version(self.policy_version, newer.version)
+        return self.params, newer.version
 
     def metrics(self) -> dict[str, float]:
         """None: the driver's counters (`driver.stats`) are per host, and a run's metrics

@@ -66,6 +66,10 @@ class PolicyWeights:
     version: int
 
 
+# Partial rollouts: newer weights to continue the samples still decoding with, or None.
+Refresh = Callable[[], PolicyWeights | None]
+
+
 class StaleWeightsError(RuntimeError):
     """The sampler holds other weights than the version a batch is to be sampled with."""
 
@@ -125,11 +129,15 @@ class Sampler(Protocol):
         prompt_indices: Sequence[int] | None = None,
         on_finish: OnFinish | None = None,
         progress: Progress | None = None,
+        refresh: Refresh | None = None,
     ) -> list[Completion]:
         """`sampling.n` samples of every prompt (int32 token ids) with the last pushed
         weights, prompt-major. `prompt_indices`: each prompt's index for its samples' seeds
         (a host's share of a global batch passes the global rows). `on_finish(index,
-        completion)` as each sample finishes; `progress(done, total)` for progress bars."""
+        completion)` as each sample finishes; `progress(done, total)` for progress bars.
+        `refresh` (partial rollouts; only a backend registered with `partial_rollouts`
+        gets one): asked between device calls for newer weights, which the samples still
+        decoding continue with, each token's version in `Completion.token_versions`."""
         ...
 
     def metrics(self) -> dict[str, float]:

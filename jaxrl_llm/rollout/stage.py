@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxrl_llm.metrics.progress import bar
 from jaxrl_llm.rollout.config import RolloutConfig
-from jaxrl_llm.rollout.sampler import PolicyWeights, WeightPush, check_version
+from jaxrl_llm.rollout.sampler import PolicyWeights, Refresh, WeightPush, check_version
 from jaxrl_llm.rollout.scoring import RewardCounts, StreamingScorer
 from jaxrl_llm.sharding import hosts
 from jaxrl_llm.types import Rollout
@@ -139,22 +139,30 @@ class RolloutStage:
             close()
 
     def generate(
-        self, batch, step: int, attempt: int, reward, version: int | None = None
-    ) -> Rollout:
+        self, batch, step: int, attempt: int, reward, version: int | None = None,
+        refresh: Refresh | None = None,
+    ) -> Rollout:  # fmt: skip
         """Scored samples of this host's `batch` (its share of the global batch) with the
         weights of the last `sync_weights`, gathered from every host in global-batch order: every
         process gets the same whole-batch `Rollout`. `version`: the step whose synchronous
         weights those are (`Rollout.policy_version`; default `step`); when given, the
-        sampler must hold that version (`StaleWeightsError` before any sampling if not)."""
+        sampler must hold that version (`StaleWeightsError` before any sampling if not).
+        `refresh`: newer weights for the samples still decoding (partial rollouts)."""
         if version is not None:
-            check_version(self.sampler.policy_version, version)
+            held = self.sampler.policy_version
+            if refresh is not None and held is not None and held > version:
+                version = held  # partial rollouts: newer weights arrived in an earlier try
+            check_version(held, version)
         r = self.cfg
         seed = int(np.random.default_rng([self.seed, step, attempt]).integers(2**31))
         sampling = self._sampling(seed, n=r.n, temperature=r.temperature)
         progress = bar(f"rollout {step}", len(batch) * r.n, unit="sample")
         on_progress = lambda done, total: progress.update(done - progress.n)
+        swap = {} if refresh is None else {"refresh": refresh}  # only to backends that take it
         if self.env is not None:
-            completions, scores, counts = self._episodes(batch, sampling, reward, on_progress)
+            completions, scores, counts = self._episodes(
+                batch, sampling, reward, on_progress, swap=swap
+            )
         else:
             n = len(batch)
             prompts = [batch.input_ids[i, : batch.prompt_lengths[i]] for i in range(n)]
@@ -163,6 +171,7 @@ class RolloutStage:
             completions = self.sampler.generate(
                 prompts, sampling, tool=self.tool, progress=on_progress,
                 prompt_indices=_global_rows(n), on_finish=lambda i, c: scorer.add(i, c.text),
+                **swap,
             )  # fmt: skip
             scores, counts = scorer.result()
         progress.close()
@@ -180,7 +189,7 @@ class RolloutStage:
         counts.check(reward)
         return rollout
 
-    def _episodes(self, batch, sampling, reward, progress=None, rows=None):
+    def _episodes(self, batch, sampling, reward, progress=None, rows=None, swap=None):
         """Completions, scores and reward counts of `batch` (its `rows`; all by default) as
         environment episodes (`agents.Episodes`): the prompts are the environments' reset
         messages (or the pipeline's), the scores their combined rewards or, for an
@@ -204,6 +213,7 @@ class RolloutStage:
                 episodes.prompts, sampling, tool=episodes, progress=progress,
                 prompt_indices=_global_rows(len(mine)) if rows is None else mine,
                 on_finish=None if scorer is None else lambda i, c: scorer.add(i, c.text),
+                **(swap or {}),
             )  # fmt: skip
             rewards = [episodes.finish(i, c) for i, c in enumerate(completions)]
             completions = [episodes.placed(i, c) for i, c in enumerate(completions)]

@@ -51,6 +51,7 @@ from jaxrl_llm.rollout.config import VllmConfig
 from jaxrl_llm.rollout.sampler import (
     OnFinish,
     Progress,
+    Refresh,
     SamplerContext,
     ToolCallback,
     WeightPush,
@@ -180,7 +181,10 @@ class VllmSampler:
         prompt_indices: Sequence[int] | None = None,
         on_finish: OnFinish | None = None,
         progress: Progress | None = None,
+        refresh: Refresh | None = None,
     ) -> list[Completion]:
+        if refresh is not None:  # RLConfig.validate refuses it first (`Backend`)
+            raise ValueError("the vllm backend has no partial rollouts: use backend 'jax'")
         ids = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
         where = list(range(len(ids))) if prompt_indices is None else list(prompt_indices)
         if len(where) != len(ids):
@@ -292,9 +296,7 @@ class VllmSampler:
             obs_ids = list(self.tokenizer(obs, add_special_tokens=False)["input_ids"])
             budget = s.params.max_new_tokens - len(s.tokens)
             fit = max(0, min(len(obs_ids), budget))
-            s.tokens += obs_ids[:fit]
-            s.logprobs += [0.0] * fit
-            s.mask += [0] * fit
+            s.insert(obs_ids[:fit])
             s.tool_calls += 1
             if fit == len(obs_ids) and fit < budget:  # room for the output and more
                 self._submit(call, s, sample_seed(s.seed, s.tool_calls, 0))

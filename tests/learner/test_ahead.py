@@ -21,6 +21,7 @@ def _completion(rng, i, raw):
         response_mask=(rng.random(n) < 0.8).astype(np.int32),
         finish_reason="stop", text=f"answer {i} \\u00e9", stop_string="</answer>" if i else None,
         tool_calls=i, error=None if i else "boom", turn_rewards=(0.25, float(i)),
+        token_versions=rng.integers(3, 5, n).astype(np.int32) if raw else None,  # partial
     )  # fmt: skip
 
 

@@ -2,11 +2,13 @@
 sampled ahead, the data state), errors and stopping (the loop end to end:
 tests/learner/test_rl_loop.py)."""
 
+import threading
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm.learner.overlap import RolloutProducer
+from jaxrl_llm.learner.overlap import RolloutProducer, staleness_metrics
 from jaxrl_llm.types import Completion, Rollout
 
 
@@ -30,14 +32,19 @@ def _rollout(version: int) -> Rollout:
 class _Trainer:
     """Drives a producer as the loop does; `collect` records what it was given."""
 
-    def __init__(self, k: int, steps: int, first: int = 1, fail_at: int | None = None, ready=None):
+    def __init__(
+        self, k: int, steps: int, first: int = 1, fail_at: int | None = None, ready=None,
+        partial: bool = False,
+    ):  # fmt: skip
         self.prompts, self.seen, self.published = _Prompts(), [], first - 1
         self.fail_at = fail_at
         self.producer = RolloutProducer(
-            self.collect, self.prompts, first=first, last=steps, k=k, ready=ready
-        )
+            self.collect, self.prompts, first=first, last=steps, k=k, ready=ready,
+            partial=partial,
+        )  # fmt: skip
 
-    def collect(self, step, params, version):
+    def collect(self, step, params, version, refresh):
+        assert refresh is None  # partial rollouts off
         if step == self.fail_at:
             raise ValueError(f"reward failed at step {step}")
         assert params.version == version  # each copy is bound to its version when published
@@ -128,6 +135,69 @@ def test_close_stops_a_producer_waiting_for_weights():
     assert [s for s, *_ in t.seen] == [1, 2]
 
 
+class _Partial(_Trainer):
+    """Partial rollouts: step 2's sampling waits until update 1 is published, then asks for
+    newer weights twice; every step records the versions it sampled with."""
+
+    def __init__(self, k: int, steps: int):
+        super().__init__(k, steps, partial=True)
+        self.update_1 = threading.Event()
+        self.versions: dict[int, list[int]] = {}
+
+    def collect(self, step, params, version, refresh):
+        assert refresh is not None and params.version == version
+        self.versions[step] = [version]
+        if step == 2:
+            self.update_1.wait(timeout=30)
+            newer = refresh()
+            assert newer is not None and int(newer.params["w"][0]) == newer.version - 1
+            self.versions[step].append(newer.version)
+            assert refresh() is None  # nothing newer since
+        self.prompts.drawn += 1
+        return _rollout(version), {"timing/weight_sync": 0.0}
+
+    def publish(self, updates):
+        super().publish(updates)
+        if updates == 1:
+            self.update_1.set()
+
+
+def test_partial_rollouts_continue_with_the_newest_weights_within_the_bound():
+    """k = 2: step 2 begins with the initial weights and takes the weights after update 1
+    mid-sample; step 3 begins with those (newest), not the initial ones the bound allows;
+    every step's versions rise and stay within the bound and the updates so far."""
+    t = _Partial(2, steps=6)
+    t.producer.start({"w": jnp.zeros(2)}, None)
+    for step in range(1, 7):
+        t.producer.take(step)
+        t.publish(step)
+    t.producer.close()
+    assert t.versions[1] == [1] and t.versions[2] == [1, 2] and t.versions[3][0] >= 2
+    for step, versions in t.versions.items():
+        assert versions == sorted(versions)
+        assert max(1, step - 2) <= versions[0] and versions[-1] <= step  # the bound; no future
+    assert sorted(t.versions) == list(range(1, 7))
+
+
+def test_staleness_is_measured_per_trained_token_with_tags():
+    """Without tags every token lags alike; with them, per trained token (a tool's tokens,
+    mask 0, do not count), and the share of samples that span two versions."""
+    plain = _rollout(3)
+    assert staleness_metrics(plain, 5) == {"rollout/staleness/mean": 2.0,
+                                           "rollout/staleness/max": 2.0}  # fmt: skip
+    ids = np.arange(4, dtype=np.int32)
+    tagged = Completion(0, 0, ids, ids, np.zeros(4, np.float32), None,
+                        np.asarray([1, 1, 0, 1], np.int32), "stop", "x",
+                        token_versions=np.asarray([3, 4, 2, 4], np.int32))  # fmt: skip
+    whole = Completion(0, 1, ids, ids, np.zeros(4, np.float32), None, np.ones(4, np.int32),
+                       "stop", "y", token_versions=np.full(4, 4, np.int32))  # fmt: skip
+    batch = Rollout((tagged, whole), (None, None), ("p",), np.zeros(2, np.float32), 2, 3)
+    m = staleness_metrics(batch, 5)
+    assert m["rollout/staleness/max"] == 2.0  # the one version-3 token; the tool's 2 ignored
+    assert m["rollout/staleness/mean"] == pytest.approx((2 + 1 + 1 + 4 * 1) / 7)
+    assert m["rollout/partial_frac"] == 0.5
+
+
 def test_a_producer_refuses_k_zero():
     with pytest.raises(ValueError, match="max_staleness >= 1"):
         RolloutProducer(lambda *a: None, _Prompts(), first=1, last=2, k=0)  # pyright: ignore
@@ -165,3 +235,17 @@ def test_multi_process_runs_refuse_the_one_process_settings(monkeypatch):
         _check_one_process(RLConfig(max_staleness=1))
     with pytest.raises(ConfigError, match=r"MeshConfig.rollout_devices = 2 runs on one"):
         _check_one_process(RLConfig(mesh=MeshConfig(rollout_devices=2)))
+
+
+def test_partial_rollouts_need_an_overlapped_run_and_a_backend_that_swaps():
+    from jaxrl_llm.learner.rl_config import RLConfig
+    from jaxrl_llm.rollout.config import RolloutConfig
+
+    RLConfig(max_staleness=1, partial_rollouts=True).validate()
+    with pytest.raises(ValueError, match=r"partial_rollouts needs RLConfig.max_staleness >= 1"):
+        RLConfig(partial_rollouts=True).validate()
+    for backend in ("vllm", "my_pkg.sampler:build"):
+        with pytest.raises(ValueError, match=rf"backend = '{backend}' does not continue"):
+            RLConfig(
+                max_staleness=1, partial_rollouts=True, rollout=RolloutConfig(backend=backend)
+            ).validate()

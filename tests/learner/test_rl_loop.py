@@ -387,6 +387,24 @@ def test_overlapped_run_lags_exactly_k_and_trains_every_prompt_once(tmp_path, th
         assert _trained_prompts(stopped, step) == _trained_prompts(three_step_run, step)
 
 
+def test_partial_rollouts_keep_the_bound_and_train_every_prompt_once(tmp_path, three_step_run):
+    """`RLConfig.partial_rollouts` with k = 1: where the weight swaps fall follows timing, so
+    what is checked holds wherever they fall: every trained token lags at most one version
+    (none at step 1), each token's version is recorded (`rollout/partial_frac` every step),
+    and every step trains the synchronous run's prompts."""
+    run_dir = tmp_path / "partial"
+    records = run_rl(_config(run_dir, "RLConfig.steps = 3", "RLConfig.save_every = 0",
+                             "RLConfig.max_staleness = 1", "RLConfig.partial_rollouts = True",
+                             "RolloutConfig.steps_per_call = 1"))  # fmt: skip
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[0]["rollout/staleness/max"] == 0.0
+    for r in records:
+        assert 0 <= r["rollout/staleness/mean"] <= r["rollout/staleness/max"] <= 1
+        assert 0 <= r["rollout/partial_frac"] <= 1
+    for step in (1, 2, 3):
+        assert _trained_prompts(run_dir, step) == _trained_prompts(three_step_run, step)
+
+
 def test_a_split_mesh_samples_on_its_own_devices(tmp_path):
     """`MeshConfig.rollout_devices = 4` of the 8 simulated devices: the trainer's mesh holds
     the other 4 and the engine's weights live on its own 4 only; they arrive whole (step 1's

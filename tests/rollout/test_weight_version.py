@@ -151,7 +151,7 @@ def test_the_producer_stops_at_the_first_step_whose_adapters_were_lost(monkeypat
     trained = lambda v: jax.tree.map(lambda x: jnp.full_like(x, v), adapters)
     sampled = []
 
-    def collect(step, weights, version):
+    def collect(step, weights, version, refresh):
         stage.sync_weights(weights)
         check_version(stage.sampler.policy_version, version)  # `generate`'s check, first
         sampled.append((step, version))
