@@ -163,6 +163,8 @@ def step_phases(record: dict) -> dict[str, float]:
         return out
     out["rollout_wait"] = float(record["timing/rollout_wait"])
     out["sampler_wait"] = float(record.get("timing/sampler_wait", 0.0))
+    for lag in ("mean", "max"):  # policy versions the trained tokens lag (partial rollouts: less)
+        out[f"staleness_{lag}"] = float(record[f"rollout/staleness/{lag}"])
     rollout, training = out["rollout"], out["experience"] + out["update"]
     out["untimed"] = out["total"] - out["rollout_wait"] - training
     out["overlap"] = (rollout + training - out["total"]) / min(rollout, training)
@@ -180,6 +182,8 @@ def summarize(records: list[dict], compile_s: list[float] | None = None) -> dict
     timed = [s for s in per_step if s["step"] > 1] or per_step  # step 1 compiles
     keys = (*PHASES, "rollout_wait", "sampler_wait", "overlap", "untimed", "total")
     phases = {k: statistics.median(s[k] for s in timed) for k in keys if k in timed[0]}
+    lags = {k: statistics.mean(s[k] for s in timed) for k in ("staleness_mean", "staleness_max")
+            if k in timed[0]}  # fmt: skip
     return {
         "timed_steps": [s["step"] for s in timed],
         "timed_steps_that_compiled": [s["step"] for s in timed if s.get("xla_compile_s", 0) > 0],
@@ -190,6 +194,7 @@ def summarize(records: list[dict], compile_s: list[float] | None = None) -> dict
             if k in phases
         },
         "tokens_per_s": statistics.median(s["tokens_per_s"] for s in timed),
+        **({"staleness": lags} if lags else {}),  # means over the timed steps
         "per_step": per_step,
     }
 

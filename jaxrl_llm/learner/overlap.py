@@ -191,13 +191,18 @@ class RolloutProducer:
 
     def _wait_for_weights(self, step: int) -> int | None:
         """(Holding `_cond`.) The updates whose weights step `step` starts sampling with:
-        those the bound asks, or with partial rollouts the newest published; None at a stop."""
+        those the bound asks, or with partial rollouts the newest computed (else the oldest
+        the bound allows); None at a stop."""
         floor = self._updates_for(step)
         while not any(u >= floor for u in self._weights) and not self._stopping:
             self._cond.wait()
         if self._stopping:
             return None
-        return max(self._weights) if self._partial else floor
+        if not self._partial:
+            return floor
+        allowed = [u for u in self._weights if u >= floor]
+        computed = [u for u in allowed if _computed(self._weights[u])]
+        return max(computed) if computed else min(allowed)
 
     def _drop_older(self, updates: int) -> None:
         """(Holding `_cond`.) Forget the copies older than `updates`: no later step (nor, with
@@ -207,14 +212,16 @@ class RolloutProducer:
 
     def _refresher(self, updates: int) -> Refresh:
         """Partial rollouts: the newest published weights whenever they are newer than those
-        the step is sampling with (starting from `updates`), else None."""
+        the step is sampling with (starting from `updates`) and computed, else None. A copy
+        is published when its update is dispatched; handing it over before the update has
+        run would stall the sampler on the push until it has."""
         current = updates
 
         def refresh() -> PolicyWeights | None:
             nonlocal current
             with self._cond:
                 newest = max(self._weights, default=current)
-                if newest <= current:
+                if newest <= current or not _computed(self._weights[newest]):
                     return None
                 current = newest
                 self._drop_older(newest)
@@ -245,6 +252,13 @@ def staleness_metrics(samples: Rollout, step: int) -> dict[str, float]:
         "rollout/staleness/max": float(every.max()) if every.size else lag,
         "rollout/partial_frac": mixed / len(samples.completions),
     }
+
+
+def _computed(weights: PolicyWeights) -> bool:
+    """Whether every array of a published copy is computed (its update and copy have run)."""
+    arrays = [x for x in jax.tree.leaves(weights.params) if isinstance(x, jax.Array)]
+    # `is_ready` is the concrete array's (jaxlib's ArrayImpl), not in `jax.Array`'s stub.
+    return all(x.is_ready() for x in arrays)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 @jax.jit

@@ -82,7 +82,8 @@ def test_an_overlapped_step_reports_its_wait_and_overlap():
     """`max_staleness >= 1`: the step is wait + experience + update; overlap 1 when the
     rollout ran wholly beside training, 0 when the trainer waited for all of it."""
     base = {"timing/weight_sync": 0.5, "timing/experience": 1.0, "timing/update": 3.0,
-            "perf/tokens_per_s": 10.0}  # fmt: skip
+            "perf/tokens_per_s": 10.0, "rollout/staleness/mean": 0.25,
+            "rollout/staleness/max": 1.0}  # fmt: skip
     beside = step_phases({**base, "timing/rollout": 2.0, "timing/rollout_wait": 0.0,
                           "timing/step": 4.25})  # fmt: skip
     assert beside["overlap"] == pytest.approx(1.0 - 0.25 / 2.0)
@@ -93,6 +94,7 @@ def test_an_overlapped_step_reports_its_wait_and_overlap():
     s = summarize([{"step": i, **base, "timing/rollout": 2.0, "timing/rollout_wait": 0.0,
                     "timing/step": 4.0} for i in (1, 2)])  # fmt: skip
     assert s["phases_s"]["overlap"] == 1.0 and s["fractions"]["rollout_wait"] == 0.0
+    assert s["staleness"] == {"staleness_mean": 0.25, "staleness_max": 1.0}
 
 
 def test_host_names_the_cpu_and_its_isa_extensions():

@@ -3,6 +3,7 @@ sampled ahead, the data state), errors and stopping (the loop end to end:
 tests/learner/test_rl_loop.py)."""
 
 import threading
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -149,7 +150,10 @@ class _Partial(_Trainer):
         self.versions[step] = [version]
         if step == 2:
             self.update_1.wait(timeout=30)
-            newer = refresh()
+            newer, deadline = refresh(), time.monotonic() + 30
+            while newer is None and time.monotonic() < deadline:  # until its copy is computed
+                time.sleep(0.01)
+                newer = refresh()
             assert newer is not None and int(newer.params["w"][0]) == newer.version - 1
             self.versions[step].append(newer.version)
             assert refresh() is None  # nothing newer since
@@ -177,6 +181,36 @@ def test_partial_rollouts_continue_with_the_newest_weights_within_the_bound():
         assert versions == sorted(versions)
         assert max(1, step - 2) <= versions[0] and versions[-1] <= step  # the bound; no future
     assert sorted(t.versions) == list(range(1, 7))
+
+
+def test_weights_not_yet_computed_are_not_handed_over(monkeypatch):
+    """A copy is published when its update is dispatched; until it is computed, a sample does
+    not swap to it (the push would wait for the update) and a step starts with the newest
+    computed weights the bound allows."""
+    from jaxrl_llm.learner import overlap
+
+    computed = {1}
+    monkeypatch.setattr(overlap, "_computed", lambda w: w.version in computed)
+    seen, done = {}, threading.Event()
+
+    def collect(step, params, version, refresh):
+        if step == 2:
+            done.wait(timeout=30)
+        newer = refresh()
+        seen[step] = (version, None if newer is None else newer.version)
+        return _rollout(version), {"timing/weight_sync": 0.0}
+
+    producer = RolloutProducer(collect, _Prompts(), first=1, last=3, k=2, partial=True)
+    producer.publish(0, {"w": jnp.zeros(2)}, None)
+    producer.publish(1, {"w": jnp.ones(2)}, None)  # version 2, "still computing"
+    producer._thread.start()
+    producer.take(1)
+    assert seen[1] == (1, None)  # began with version 1 and was not handed version 2
+    computed.add(2)
+    done.set()
+    producer.take(2)
+    assert 2 in seen[2]  # computed now: begun with or swapped to
+    producer.close()
 
 
 def test_staleness_is_measured_per_trained_token_with_tags():
