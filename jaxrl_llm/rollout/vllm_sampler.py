@@ -23,6 +23,13 @@
   are appended (response mask 0, logprob 0) and the sample continues as a new request of
   prompt + response so far (a prefix-cache hit), with the budget left and a fresh seed per
   turn: the same tokens, masks and budgets as `rollout/driver.py`.
+- **Partial rollouts** (`refresh`, `RLConfig.partial_rollouts`): requests stream each step's
+  new tokens; when newer weights arrive between two engine steps, the live requests are
+  aborted, the weights pushed (the prefix cache emptied) and each sample re-submitted as
+  prompt + response so far, with what is left of its budgets and a fresh seed stream: its KV
+  is recomputed with the new weights (the JAX engine keeps the old KV instead), and each
+  token records the version that sampled it. A stop string split across a swap (begun
+  before, completed after) is not seen: vLLM searches the new request's text only.
 - **Processes.** vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set before
   vLLM is imported unless the environment says otherwise): weights pass by reference, no
   spawned engine process. Its logs go to stderr (`VLLM_LOGGING_STREAM`).
@@ -55,6 +62,7 @@ from jaxrl_llm.rollout.sampler import (
     SamplerContext,
     ToolCallback,
     WeightPush,
+    check_version,
 )
 from jaxrl_llm.rollout.sampling import SamplingParams, sample_seed
 from jaxrl_llm.tools.protocol import ask, hands_over, turn_rules
@@ -91,6 +99,9 @@ class _Call:
     pool: cf.ThreadPoolExecutor | None = None
     on_finish: OnFinish | None = None
     progress: Progress | None = None
+    refresh: Refresh | None = None  # partial rollouts: newer weights, between engine steps
+    version: int = 0  # of the weights the live requests sample with (tracked with `refresh`)
+    swaps: int = 0
 
     def finish(self, s: LiveSample, completion: Completion) -> None:
         index = s.prompt_index * self.sampling.n + s.sample_index  # prompt-major
@@ -183,8 +194,6 @@ class VllmSampler:
         progress: Progress | None = None,
         refresh: Refresh | None = None,
     ) -> list[Completion]:
-        if refresh is not None:  # RLConfig.validate refuses it first (`Backend`)
-            raise ValueError("the vllm backend has no partial rollouts: use backend 'jax'")
         ids = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
         where = list(range(len(ids))) if prompt_indices is None else list(prompt_indices)
         if len(where) != len(ids):
@@ -193,17 +202,24 @@ class VllmSampler:
         if sampling.raw_logprobs:
             raise ValueError("the vllm backend returns the sampled distribution's logprobs only")
         n = sampling.n
-        call = _Call(sampling, tool, len(ids) * n, on_finish=on_finish, progress=progress)
+        call = _Call(sampling, tool, len(ids) * n, on_finish=on_finish, progress=progress,
+                     refresh=refresh, version=self.policy_version or 0)  # fmt: skip
         engine = self.llm.llm_engine
         call.pool = cf.ThreadPoolExecutor(4) if tool is not None else None
+        tracked = lambda: [] if refresh is not None else None
         try:
             for p, j in itertools.product(range(len(ids)), range(n)):
                 seed = sample_seed(sampling.seed, where[p], j)
-                self._submit(call, LiveSample(p, j, ids[p], sampling, seed), seed)
+                sample = LiveSample(p, j, ids[p], sampling, seed, versions=tracked())
+                self._submit(call, sample, seed)
             while call.live or call.pending:
+                self._swap(call)
                 if engine.has_unfinished_requests():
                     for out in engine.step():
-                        if out.finished and out.request_id in call.live:
+                        if out.request_id not in call.live:
+                            continue
+                        self._absorb(call, call.live[out.request_id], out.outputs[0])
+                        if out.finished:
                             self._turn_done(call, call.live.pop(out.request_id), out.outputs[0])
                 elif call.pending:
                     cf.wait(list(call.pending), return_when=cf.FIRST_COMPLETED)
@@ -242,14 +258,16 @@ class VllmSampler:
             temperature=sp.temperature,
             top_k=sp.top_k,
             top_p=sp.top_p,
-            max_tokens=_turn_budget(sp, len(s.tokens)),
+            max_tokens=_turn_budget(sp, len(s.tokens), len(s.tokens) - s.turn_start),
             seed=seed,
             stop=list(sp.stop) or None,
             stop_token_ids=self.stop_token_ids,
             include_stop_str_in_output=True,
             skip_special_tokens=False,  # stop strings are searched as the JAX driver does
             logprobs=0,  # the sampled token's only
-            output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, when done
+            # One output per request, when done; with partial rollouts each step's new
+            # tokens, so a swap knows what each request has sampled so far.
+            output_kind=RequestOutputKind.DELTA if call.refresh else RequestOutputKind.FINAL_ONLY,
         )
         request = str(next(self._ids))
         prompt = {"prompt_token_ids": [*s.prompt_ids.tolist(), *s.tokens]}
@@ -257,8 +275,9 @@ class VllmSampler:
         call.live[request] = s
         self.stats["requests"] += 1
 
-    def _turn_done(self, call: _Call, s: LiveSample, out: Any) -> None:
-        """Absorb a finished request's tokens; finish the sample or hand it to the tool."""
+    def _absorb(self, call: _Call, s: LiveSample, out: Any) -> None:
+        """Append a request's output tokens (all of them, or with partial rollouts the step's
+        new ones) to its sample, tagged with the version of the weights that sampled them."""
         greedy = call.sampling.temperature <= 0
         tokens = list(out.token_ids)
         s.tokens += tokens
@@ -267,6 +286,32 @@ class VllmSampler:
             0.0 if greedy else float(lps[t].logprob)
             for t, lps in zip(tokens, out.logprobs or [{}] * len(tokens), strict=True)
         ]
+        if s.versions is not None:
+            s.versions += [call.version] * len(tokens)
+
+    def _swap(self, call: _Call) -> None:
+        """Partial rollouts: when `call.refresh` hands over newer weights, abort the live
+        requests (what they sampled is absorbed already), push the weights (which empties
+        the prefix cache) and re-submit each sample as prompt + response so far: its KV is
+        computed again with the new weights, and it samples on with a fresh seed stream."""
+        if call.refresh is None or not (call.live or call.pending):
+            return
+        newer = call.refresh()
+        if newer is None:
+            return
+        running = list(call.live.values())
+        if call.live:
+            self.llm.llm_engine.abort_request(list(call.live))
+            call.live.clear()
+        self.push_weights(newer.params, newer.version)
+        check_version(self.policy_version, newer.version)
+        call.version, call.swaps = newer.version, call.swaps + 1
+        self.stats["weight_swaps"] += 1
+        for s in running:
+            self._submit(call, s, sample_seed(s.seed, s.tool_calls, call.swaps))
+
+    def _turn_done(self, call: _Call, s: LiveSample, out: Any) -> None:
+        """A request finished (its tokens absorbed): finish the sample or hand it to the tool."""
         reason, stop = _finish_reason(out)
         if (
             call.tool is not None
@@ -296,8 +341,9 @@ class VllmSampler:
             obs_ids = list(self.tokenizer(obs, add_special_tokens=False)["input_ids"])
             budget = s.params.max_new_tokens - len(s.tokens)
             fit = max(0, min(len(obs_ids), budget))
-            s.insert(obs_ids[:fit])
+            s.insert(obs_ids[:fit], call.version)
             s.tool_calls += 1
+            s.turn_start = len(s.tokens)
             if fit == len(obs_ids) and fit < budget:  # room for the output and more
                 self._submit(call, s, sample_seed(s.seed, s.tool_calls, 0))
                 self.stats["tool_resumes"] += 1
@@ -383,7 +429,11 @@ def load_weights(llm: Any, model: Any, dtype: str) -> WeightPush:
     hf_config = llm.llm_engine.vllm_config.model_config.hf_config
     if current_platform.is_cpu() and getattr(hf_config, "tie_word_embeddings", False):
         llm.apply_model(_repack_lm_head)
-    llm.reset_prefix_cache()  # its KV was computed with the old weights
+    if not llm.reset_prefix_cache():  # its KV was computed with the old weights
+        raise RuntimeError(
+            "vLLM kept its prefix cache after a weight push (requests still hold blocks): "
+            "cached KV of the old weights would be reused"
+        )
     nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
     return WeightPush(nbytes, time.perf_counter() - t0)
 
@@ -413,8 +463,9 @@ def build(ctx: SamplerContext) -> VllmSampler:
     return VllmSampler(ctx)
 
 
-def _turn_budget(sp: SamplingParams, used: int) -> int:
-    """Tokens the next turn may generate: what is left of the response's budget, at most
-    `max_turn_tokens` (a turn that reaches it ends with reason "length", as on the driver)."""
+def _turn_budget(sp: SamplingParams, used: int, in_turn: int = 0) -> int:
+    """Tokens the next request may generate: what is left of the response's budget (`used`
+    tokens so far), at most what is left of `max_turn_tokens` (`in_turn` of the current
+    turn so far; a turn that reaches it ends with reason "length", as on the driver)."""
     left = sp.max_new_tokens - used
-    return left if sp.max_turn_tokens is None else min(left, sp.max_turn_tokens)
+    return left if sp.max_turn_tokens is None else min(left, sp.max_turn_tokens - in_turn)

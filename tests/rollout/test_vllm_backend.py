@@ -10,6 +10,8 @@
   a deterministic echo tool on a stop string the responses do write, and with the Python
   tool (sandboxed) on the built-in task, whose shipped model writes code greedily, bare
   and as an environment (`agents.ToolEnv`);
+- partial rollouts: newer weights mid-generation re-submit the live samples, each part of
+  a sample the weights' own (greedy tokens, sampled logprobs), tokens tagged by version;
 - LoRA: vLLM sampling from the merged push gives the logprobs of the adapted model;
 - agents: a chat-format tool and environment episodes (turns ending on the end-of-turn
   token) give the same tokens, masks and rewards on both backends.
@@ -29,7 +31,7 @@ from jaxrl_llm.algorithms import token_logprobs
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.models import from_pretrained, load_tokenizer
 from jaxrl_llm.rollout.config import RolloutConfig, VllmConfig
-from jaxrl_llm.rollout.sampler import SamplerContext, build_sampler
+from jaxrl_llm.rollout.sampler import PolicyWeights, SamplerContext, build_sampler
 from jaxrl_llm.rollout.sampling import SamplingParams
 from jaxrl_llm.rollout.vllm_sampler import VllmSampler
 
@@ -148,6 +150,64 @@ def test_a_weight_push_changes_what_vllm_samples(setup):
     vllm_s.push_weights(params)
     restored = vllm_s.generate(prompts, _greedy())
     assert [c.token_ids.tolist() for c in restored] == [c.token_ids.tolist() for c in before]
+
+
+def _swap_at(params, version: int, at: int):
+    """A `refresh` that hands over `PolicyWeights(params, version)` on its `at`-th call."""
+    calls = iter(range(1, 10**6))
+    return lambda: PolicyWeights(params, version) if next(calls) == at else None
+
+
+def _split(c, old: int, new: int) -> int:
+    """How many of a completion's tokens the old weights sampled (tags: old..., new...)."""
+    v = c.token_versions
+    assert v is not None and len(v) == len(c.token_ids) and set(v.tolist()) <= {old, new}
+    k = int((v == old).sum())
+    assert (v[:k] == old).all() and (v[k:] == new).all()
+    return k
+
+
+def test_partial_rollouts_resubmit_samples_with_the_new_weights(setup):
+    """Newer weights between two engine steps: the live requests are re-submitted as prompt
+    + response so far and go on with the new weights. Greedy, a sample's tokens before the
+    swap are the old weights' greedy tokens and those after it the new weights' greedy
+    continuation of the prompt and those tokens; at temperature 1 the logprobs before the
+    swap are the trainer's under the old weights, after it under the new (the KV is
+    recomputed: a full forward of the new weights)."""
+    model, _, _, vllm_s, prompts = setup
+    params = nnx.state(model)
+    rng = np.random.default_rng(0)
+    noisy = jax.tree.map(
+        lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(np.float32), params
+    )
+    old = vllm_s.generate(prompts, _greedy())
+    try:
+        vllm_s.push_weights(params, 7)
+        got = vllm_s.generate(prompts, _greedy(), refresh=_swap_at(noisy, 8, at=6))
+        assert vllm_s.policy_version == 8
+        mid = 0
+        for c, o, prompt in zip(got, old, prompts, strict=True):
+            k = _split(c, 7, 8)
+            assert c.token_ids[:k].tolist() == o.token_ids[:k].tolist()
+            if 0 < k < len(c.token_ids):
+                mid += 1
+                start = np.concatenate([prompt, c.token_ids[:k]]).astype(np.int32)
+                sp = SamplingParams(temperature=0.0, max_new_tokens=24 - k)
+                (rest,) = vllm_s.generate([start], sp)
+                assert c.token_ids[k:].tolist() == rest.token_ids.tolist()
+        assert mid  # the swap fell inside samples
+        vllm_s.push_weights(params, 7)
+        sampled = SamplingParams(temperature=1.0, max_new_tokens=24, seed=2)
+        got = vllm_s.generate(prompts, sampled, refresh=_swap_at(noisy, 8, at=6))
+        for c in got:
+            k = _split(c, 7, 8)
+            np.testing.assert_allclose(c.logprobs[:k], _trainer_logprobs(model, params, c, 1.0)[:k],
+                                       atol=LOGPROB_ATOL)  # fmt: skip
+            np.testing.assert_allclose(c.logprobs[k:], _trainer_logprobs(model, noisy, c, 1.0)[k:],
+                                       atol=LOGPROB_ATOL)  # fmt: skip
+        assert any(0 < _split(c, 7, 8) < len(c.token_ids) for c in got)
+    finally:
+        vllm_s.push_weights(params)
 
 
 def test_the_version_is_the_last_completed_pushs(setup, monkeypatch):
