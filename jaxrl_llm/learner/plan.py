@@ -21,7 +21,9 @@ the rules shard them):
   keys and values in the compute dtype (cache length = max_prompt_length + max_new_tokens
   + 1), split over the batch axes as the slots are and over kv heads (tensor); plus a
   copy of the weights in the sampling layout when it differs from the training layout
-  (fsdp > 1);
+  (fsdp > 1); with devices set apart for the sampler (`MeshConfig.rollout_devices`) both
+  live on those devices only (`Plan.sampler_terms`, on the sampler's own mesh), the weights
+  always a copy, and the trainer's devices hold neither;
 - batch: the 8 float32/int32 [M, mb, T] arrays of a `TrainBatch`;
 - activations of one micro-batch, with `S = b*N*t*t*4` (float32 attention scores), `bt = b*t`
   and the fitted buffer counts of `ACTIVATION_COUNTS`:
@@ -60,6 +62,7 @@ from jaxrl_llm.learner.plan_shapes import (
     shard_numel,
 )
 from jaxrl_llm.sharding import axes as ax
+from jaxrl_llm.sharding.mesh import sampler_mesh_shape
 from jaxrl_llm.sharding.rules import SAMPLE_RULES, TRAIN_RULES, Rules
 
 GB = 1e9
@@ -98,6 +101,9 @@ class Workload:
     # The sampler's copy: `PolicyConfig.rollout_dtype` and `RolloutConfig.weights`.
     rollout_dtype: str | None = None
     sampler_weights: str = "same"
+    # `MeshConfig.rollout_devices` and the sampler's mesh on them (`sampler_mesh_shape`).
+    rollout_devices: int = 0
+    sampler_mesh: tuple[int, int, int] = (1, 1, 1)
 
     @classmethod
     def from_rl_config(cls, cfg: Any) -> Workload:
@@ -117,6 +123,8 @@ class Workload:
             scorers=scorer_loads(cfg),
             rollout_dtype=cfg.policy.rollout_dtype,
             sampler_weights=r.weights,
+            rollout_devices=(apart := cfg.mesh.rollout_devices),
+            sampler_mesh=sampler_mesh_shape(apart, cfg.mesh.tensor) if apart else (1, 1, 1),
         )
 
 
@@ -198,12 +206,13 @@ def gathered_bytes(cfg, mesh) -> int:
     return int(heads + 2 * (total - heads) / cfg.num_layers)
 
 
-def _sampling_copy_bytes(cfg, mesh, w: Workload) -> int:
+def _sampling_copy_bytes(cfg, mesh, w: Workload, *, apart: bool = False) -> int:
     """Bytes of the rollout's weight copy: zero when the layouts agree and nothing is cast
     or quantised (weight sync is a pointer), else the sampler's params in the sampling
-    layout, at `rollout_dtype`, int8 weights one byte each."""
+    layout, at `rollout_dtype`, int8 weights one byte each; always a copy on devices
+    `apart` from the trainer's."""
     int8 = w.sampler_weights != "same"
-    if mesh.shape["fsdp"] == 1 and w.rollout_dtype is None and not int8:
+    if not apart and mesh.shape["fsdp"] == 1 and w.rollout_dtype is None and not int8:
         return 0
     return sampler_copy_bytes(cfg, mesh, SAMPLE_RULES, w.rollout_dtype, int8)
 
@@ -239,7 +248,9 @@ def activation_bytes(cfg, mesh, w: Workload, remat: bool) -> dict[str, int]:
 @dataclasses.dataclass
 class Plan:
     """Bytes per device, by term; `peak` = resident + max(train phase, rollout phase), or
-    their sum when the rollout overlaps training (`Workload.max_staleness`)."""
+    their sum when the rollout overlaps training (`Workload.max_staleness`). With devices
+    set apart for the sampler, `sampler_terms` are each of those devices' bytes, and `peak`
+    is the larger of the two kinds of device."""
 
     model: dict
     mesh: dict
@@ -250,6 +261,7 @@ class Plan:
     remat: bool
     device_memory: float | None = None
     suggestions: list[dict] = dataclasses.field(default_factory=list)
+    sampler_terms: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def resident(self) -> int:
@@ -274,10 +286,19 @@ class Plan:
         return t["params"] + t["optimizer"] + t["grads"] + t["batch"] + t["activations"]
 
     @property
-    def peak(self) -> int:
+    def trainer_peak(self) -> int:
         if self.workload.get("max_staleness"):  # overlapped: both phases at once
             return self.resident + self.train_phase + self.rollout_phase
         return self.resident + max(self.train_phase, self.rollout_phase)
+
+    @property
+    def sampler_peak(self) -> int:
+        """A sampler device's bytes (0 without devices set apart for it)."""
+        return sum(self.sampler_terms.values())
+
+    @property
+    def peak(self) -> int:
+        return max(self.trainer_peak, self.sampler_peak)
 
     @property
     def fits(self) -> bool | None:
@@ -286,6 +307,9 @@ class Plan:
         return self.peak <= (1 - HEADROOM) * self.device_memory
 
     def to_json(self) -> dict:
+        """The plan as JSON values; `bytes_per_device` are a trainer device's (every device's
+        without `rollout_devices`), `bytes_per_sampler_device` a sampler device's."""
+        sampler = {**self.sampler_terms, "peak": self.sampler_peak} if self.sampler_terms else {}
         return {
             "model": self.model,
             "mesh": self.mesh,
@@ -297,8 +321,10 @@ class Plan:
                 "resident": self.resident,
                 "train_phase": self.train_phase,
                 "rollout_phase": self.rollout_phase,
-                "peak": self.peak,
+                "peak": self.trainer_peak,
             },
+            **({"bytes_per_sampler_device": sampler} if sampler else {}),
+            "peak": self.peak,
             "remat": self.remat,
             "device_memory": self.device_memory,
             "fits": self.fits,
@@ -314,10 +340,17 @@ class Plan:
         lines = [
             f"{m['name']}: {m['params'] / 1e9:.2f} B params, dtype {m['dtype']}, "
             f"params {m['param_dtype']}, remat {self.remat}",
-            "mesh " + " x ".join(f"{k}={v}" for k, v in self.mesh.items()),
+            "mesh "
+            + " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+            + (" (the trainer's devices)" if self.sampler_terms else ""),
             f"{'term':<24}{'GB / device':>12}",
         ]
         lines += [f"{name:<24}{value / GB:>12.3f}" for name, value in rows]
+        if self.sampler_terms:
+            shape = " x ".join(map(str, self.workload["sampler_mesh"]))
+            lines.append(f"sampler devices ({self.workload['rollout_devices']}, mesh {shape}):")
+            sampler = [*self.sampler_terms.items(), ("= peak", self.sampler_peak)]
+            lines += [f"{name:<24}{value / GB:>12.3f}" for name, value in sampler]
         if self.device_memory is not None:
             verdict = "fits" if self.fits else "does NOT fit"
             lines.append(
@@ -337,7 +370,10 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
     mesh = abstract_mesh(*mesh_shape)
     params, count = param_bytes(cfg, mesh, TRAIN_RULES)
     critic = param_bytes(cfg, mesh, TRAIN_RULES, ValueModel)[0] if w.critic else 0
-    kv = kv_pool_bytes(cfg, mesh, w.slots, w.cache_len)
+    sampling = abstract_mesh(*w.sampler_mesh) if w.rollout_devices else mesh
+    kv = kv_pool_bytes(cfg, sampling, w.slots, w.cache_len) if w.slots else 0
+    copy = _sampling_copy_bytes(cfg, sampling, w, apart=bool(w.rollout_devices)) if w.slots else 0
+    on_trainer = not w.rollout_devices  # else the sampler's own devices hold both
     rows = shard_numel((w.micro_batches * w.micro_batch,), (ax.BATCH,), TRAIN_RULES, mesh)
     act = {r: activation_bytes(cfg, mesh, w, r)["peak"] for r in (False, True)}
     if w.lora is not None:
@@ -357,8 +393,8 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
         "critic_grads": int(GRAD_COPIES * critic),
         "batch": 8 * 4 * rows * w.seq_len,
         "activations": act[cfg.remat] + gathered_bytes(cfg, mesh),
-        "kv_cache": kv if w.slots else 0,
-        "rollout_weights": _sampling_copy_bytes(cfg, mesh, w) if w.slots else 0,
+        "kv_cache": kv if on_trainer else 0,
+        "rollout_weights": copy if on_trainer else 0,
         # The producer's copies of the trained params (learner/overlap.py), on their layout.
         "overlap_weights": (w.max_staleness + 1) * trained if w.max_staleness else 0,
         **scorers_memory(w.scorers, mesh, cfg.dtype),
@@ -378,4 +414,5 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
         activations_remat=act[True],
         remat=cfg.remat,
         device_memory=device_memory,
+        sampler_terms={} if on_trainer else {"rollout_weights": copy, "kv_cache": kv},
     )

@@ -8,6 +8,7 @@ import dataclasses
 import json
 from typing import Any
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.learner.plan import GB, Plan, Workload, plan_memory
 from jaxrl_llm.learner.plan_shapes import SHAPES, model_config
 
@@ -105,7 +106,14 @@ def main(args: argparse.Namespace) -> int:
     numerics = dict(dtype=p.dtype, param_dtype=p.param_dtype, remat=p.remat)
     cfg = model_config(checkpoint, **numerics)
     m = rl.mesh
-    mesh_shape = resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=args.devices)
+    if m.rollout_devices >= args.devices:
+        raise ConfigError(
+            f"MeshConfig.rollout_devices = {m.rollout_devices} leaves none of the "
+            f"{args.devices} devices to the trainer"
+        )
+    # The trainer's mesh takes the devices the sampler's do not (`learner.run._meshes`).
+    trainer = args.devices - m.rollout_devices
+    mesh_shape = resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=trainer)
     w = Workload.from_rl_config(rl)
     memory = args.device_memory_gb * GB if args.device_memory_gb else _local_device_memory()
     plan = plan_memory(cfg, mesh_shape, w, name=checkpoint, device_memory=memory)

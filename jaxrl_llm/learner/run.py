@@ -52,6 +52,7 @@ from jaxrl_llm.rollout.judge import build_judge
 from jaxrl_llm.rollout.stage import RolloutStage
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
 from jaxrl_llm.sharding.hosts import local_sampling_mesh
+from jaxrl_llm.sharding.mesh import sampler_mesh_shape
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +173,8 @@ def _meshes(m: MeshConfig) -> tuple[Mesh, Mesh | None]:
             f"MeshConfig.rollout_devices = {r} needs more devices than that (this run has "
             f"{len(devices)}): the trainer takes the rest"
         )
-    tensor = m.tensor if m.tensor > 0 and r % m.tensor == 0 else 1
     train = build_mesh(m.data, m.fsdp, m.tensor, devices=devices[:-r])
-    return train, build_mesh(-1, 1, tensor, devices=devices[-r:])
+    return train, build_mesh(*sampler_mesh_shape(r, m.tensor), devices=devices[-r:])
 
 
 @dataclasses.dataclass

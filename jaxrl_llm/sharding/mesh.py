@@ -37,6 +37,14 @@ def resolve_mesh_shape(
     return tuple(sizes)  # type: ignore[return-value]
 
 
+def sampler_mesh_shape(rollout_devices: int, tensor: int) -> tuple[int, int, int]:
+    """The ("data", "fsdp", "tensor") shape of the devices set apart for the sampler
+    (`MeshConfig.rollout_devices`): the trainer's `tensor` setting when it divides them
+    (else 1), the rest on "data"."""
+    t = tensor if tensor > 0 and rollout_devices % tensor == 0 else 1
+    return rollout_devices // t, 1, t
+
+
 def build_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, *, devices=None) -> Mesh:
     """A ("data", "fsdp", "tensor") mesh over all (or the given) devices."""
     devices = list(jax.devices() if devices is None else devices)

@@ -117,6 +117,46 @@ def test_the_sampler_copy_is_the_bytes_the_sampler_holds(weights, dtype, fsdp):
     assert planned == (0 if pointer else held)
 
 
+def test_devices_set_apart_hold_the_sampler_and_the_trainers_do_not():
+    """`MeshConfig.rollout_devices = 4` of 8 with tensor 2: each sampler device holds what a
+    JAX sampler on that (2, 1, 2) mesh holds after a push (its weights, always a copy, and
+    its paged KV pool), a trainer device neither; the peak is the larger kind of device."""
+    from flax import nnx
+
+    from jaxrl_llm.learner.plan import _sampling_copy_bytes  # the same-device rule, below
+    from jaxrl_llm.models import init_model
+    from jaxrl_llm.rollout.config import RolloutConfig
+    from jaxrl_llm.rollout.jax_sampler import JaxSampler
+    from jaxrl_llm.rollout.sampler import SamplerContext
+    from jaxrl_llm.sharding.mesh import sampler_mesh_shape
+
+    devices = jax.devices()
+    assert sampler_mesh_shape(4, 2) == (2, 1, 2) and sampler_mesh_shape(3, 2) == (3, 1, 1)
+    train_mesh = build_mesh(1, -1, 2, devices=devices[:4])
+    sampling_mesh = build_mesh(*sampler_mesh_shape(4, 2), devices=devices[4:])
+    policy = init_model(SMALL, seed=0, mesh=train_mesh)
+    cfg = RolloutConfig(max_new_tokens=8, max_slots=4)
+    ctx = SamplerContext(cfg, policy, None, train_mesh, None, 8, sampling_mesh=sampling_mesh)
+    sampler = JaxSampler(ctx)
+    sampler.push_weights(nnx.state(policy))
+    per_device = lambda tree: sum(
+        x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree)
+    )
+    weights = per_device(sampler.params)
+    kv = per_device(sampler.engine.init_decode_state().kv_pages)
+    work = Workload(micro_batch=2, seq_len=16, slots=4, cache_len=17, rollout_devices=4,
+                    sampler_mesh=(2, 1, 2))  # fmt: skip
+    plan = plan_memory(SMALL, (1, 2, 2), work)
+    assert plan.sampler_terms == {"rollout_weights": weights, "kv_cache": kv}
+    assert plan.terms["rollout_weights"] == plan.terms["kv_cache"] == 0
+    assert plan.peak == max(plan.trainer_peak, weights + kv)
+    shared = plan_memory(SMALL, (1, 2, 2), dataclasses.replace(work, rollout_devices=0))
+    assert shared.sampler_terms == {} and shared.terms["kv_cache"] > 0
+    assert _sampling_copy_bytes(SMALL, abstract_mesh(2, 1, 2), work) == 0  # a pointer there
+    out = plan.to_json()
+    assert out["bytes_per_sampler_device"]["peak"] == weights + kv and out["peak"] == plan.peak
+
+
 @pytest.mark.slow  # 22 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_cli_says_what_to_change(capsys):
     # The shipped LIMR config with a micro-batch that does not split over the 64 devices
@@ -135,3 +175,17 @@ def test_cli_says_what_to_change(capsys):
     assert cli.main(["plan", "--devices=8", "--device-memory-gb=16"]) == 0  # built-in default
     table = capsys.readouterr().out
     assert "fits" in table and "kv_cache" in table
+
+
+def test_cli_plans_devices_set_apart_for_the_sampler(capsys):
+    """The trainer's mesh is resolved over the devices the sampler's are not; both kinds of
+    device are reported; a split that leaves the trainer nothing is one clean error."""
+    split = ["plan", "--devices=8", "--json", "--gin_param=MeshConfig.rollout_devices=4"]
+    assert cli.main(split) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["workload"]["rollout_devices"] == 4 and out["workload"]["sampler_mesh"] == [4, 1, 1]
+    assert out["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}  # 8 - 4 devices
+    assert out["bytes_per_sampler_device"]["kv_cache"] > 0
+    assert out["bytes_per_device"]["kv_cache"] == 0
+    assert cli.main(["plan", "--devices=4", "--gin_param=MeshConfig.rollout_devices=4"]) == 2
+    assert "leaves none of the 4 devices" in capsys.readouterr().err
