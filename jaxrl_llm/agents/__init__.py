@@ -6,6 +6,7 @@ the samples (`env`, `episodes`; the built-in `arithmetic`). See docs/agents.md."
 from jaxrl_llm.agents.chat import ChatFormat, ChatToolUse
 from jaxrl_llm.agents.env import Environment, EpisodeConfig, StepResult, Turn, combine_rewards
 from jaxrl_llm.agents.episodes import Episodes
+from jaxrl_llm.agents.factory import SharedEnvFactory
 from jaxrl_llm.agents.functions import FunctionTool, ToolBox
 from jaxrl_llm.agents.tool_calls import (
     PARSERS,
@@ -26,6 +27,7 @@ __all__ = [
     "FunctionTool",
     "MalformedCall",
     "ParsedTurn",
+    "SharedEnvFactory",
     "StepResult",
     "ToolBox",
     "ToolCall",

@@ -68,7 +68,8 @@ class RolloutStage:
         # here, fails before the first step.
         self.tool = build_tool(r.tool, corpus=corpus, tokenizer=tokenizer)
         # A tool runs as a text-format environment over the one shared tool (`ToolEnv`);
-        # an environment factory is checked at start-up.
+        # an environment factory is checked at start-up (and, with `close`, owns what its
+        # episodes share: closed with the tool).
         if self.tool is not None:
             self.env = tool_env_factory(self.tool)
         else:
@@ -134,9 +135,16 @@ class RolloutStage:
         self.sampler.release()
 
     def _close_tool(self) -> None:
-        close = getattr(self.tool, "close", None)
-        if callable(close):
-            close()
+        """Close the tool and an environment factory's shared resources (`close`), the
+        factory even when the tool's close raises."""
+        try:
+            close = getattr(self.tool, "close", None)
+            if callable(close):
+                close()
+        finally:
+            close = getattr(self.env, "close", None)
+            if callable(close):
+                close()
 
     def generate(
         self, batch, step: int, attempt: int, reward, version: int | None = None,
