@@ -31,10 +31,12 @@ every prompt of the data order is trained once. Only a batch being sampled with 
 checkpoint's own weights is lost at a stop, and it is sampled again identically.
 
 Partial rollouts (`RLConfig.partial_rollouts`, `partial=True`): a step starts with the
-newest weights published (at least those the bound asks), and whenever newer ones are
-published while it samples, the sampler continues the samples still decoding with them
-(`refresh`, between two device calls; the KV they have stays, computed with the older
-weights), each token tagged with the version that sampled it (`Completion.token_versions`).
+newest weights computed (at least those the bound asks), and whenever newer ones are
+computed while it samples, the sampler continues the samples still decoding with them
+(`refresh`, between two device calls; the JAX engine keeps the KV they have, computed with
+the older weights; vLLM re-submits them), each token tagged with the version that sampled it
+(`Completion.token_versions`). A copy counts once computed (`_computed`): it is published
+when its update is dispatched, and handing it over earlier stalls the sampler in the push.
 Every token then lags at most as much as without, usually less, and the logprobs the
 sampler records are those of the distribution each token was actually drawn from, so the
 importance weights (`AlgoConfig.is_cap`) correct exactly what happened. Where the swaps fall

@@ -84,7 +84,7 @@ class RolloutStage:
         try:
             self.sampler = build_sampler(ctx)
         except BaseException:
-            self._close_tool()
+            self._close_shared()
             raise
         self.last_push = WeightPush(0, 0.0)
 
@@ -127,14 +127,14 @@ class RolloutStage:
         try:
             self.sampler.close()
         finally:
-            self._close_tool()
+            self._close_shared()
 
     def release_weights(self) -> None:
         """The step's sampling is over: the sampler may drop what it holds of the weights
         until the next `sync_weights` (`Sampler.release`), so the update has that memory."""
         self.sampler.release()
 
-    def _close_tool(self) -> None:
+    def _close_shared(self) -> None:
         """Close the tool and an environment factory's shared resources (`close`), the
         factory even when the tool's close raises."""
         try:
