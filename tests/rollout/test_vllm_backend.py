@@ -55,7 +55,7 @@ def setup():
         cfg=cfg, policy=model, tokenizer=tok, mesh=None, checkpoint=path,
         max_prompt_length=MAX_PROMPT,
     )  # fmt: skip
-    import numba  # noqa: F401  vLLM must start with numba loaded (`vllm_sampler.new_llm`)
+    import numba  # noqa: F401  vLLM must start with numba loaded (`vllm_engine.new_llm`)
 
     jax_s = build_sampler(ctx)
     # Eager: starts in seconds (torch.compile on CPU takes ~30 s); the same numerics.
@@ -206,6 +206,32 @@ def test_partial_rollouts_resubmit_samples_with_the_new_weights(setup):
             np.testing.assert_allclose(c.logprobs[k:], _trainer_logprobs(model, noisy, c, 1.0)[k:],
                                        atol=LOGPROB_ATOL)  # fmt: skip
         assert any(0 < _split(c, 7, 8) < len(c.token_ids) for c in got)
+    finally:
+        vllm_s.push_weights(params)
+
+
+def test_a_stop_string_split_by_a_swap_still_ends_the_turn(setup):
+    """A stop string begun before a swap and completed after it, in the re-submitted
+    request: vLLM searches that request's own text and cannot see it, so the sampler
+    searches the turn as the JAX driver does, and cuts the sample right after it."""
+    model, tok, _, vllm_s, prompts = setup
+    params = nnx.state(model)
+    try:
+        vllm_s.push_weights(params, 7)  # the same weights again as version 8: greedy
+        first = vllm_s.generate(prompts, _greedy(), refresh=_swap_at(params, 8, at=6))
+        c = next(c for c in first if 2 <= _split(c, 7, 8) <= len(c.token_ids) - 2)
+        k = _split(c, 7, 8)
+        text = tok.decode(c.token_ids.tolist(), skip_special_tokens=False)
+        before = tok.decode(c.token_ids[:k].tolist(), skip_special_tokens=False)
+        stop = text[len(before) - 2 : len(before) + 2]  # 2 characters each side of the swap
+        assert text.find(stop) == len(before) - 2  # not earlier in the response
+        vllm_s.push_weights(params, 7)
+        got = vllm_s.generate(
+            prompts, _greedy(stop=(stop,)), refresh=_swap_at(params, 8, at=6)
+        )[c.prompt_index]  # fmt: skip
+        assert (got.finish_reason, got.stop_string) == ("stop", stop)
+        assert got.text.endswith(stop) and text.startswith(got.text)
+        assert got.token_ids.tolist() == c.token_ids[: len(got.token_ids)].tolist()
     finally:
         vllm_s.push_weights(params)
 
@@ -378,7 +404,7 @@ def _tool_env_episodes(sampler, batch, prompts, tool, tok):
 
 def test_lora_runs_push_merged_weights(setup):
     from jaxrl_llm.models.lora import LoraConfig, apply_lora
-    from jaxrl_llm.rollout.vllm_sampler import load_weights
+    from jaxrl_llm.rollout.vllm_engine import load_weights
     from jaxrl_llm.testing import randomise_lora_b
 
     model, _, _, vllm_s, prompts = setup
