@@ -53,14 +53,23 @@ class LiveSample:
         """Append slot b's sampled tokens from host step records [k, B], sampled by policy
         `version`; True if the device finished the sample (EOS, budget or full cache)."""
         valid = rec.valid[:, b]
-        self.tokens.extend(rec.tokens[valid, b].tolist())
-        self.logprobs.extend(rec.logprobs[valid, b].tolist())
-        if self.params.raw_logprobs:
-            self.raw.extend(rec.raw_logprobs[valid, b].tolist())
-        self.mask.extend([1] * int(valid.sum()))
-        if self.versions is not None:
-            self.versions.extend([version] * int(valid.sum()))
+        raw = rec.raw_logprobs[valid, b].tolist() if self.params.raw_logprobs else None
+        self.sampled(rec.tokens[valid, b].tolist(), rec.logprobs[valid, b].tolist(), raw, version)
         return bool(rec.done[:, b].any())
+
+    def sampled(
+        self, ids: Sequence[int], logprobs: Sequence[float], raw: Sequence[float] | None = None,
+        version: int = 0,
+    ) -> None:  # fmt: skip
+        """Append tokens the model sampled (mask 1) with their logprobs (`raw` when the
+        request asked for them) and the policy version that sampled them."""
+        self.tokens.extend(ids)
+        self.logprobs.extend(logprobs)
+        if raw is not None:
+            self.raw.extend(raw)
+        self.mask.extend([1] * len(ids))
+        if self.versions is not None:
+            self.versions.extend([version] * len(ids))
 
     def insert(self, ids: Sequence[int], version: int = 0) -> None:
         """Append tokens that are not the model's (a tool's output): masked, logprob 0."""

@@ -261,14 +261,11 @@ class VllmSampler:
         new ones) to its sample, tagged with the version of the weights that sampled them."""
         greedy = call.sampling.temperature <= 0
         tokens = list(out.token_ids)
-        s.tokens += tokens
-        s.mask += [1] * len(tokens)
-        s.logprobs += [
+        logprobs = [
             0.0 if greedy else float(lps[t].logprob)
             for t, lps in zip(tokens, out.logprobs or [{}] * len(tokens), strict=True)
         ]
-        if s.versions is not None:
-            s.versions += [call.version] * len(tokens)
+        s.sampled(tokens, logprobs, version=call.version)
 
     def _swap(self, call: _Call) -> None:
         """Partial rollouts: when `call.refresh` hands over newer weights, abort the live
