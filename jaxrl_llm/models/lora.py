@@ -226,10 +226,13 @@ def dense(
     activations to match A's fsdp-split input dim."""
     w = getattr(module, name)[...]
     qscale = getattr(module, name + SCALE_SUFFIX, None)
+    xf, k = x, _IN_DIMS[name]
+    if k > 1:  # one contracted dim (see `_flat_contraction`)
+        spec, xf, w = _flat_contraction(spec, x, w, k)
     if qscale is not None and vars(module).get(INT8_ACTIVATIONS, False):
-        y = int8_product(spec, x, w, qscale[...], _IN_DIMS[name])
+        y = int8_product(spec, xf, w, qscale[...], 1)
     else:
-        y = jnp.einsum(spec, x, w.astype(x.dtype))
+        y = jnp.einsum(spec, xf, w.astype(x.dtype))
         if qscale is not None:  # y = x W_q of an int8 weight: scale its output channels
             y = y * qscale[...].astype(y.dtype)
     a = getattr(module, name + "_lora_a", None)
@@ -240,6 +243,19 @@ def dense(
     xa = constrain(xa, (ax.BATCH, ax.SEQ, None), ctx)
     delta = jnp.tensordot(xa, b[...].astype(x.dtype), axes=1)
     return y + (_scale(module) * delta).astype(y.dtype)
+
+
+def _flat_contraction(spec: str, x: Array, w: Array, k: int) -> tuple[str, Array, Array]:
+    """`spec`, x and w with the k contracted dims (x's last k, w's first k) merged into one,
+    a free reshape of both row-major arrays. Contracting o_proj's [N, H, D] over two dims let
+    XLA:CPU lay the product out by transposing the whole weight in every decode step (a
+    copy of N x H x D floats per layer and step, 27% of a 0.5B-shape decode step)."""
+    lhs, rest = spec.split(",")
+    rhs, out = rest.split("->")
+    assert lhs[-k:] == rhs[:k], spec
+    z = next(c for c in "zyxwvu" if c not in spec)
+    flat = f"{lhs[:-k]}{z},{z}{rhs[k:]}->{out}"
+    return flat, x.reshape(*x.shape[:-k], -1), w.reshape(-1, *w.shape[k:])
 
 
 def _scale(module: nnx.Module) -> float:

@@ -143,3 +143,36 @@ def _check(pages: SlotPages):
     assert len(owned) == len(set(owned))
     for slot, held in enumerate(pages._slots):  # shard s owns pages [20 s, 20 s + 20)
         assert all(p // 20 == pages.shard_of(slot) for p in held)
+
+
+def test_a_decode_step_copies_no_weight():
+    """The compiled decode step reads each weight where it lies: no op in it produces an
+    array of a weight matrix's size (a transpose or copy of a weight, paid in every step).
+    Contracting o_proj [N, H, D] over two dims did that on XLA:CPU (a whole-weight
+    transpose per layer and step; 7% of a 0.5B-shape step); `lora.dense` contracts one
+    merged dim. Shapes chosen so that no activation or KV array has a weight's size."""
+    import math
+    import re
+
+    from flax import nnx
+
+    from jaxrl_llm.models import CausalLM, ModelConfig, init_model
+    from jaxrl_llm.rollout import Engine
+
+    cfg = ModelConfig(vocab_size=160, hidden_size=96, intermediate_size=224, num_heads=6,
+                      num_kv_heads=2, head_dim=24, num_layers=2)  # fmt: skip
+    model = init_model(cfg, seed=0)
+    assert isinstance(model, CausalLM)
+    weight_sizes = {x.size for x in jax.tree.leaves(nnx.state(model)) if x.size >= 1024}
+    engine = Engine(model, max_concurrent_decodes=2, max_cache_length=40, max_prefill_length=8)
+    params = engine.place_params(engine.load_params())
+    hlo = engine._steps_fn(2).lower(params, engine.init_decode_state()).compile().as_text()
+    assert hlo is not None
+    passive = {"parameter", "get-tuple-element", "bitcast", "tuple", "while", "conditional"}
+    made = []
+    for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = \w+\[([\d,]*)\]\S* ([\w-]+)\(", hlo, re.M):
+        name, dims, op = m.groups()
+        size = math.prod(int(d) for d in dims.split(",")) if dims else 1
+        if op not in passive and size in weight_sizes:
+            made.append(f"{name} ({op} [{dims}])")
+    assert not made, f"the decode step re-lays out weights: {made}"
