@@ -11,7 +11,8 @@ turn hands the tool the whole response so far, a `str` observation is appended a
 prompt is the data pipeline's (`reset` returns no messages), and the run's reward scores the
 finished response (`uses_run_reward`). So an episode has exactly the tokens, masks and
 rewards the tool alone gives through the sampler (`tests/agents/test_tool_env.py` checks it
-on the JAX engine and on vLLM).
+on the JAX engine and on vLLM). A turn the tool answers counts as a call of it:
+`tools/<name>/{calls,ran,latency_s}`, as the chat format's tools report (`agents.functions`).
 
 The tool is built once per run and shared by all episodes (a sandbox's worker pool, a BM25
 index, a client): `close()` of an episode leaves it open; the rollout stage closes it when the
@@ -20,6 +21,7 @@ run ends or fails.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -49,10 +51,14 @@ class ToolEnv:
         The sampler's own end (`turn.final`) asks nothing."""
         if turn.final:
             return StepResult(done=True)
+        t0 = time.perf_counter()
         observation = self.tool(turn.text)
         if observation is None:
             return StepResult(done=True)
-        return StepResult(observations=observation)
+        key = f"tools/{self.tool.name}/"
+        metrics = {key + "calls": 1.0, key + "ran": 1.0,
+                   key + "latency_s": time.perf_counter() - t0}  # fmt: skip
+        return StepResult(observations=observation, metrics=metrics)
 
     def close(self) -> None:
         """Nothing per episode: the shared tool stays open for the others."""

@@ -182,4 +182,8 @@ def test_a_tool_env_answers_the_final_step_without_asking_the_tool():
     assert env.step(final) == StepResult(done=True)
     assert tool.calls == [] and env.reset({"id": "r"}) == []
     assert env.step(Turn("no call")) == StepResult(done=True)  # the tool's None
-    assert env.step(dataclasses.replace(final, final=False)).observations == "\n1\n```\n"
+    answered = env.step(dataclasses.replace(final, final=False))
+    assert answered.observations == "\n1\n```\n"
+    metrics = dict(answered.metrics)
+    assert metrics.pop("tools/python/latency_s") > 0
+    assert metrics == {"tools/python/calls": 1.0, "tools/python/ran": 1.0}
