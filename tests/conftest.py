@@ -1,5 +1,6 @@
 """Test-wide setup: 8 simulated CPU devices, set before JAX is imported anywhere; one
-compilation cache for the whole run; the slow tests scheduled first."""
+compilation cache for the whole run; the slow tests scheduled first; no gin binding
+outlives its test."""
 
 import os
 import shutil
@@ -47,6 +48,17 @@ def pytest_collection_modifyitems(config, items):
     two xdist workers the minutes-long runs start at once and the short tests fill in around
     them, instead of one worker finishing a long run alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def _no_gin_bindings_left():
+    """Every test ends with gin's bindings cleared: one that parses a config (a shipped gin
+    file, a run's) would otherwise hand its bindings (e.g. `RolloutConfig.tool`) to the
+    configs a later test of the same worker builds, a failure that depends on the order."""
+    yield
+    import gin
+
+    gin.clear_config()
 
 
 @pytest.fixture(scope="module")

@@ -30,17 +30,21 @@ from jaxrl_llm.bench.kv import kv_bytes_read, kv_fields
 from jaxrl_llm.bench.machine import bench_checkpoint, machine_ceilings
 
 
-def timed_greedy_decode(model, B: int, P: int, N: int, steps: int, repeats: int):
+def timed_greedy_decode(
+    model, B: int, P: int, N: int, steps: int, repeats: int, kv: str = "auto"
+):  # fmt: skip
     """(engine, (prefill s, decode s)) of the best of `repeats` greedy runs of `model` in
-    the paged engine: B random P-token prompts, N new tokens each, `steps` per call (the
-    first run compiles and is not counted)."""
+    the paged engine (KV cache `kv`: `RolloutConfig.kv_cache_dtype`): B random P-token
+    prompts, N new tokens each, `steps` per call (the first run compiles and is not
+    counted)."""
     import jax
 
     from jaxrl_llm.rollout.engine import Engine
     from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling
 
     engine = Engine(model, max_concurrent_decodes=B, max_cache_length=P + N + 1,
-                    max_prefill_length=P, eos_ids=())  # fmt: skip
+                    max_prefill_length=P, eos_ids=(),
+                    kv_dtype=None if kv == "auto" else kv)  # fmt: skip
     params = engine.load_params()
     V = model.config.vocab_size
     prompts = np.random.RandomState(0).randint(3, V, (B, P)).astype(np.int32)
@@ -64,8 +68,9 @@ def timed_greedy_decode(model, B: int, P: int, N: int, steps: int, repeats: int)
 
 
 def bench_engine(
-    path: Path, B: int, P: int, N: int, steps: int, repeats: int, weights: str = "same"
-) -> dict:
+    path: Path, B: int, P: int, N: int, steps: int, repeats: int, weights: str = "same",
+    kv: str = "auto",
+) -> dict:  # fmt: skip
     import jax
     from flax import nnx
 
@@ -77,7 +82,7 @@ def bench_engine(
     if weights != "same":
         sync = sync_seconds(nnx.state(model))
         int8_projections(model, activations=weights == "w8a8")
-    engine, best = timed_greedy_decode(model, B, P, N, steps, repeats)
+    engine, best = timed_greedy_decode(model, B, P, N, steps, repeats, kv)
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
     prefill_s, decode_s = best
@@ -158,24 +163,26 @@ def bench_hf(path: Path, B: int, P: int, N: int, repeats: int) -> dict:
     return {"total_s": best, "tokens_per_s": B * N / best, "torch_threads": torch.get_num_threads()}
 
 
-def _sampler_weights(args: argparse.Namespace) -> str:
-    """`RolloutConfig.weights` as `--gin_file` / `--gin_param` set it ('same' by default)."""
+def sampler_settings(args: argparse.Namespace) -> tuple[str, str]:
+    """(`RolloutConfig.weights`, `RolloutConfig.kv_cache_dtype`) as `--gin_file` /
+    `--gin_param` set them ('same', 'auto' by default)."""
     from jaxrl_llm.config import parse_gin
     from jaxrl_llm.rollout.config import RolloutConfig
 
     parse_gin(args.gin_file or [], args.gin_param)
-    return RolloutConfig().weights
+    cfg = RolloutConfig()
+    return cfg.weights, cfg.kv_cache_dtype
 
 
 def main(args: argparse.Namespace) -> int:
     B, P, N = args.batch, args.prompt_len, args.new_tokens
-    weights = _sampler_weights(args)
+    weights, kv = sampler_settings(args)
     quantised = None
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_checkpoint(args.checkpoint, Path(tmp))
         ours = bench_engine(path, B, P, N, args.steps_per_call, args.repeats)
-        if weights != "same":
-            quantised = bench_engine(path, B, P, N, args.steps_per_call, args.repeats, weights)
+        if weights != "same" or kv != "auto":
+            quantised = bench_engine(path, B, P, N, args.steps_per_call, args.repeats, weights, kv)
         hf = None if args.skip_hf else bench_hf(path, B, P, N, args.repeats)
         vllm = None
         if args.backend == "vllm":
@@ -193,6 +200,7 @@ def main(args: argparse.Namespace) -> int:
         "hf_generate": hf,
         "vllm": vllm,
         "sampler_weights": weights,
+        "kv_cache_dtype": kv,
         "engine_quantised": quantised,
         "ceilings": ceilings,
         "speedup_vs_hf": None if hf is None else ours["tokens_per_s"] / hf["tokens_per_s"],

@@ -25,7 +25,7 @@ from jaxrl_llm.bench.machine import bench_checkpoint, machine_ceilings
 PROMPT, N_SAMPLES, LOW, HIGH = 512, 8, 64, 2048
 
 
-def run(path: Path, prompts: int, steps: int, seed: int = 0) -> dict:
+def run(path: Path, prompts: int, steps: int, seed: int = 0, kv: str = "auto") -> dict:
     import jax
 
     from jaxrl_llm.models import from_pretrained
@@ -35,7 +35,8 @@ def run(path: Path, prompts: int, steps: int, seed: int = 0) -> dict:
     model = from_pretrained(path)
     B, S = prompts * N_SAMPLES, PROMPT + HIGH + 1
     engine = Engine(model, max_concurrent_decodes=B, max_cache_length=S,
-                    max_prefill_length=PROMPT, eos_ids=())  # fmt: skip
+                    max_prefill_length=PROMPT, eos_ids=(),
+                    kv_dtype=None if kv == "auto" else kv)  # fmt: skip
     params = engine.load_params()
     rng = np.random.RandomState(seed)
     tokens = rng.randint(3, model.config.vocab_size, (prompts, PROMPT)).astype(np.int32)
@@ -83,12 +84,20 @@ def run(path: Path, prompts: int, steps: int, seed: int = 0) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
+    from jaxrl_llm.bench.rollout import sampler_settings
+
     prompts = args.prompts
+    _, kv = sampler_settings(args)
+    other = None
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_checkpoint(args.checkpoint, Path(tmp))
         result = run(path, prompts, args.steps_per_call)
+        if kv != "auto":  # the same run with the other KV cache, e.g. int8
+            other = run(path, prompts, args.steps_per_call, kv=kv)
     out = {"suite": "rollout-mixed", "checkpoint": args.checkpoint, "prompts": prompts,
            "prompt_len": PROMPT, "n": N_SAMPLES, "new_tokens_range": [LOW, HIGH],
-           "engine": result, "ceilings": machine_ceilings()}  # fmt: skip
+           "engine": result, "kv_cache_dtype": kv, "engine_kv": other,
+           **({"kv_speedup": other["tokens_per_s"] / result["tokens_per_s"]} if other else {}),
+           "ceilings": machine_ceilings()}  # fmt: skip
     print(json.dumps(out, indent=1))
     return 0

@@ -101,6 +101,7 @@ class Workload:
     # The sampler's copy: `PolicyConfig.rollout_dtype` and `RolloutConfig.weights`.
     rollout_dtype: str | None = None
     sampler_weights: str = "same"
+    kv_cache_dtype: str = "auto"  # `RolloutConfig.kv_cache_dtype`
     # `MeshConfig.rollout_devices` and the sampler's mesh on them (`sampler_mesh_shape`).
     rollout_devices: int = 0
     sampler_mesh: tuple[int, int, int] = (1, 1, 1)
@@ -123,6 +124,7 @@ class Workload:
             scorers=scorer_loads(cfg),
             rollout_dtype=cfg.policy.rollout_dtype,
             sampler_weights=r.weights,
+            kv_cache_dtype=r.kv_cache_dtype,
             rollout_devices=(apart := cfg.mesh.rollout_devices),
             sampler_mesh=sampler_mesh_shape(apart, cfg.mesh.tensor) if apart else (1, 1, 1),
         )
@@ -371,7 +373,7 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
     params, count = param_bytes(cfg, mesh, TRAIN_RULES)
     critic = param_bytes(cfg, mesh, TRAIN_RULES, ValueModel)[0] if w.critic else 0
     sampling = abstract_mesh(*w.sampler_mesh) if w.rollout_devices else mesh
-    kv = kv_pool_bytes(cfg, sampling, w.slots, w.cache_len) if w.slots else 0
+    kv = kv_pool_bytes(cfg, sampling, w.slots, w.cache_len, w.kv_cache_dtype) if w.slots else 0
     copy = _sampling_copy_bytes(cfg, sampling, w, apart=bool(w.rollout_devices)) if w.slots else 0
     on_trainer = not w.rollout_devices  # else the sampler's own devices hold both
     rows = shard_numel((w.micro_batches * w.micro_batch,), (ax.BATCH,), TRAIN_RULES, mesh)

@@ -80,15 +80,19 @@ def param_bytes(cfg, mesh, rules: Rules, cls=None) -> tuple[int, int]:
     return per_device, sum(math.prod(s) for s, _, _ in params)
 
 
-def kv_pool_bytes(cfg, mesh, slots: int, cache_len: int) -> int:
+def kv_pool_bytes(cfg, mesh, slots: int, cache_len: int, kv_dtype: str = "auto") -> int:
     """The engine's paged pool: every slot can hold a full-length sequence; pages split over
-    the slots' batch axes (each shard's slots use its pages) and kv heads over tensor."""
-    from jaxrl_llm.models.paged import DEFAULT_PAGE_SIZE
+    the slots' batch axes (each shard's slots use its pages) and kv heads over tensor.
+    `kv_dtype` (`RolloutConfig.kv_cache_dtype`): 'auto' is the model's dtype; 'int8' adds a
+    float32 scale per head_dim values (`models.paged.Int8Pages`)."""
+    from jaxrl_llm.models.paged import DEFAULT_PAGE_SIZE, pool_bytes_per_token
 
     pages = slots * -(-cache_len // DEFAULT_PAGE_SIZE)
     kv_shape = (cfg.num_layers, pages * DEFAULT_PAGE_SIZE, cfg.num_kv_heads, cfg.head_dim)
     kv_axes = (ax.LAYERS, ax.BATCH, ax.ACT_KV_HEADS, None)
-    return 2 * shard_numel(kv_shape, kv_axes, SAMPLE_RULES, mesh) * np.dtype(cfg.dtype).itemsize
+    numel = 2 * shard_numel(kv_shape, kv_axes, SAMPLE_RULES, mesh)
+    dtype = cfg.dtype if kv_dtype == "auto" else kv_dtype
+    return numel * pool_bytes_per_token(1, cfg.head_dim, dtype) // cfg.head_dim
 
 
 @functools.cache

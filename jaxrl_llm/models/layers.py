@@ -21,7 +21,13 @@ from flax import nnx
 from jaxrl_llm.algorithms.masked import compute_dtype
 from jaxrl_llm.models.config import ModelConfig, RopeConfig, as_dtype
 from jaxrl_llm.models.lora import dense
-from jaxrl_llm.models.paged import PagedBatch, gathered_attention, write_and_decode, write_kv
+from jaxrl_llm.models.paged import (
+    PagedBatch,
+    Pool,
+    gathered_attention,
+    write_and_decode,
+    write_kv,
+)
 from jaxrl_llm.models.self_attention import Segments, attend, self_attend
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext, constrain
@@ -160,11 +166,11 @@ class Attention(nnx.Module):
         x: Array,
         cos: Array,
         sin: Array,
-        kv_pages: Array,
+        kv_pages: Pool,
         batch: PagedBatch,
         positions: Array,
         ctx: ShardingContext | None,
-    ) -> tuple[Array, Array]:
+    ) -> tuple[Array, Pool]:
         """x [B,T,D] appended to paged sequences (`models.paged`): writes their keys/values
         into `kv_pages` [P, ps, 2K, H] and attends over the pages each row uses."""
         q, k, v = self.project(x, cos, sin, ctx)

@@ -15,6 +15,14 @@ maximum length. `gathered_attention` (several queries per sequence: a tool's out
 appended to a live sequence) gathers each row's page table densely; it runs once per turn.
 On TPU the engine may route decode to the Pallas kernel instead (`models.paged_tpu`).
 
+An int8 pool (`Int8Pages`, `RolloutConfig.kv_cache_dtype = "int8"`) stores each token's key
+and value heads as int8 with one float32 scale per (token, combined head): s = max |x| over
+the head dim / 127, x_q = round(x / s), each element off by at most s / 2. Scales are per
+token rather than per page because a page fills one token at a time: a page-wide scale fixed
+by its first tokens would clip later, larger ones, and refitting it re-quantises the page on
+every write. The scale costs 4 bytes per H int8 values (6% at H = 64). Readers gather the
+pages they walk and dequantise that block only (`take_pages`), never the whole pool.
+
 Shapes: B sequences, T queries per sequence, N query heads, K kv heads, G = N / K, H head
 dim, P pages, ps page size, pps pages per sequence.
 """
@@ -22,6 +30,7 @@ dim, P pages, ps page size, pps pages per sequence.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -51,19 +60,79 @@ class PagedBatch:
     kv_lens: Array
 
 
+Leaf = TypeVar("Leaf")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Int8Pages(Generic[Leaf]):
+    """A layer's pool stored as int8 (see the module docstring): values [P, ps, 2K, H] int8,
+    scales [P, ps, 2K] float32 (or their shardings). `shape` is the float pool's, so the
+    walks read it alike."""
+
+    values: Leaf
+    scales: Leaf
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        values: Any = self.values  # an array's (a sharding tree has no shape)
+        return values.shape
+
+
+Pool = Array | Int8Pages[Array]
+KV_INT8_MAX = 127.0
+
+
+def new_pool(shape: tuple[int, int, int, int], dtype: Any) -> Pool:
+    """An empty pool [P, ps, 2K, H] of `dtype`; int8: an `Int8Pages`."""
+    if jnp.dtype(dtype) == jnp.int8:
+        return Int8Pages(jnp.zeros(shape, jnp.int8), jnp.zeros(shape[:-1], jnp.float32))
+    return jnp.zeros(shape, dtype)
+
+
+def pool_bytes_per_token(heads: int, head_dim: int, dtype: Any) -> int:
+    """Bytes one token's keys and values take in one layer's pool (`heads` = 2K)."""
+    size = jnp.dtype(dtype).itemsize
+    return heads * (head_dim * size + (4 if size == 1 else 0))  # int8: + a float32 scale
+
+
+def quantize_kv(x: Array) -> tuple[Array, Array]:
+    """x [..., H] -> (int8 [..., H], float32 scale [...]): one scale per vector."""
+    x32 = x.astype(jnp.float32)
+    absmax = jnp.max(jnp.abs(x32), axis=-1)
+    scale = jnp.where(absmax > 0, absmax / KV_INT8_MAX, 1.0)
+    q = jnp.clip(jnp.round(x32 / scale[..., None]), -KV_INT8_MAX, KV_INT8_MAX)
+    return q.astype(jnp.int8), scale
+
+
+def take_pages(pool: Pool, pages: Array) -> Array:
+    """`pool[pages]` ([..., ps, 2K, H]) as floats: an int8 pool's gathered block is
+    dequantised (float32), the rest of the pool is not read."""
+    if isinstance(pool, Int8Pages):
+        return pool.values[pages].astype(jnp.float32) * pool.scales[pages][..., None]
+    return pool[pages]
+
+
 def combine_kv(k: Array, v: Array) -> Array:
     """[..., K, H] keys and values -> [..., 2K, H], interleaved (k0, v0, k1, v1, ...)."""
     *lead, K, H = k.shape
     return jnp.stack([k, v], axis=-2).reshape(*lead, 2 * K, H)
 
 
-def write_kv(kv_pages: Array, k: Array, v: Array, slots: Array) -> Array:
+def write_kv(kv_pages: Pool, k: Array, v: Array, slots: Array) -> Pool:
     """Write keys/values [..., K, H] at flat slots [...] (out of range: dropped). In place
-    when `kv_pages` is donated: a scatter of the new tokens only."""
+    when `kv_pages` is donated: a scatter of the new tokens only (an int8 pool quantises
+    them first, `quantize_kv`)."""
     P, ps, C, H = kv_pages.shape
+    new = combine_kv(k, v).reshape(-1, C, H)
+    at = slots.reshape(-1)
+    if isinstance(kv_pages, Int8Pages):
+        q, scale = quantize_kv(new)
+        values = kv_pages.values.reshape(P * ps, C, H).at[at].set(q, mode="drop")
+        scales = kv_pages.scales.reshape(P * ps, C).at[at].set(scale, mode="drop")
+        return Int8Pages(values.reshape(P, ps, C, H), scales.reshape(P, ps, C))
     flat = kv_pages.reshape(P * ps, C, H)
-    new = combine_kv(k, v).reshape(-1, C, H).astype(flat.dtype)
-    flat = flat.at[slots.reshape(-1)].set(new, mode="drop")
+    flat = flat.at[at].set(new.astype(flat.dtype), mode="drop")
     return flat.reshape(P, ps, C, H)
 
 
@@ -90,12 +159,12 @@ def write_and_decode(
     q: Array,
     k: Array,
     v: Array,
-    kv_pages: Array,
+    kv_pages: Pool,
     batch: PagedBatch,
     ctx: ShardingContext | None,
     *,
     sm_scale: float,
-) -> tuple[Array, Array]:
+) -> tuple[Array, Pool]:
     """One decode step's write and attention: q [B, N, H], k/v [B, K, H] -> out [B, N, H]
     and the pool.
 
@@ -126,7 +195,7 @@ def write_and_decode(
 
 def decode(
     q: Array,
-    kv_pages: Array,
+    kv_pages: Pool,
     kv_lens: Array,
     page_indices: Array,
     *,
@@ -143,7 +212,7 @@ def decode(
       pages in use.
     """
     platform = platform or jax.default_backend()
-    if platform == "tpu":
+    if platform == "tpu" and not isinstance(kv_pages, Int8Pages):  # the kernel reads floats
         from jaxrl_llm.models import paged_tpu
 
         if paged_tpu.tpu_kernel_supported(q, kv_pages, page_indices):
@@ -161,7 +230,7 @@ def decode(
 
 def decode_attention(
     q: Array,
-    kv_pages: Array,
+    kv_pages: Pool,
     kv_lens: Array,
     page_indices: Array,
     *,
@@ -266,7 +335,7 @@ def _by_column(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
 
     def one_pass(w: int):
         def run():
-            blk = kv_pages[page_indices[:, :w]]  # [B, w, ps, 2K, H]
+            blk = take_pages(kv_pages, page_indices[:, :w])  # [B, w, ps, 2K, H]
             blk = blk.reshape(B, w * ps, *blk.shape[3:])
             ok = jnp.arange(w * ps)[None, :] < kv_lens[:, None]
             return _block_stats(qg, blk, ok, sm_scale)
@@ -288,7 +357,7 @@ def _column_loop(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
     def body(c, carry):
         m, total_p, o = carry
         j = jnp.clip(c * C + jnp.arange(C), 0, pps - 1)  # [C]
-        blk = kv_pages[page_indices[:, j]]  # [B, C, ps, 2K, H]
+        blk = take_pages(kv_pages, page_indices[:, j])  # [B, C, ps, 2K, H]
         blk = blk.reshape(B, C * ps, *blk.shape[3:])
         pos = (c * C + jnp.arange(C))[:, None] * ps + jnp.arange(ps)[None, :]
         ok = pos.reshape(1, -1) < kv_lens[:, None]  # [B, C * ps]
@@ -317,7 +386,7 @@ def _by_item(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
         live = item < total
         row = jnp.clip(jnp.searchsorted(ends, item, side="right"), 0, B - 1)
         j = jnp.clip(item - starts[row], 0, pps - 1)
-        blk = kv_pages[page_indices[row, j]]  # [block, ps, 2K, H]
+        blk = take_pages(kv_pages, page_indices[row, j])  # [block, ps, 2K, H]
         pos = j[:, None] * ps + jnp.arange(ps)[None, :]
         ok = live[:, None] & (pos < kv_lens[row][:, None])
         m_i, l_i, o_i = _block_stats(qg[row], blk, ok, sm_scale)
@@ -333,7 +402,7 @@ def _by_item(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
 
 def gathered_attention(
     q: Array,
-    kv_pages: Array,
+    kv_pages: Pool,
     kv_lens: Array,
     page_indices: Array,
     positions: Array,
@@ -344,7 +413,7 @@ def gathered_attention(
     whole page table, gathered densely: q [B, T, N, H] -> [B, T, N, H]."""
     B, T, N, H = q.shape
     K = kv_pages.shape[2] // 2
-    blk = kv_pages[page_indices]  # [B, pps, ps, 2K, H]
+    blk = take_pages(kv_pages, page_indices)  # [B, pps, ps, 2K, H]
     kv = blk.reshape(B, -1, 2 * K, H)
     k, v = kv[:, :, 0::2], kv[:, :, 1::2]
     key_pos = jnp.arange(kv.shape[1])

@@ -32,7 +32,7 @@ from jaxrl_llm.models.layers import (
     rope_cos_sin,
     rope_inv_freq,
 )
-from jaxrl_llm.models.paged import PagedBatch, slots_for
+from jaxrl_llm.models.paged import PagedBatch, Pool, slots_for
 from jaxrl_llm.models.quant import INT8_ACTIVATIONS, SCALE_SUFFIX, int8_product
 from jaxrl_llm.models.self_attention import Segments
 from jaxrl_llm.sharding import axes as ax
@@ -183,10 +183,10 @@ class Decoder(nnx.Module):
         self,
         input_ids: Array,
         positions: Array,
-        kv_pages: tuple[Array, ...],
+        kv_pages: tuple[Pool, ...],
         batch: PagedBatch,
         ctx: ShardingContext | None,
-    ) -> tuple[Array, tuple[Array, ...]]:
+    ) -> tuple[Array, tuple[Pool, ...]]:
         """Final-norm hidden states [B, T, D] of tokens appended to paged sequences, and
         the per-layer page pools with their keys/values written (each updated in place
         when donated: no per-step copy of the cache)."""
@@ -325,12 +325,12 @@ class CausalLM(_Trunked):
 
     def extend_paged(
         self,
-        kv_pages: tuple[Array, ...],
+        kv_pages: tuple[Pool, ...],
         page_indices: Array,
         input_ids: Array,
         start: Array,
         lengths: Array,
-    ) -> tuple[Array, tuple[Array, ...]]:
+    ) -> tuple[Array, tuple[Pool, ...]]:
         """`extend` on a paged cache (`models.paged`): row b holds `start[b]` tokens in the
         pages `page_indices[b]`; its first `lengths[b]` new tokens (0: an inactive row) are
         written there and attend over the row. Returns hidden states [B, T, D] and pools."""

@@ -24,6 +24,7 @@ from jaxrl_llm.config_checks import Ge, Interval, checked_fields, documented
     steps_per_call=Ge(1),
     val_temperature=Ge(0),
     weights=("same", "int8", "w8a8"),
+    kv_cache_dtype=("auto", "bfloat16", "int8"),
 )
 class RolloutConfig:
     """How an RL run samples its responses: sampling settings, the tool, the backend and
@@ -85,6 +86,14 @@ class RolloutConfig:
         "the fast form on CPU). The trainer keeps full precision; the gap shows in "
         "rollout/logprob_diff/* and in the importance weights of `AlgoConfig.is_cap` "
         "(docs/algorithms.md).",
+    )
+    kv_cache_dtype: str = documented(
+        "auto",
+        "The JAX engine's KV cache: 'auto' (the model's compute dtype), 'bfloat16', or 'int8' "
+        "(each token's key and value heads quantised with one float32 scale per head: about "
+        "a quarter of float32's bytes, so about 4x the tokens in the same memory; dequantised "
+        "page block by page block as attention reads them). The sampler's logprobs carry "
+        "the rounding (rollout/logprob_diff/*).",
     )
 
     def __post_init__(self):

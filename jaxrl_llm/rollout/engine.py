@@ -43,7 +43,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.models import CausalLM, KVCache
 from jaxrl_llm.models.config import as_dtype
-from jaxrl_llm.models.paged import batch_axes
+from jaxrl_llm.models.paged import Int8Pages, batch_axes, pool_bytes_per_token
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
 from jaxrl_llm.rollout.pages import SlotPages
 from jaxrl_llm.rollout.programs import DecodePrograms
@@ -69,7 +69,8 @@ class Engine(engine_api.Engine):
 
     `page_size` tokens per page; `num_pages` in the pool (default: every slot can hold a
     full-length sequence, the memory of a dense cache; fewer trade concurrency for memory);
-    `kv_dtype` of the cache (default: the model's compute dtype).
+    `kv_dtype` of the cache (default: the model's compute dtype; int8: quantised per token
+    and head, `models.paged.Int8Pages`).
     """
 
     def __init__(
@@ -112,7 +113,7 @@ class Engine(engine_api.Engine):
         shards = math.prod(self._mesh.shape[n] for n in self.batch_axes)
         pages = int(num_pages or self.batch * self.pages_per_seq)
         self.num_pages = -(-pages // shards) * shards
-        self.kv_dtype = as_dtype(kv_dtype or self.config.dtype)
+        self.kv_dtype = _kv_dtype(kv_dtype or self.config.dtype)
         self.pages = SlotPages(
             self.batch, self.num_pages, self.page_size, self.pages_per_seq, shards=shards
         )
@@ -147,8 +148,10 @@ class Engine(engine_api.Engine):
         heads = heads[2] if len(heads) > 2 else None
         pool = NamedSharding(self._mesh, PartitionSpec(self.batch_axes or None, None, heads))
         b = self._sharding((ax.BATCH,), (B,))
+        # An int8 pool's scales [P, ps, 2K] split as its values [P, ps, 2K, H] do.
+        layer = Int8Pages(pool, pool) if self.kv_dtype == np.int8 else pool
         return DecodeState(
-            kv_pages=(pool,) * cfg.num_layers,
+            kv_pages=(layer,) * cfg.num_layers,
             page_table=self._sharding((ax.BATCH, None), (B, self.pages_per_seq)),
             hidden=self._sharding((ax.BATCH, ax.ACT_EMBED), (B, cfg.hidden_size)),
             lengths=b,
@@ -359,7 +362,8 @@ class Engine(engine_api.Engine):
 
     def kv_bytes_per_token(self) -> int:
         cfg = self.config
-        return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * self.kv_dtype.itemsize
+        per_layer = pool_bytes_per_token(2 * cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
+        return cfg.num_layers * per_layer
 
     def kv_pool_bytes(self) -> int:
         return self.num_pages * self.page_size * self.kv_bytes_per_token()
@@ -399,6 +403,13 @@ class Engine(engine_api.Engine):
     def prefill_bucket(self, length: int) -> int:
         """Padded prompt width for `length` tokens: a power of two >= 16, capped."""
         return _bucket(length, self._max_prefill + 1, cap=self._max_prefill)
+
+
+def _kv_dtype(dtype: Any) -> np.dtype:
+    """The pool's dtype: "int8" (or the dtype) for an int8 pool, else a float (`as_dtype`)."""
+    if (dtype == "int8") if isinstance(dtype, str) else np.dtype(dtype) == np.int8:
+        return np.dtype(np.int8)
+    return as_dtype(dtype)
 
 
 def _bucket(n: int, limit: int, cap: int | None = None) -> int:

@@ -61,6 +61,7 @@ class JaxSampler:
             mesh=ctx.sampling_mesh or hosts.local_sampling_mesh(ctx.mesh),
             tokenizer=ctx.tokenizer,
             keep_params=False,  # the trainer's live params come with every call
+            kv_dtype=None if r.kv_cache_dtype == "auto" else r.kv_cache_dtype,
         )
         self.driver = RolloutDriver(
             self.engine, ctx.tokenizer, steps_per_call=r.steps_per_call,

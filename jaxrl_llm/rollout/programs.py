@@ -27,7 +27,7 @@ from flax import nnx
 
 from jaxrl_llm.models import CausalLM, KVCache
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.paged import write_kv
+from jaxrl_llm.models.paged import new_pool, write_kv
 from jaxrl_llm.rollout.records import DecodeState, Prefix, StepRecords
 from jaxrl_llm.rollout.sampling import SlotSampling, sample_tokens
 
@@ -88,7 +88,7 @@ class DecodePrograms:
         zeros = jnp.zeros(B, jnp.int32)
         pool = (self.num_pages, self.page_size, 2 * cfg.num_kv_heads, cfg.head_dim)
         return DecodeState(
-            kv_pages=tuple(jnp.zeros(pool, self.kv_dtype) for _ in range(cfg.num_layers)),
+            kv_pages=tuple(new_pool(pool, self.kv_dtype) for _ in range(cfg.num_layers)),
             page_table=jnp.full((B, self.pages_per_seq), self.num_pages, jnp.int32),
             hidden=jnp.zeros((B, cfg.hidden_size), dtype),
             lengths=zeros,

@@ -15,6 +15,7 @@ from typing import Any, Generic
 import jax
 
 from jaxrl_llm.models import KVCache
+from jaxrl_llm.models.paged import Int8Pages
 from jaxrl_llm.rollout.sampling import Leaf, SlotSampling
 
 
@@ -39,7 +40,7 @@ class Prefix(Generic[Leaf]):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DecodeState(Generic[Leaf]):
-    kv_pages: tuple[Leaf, ...]  # per layer [NP, ps, 2K, H]
+    kv_pages: tuple[Leaf | Int8Pages[Leaf], ...]  # per layer [NP, ps, 2K, H] (int8: + scales)
     page_table: Leaf  # [B, pps] int32 (NP past a slot's reservation)
     hidden: Leaf  # [B, D] hidden state of each row's last cached token
     lengths: Leaf  # [B] int32 tokens in the cache row (= next position)

@@ -110,6 +110,12 @@ class VllmSampler:
                 "loads and quantises its own (its `quantization` option): use "
                 "rollout.weights = 'same' with rollout.backend = 'vllm'"
             )
+        if ctx.cfg.kv_cache_dtype != "auto":
+            raise ConfigError(
+                f"rollout.kv_cache_dtype = {ctx.cfg.kv_cache_dtype!r} sets our JAX engine's KV "
+                "cache; vLLM keeps its own (its `kv_cache_dtype` option): use "
+                "rollout.kv_cache_dtype = 'auto' with rollout.backend = 'vllm'"
+            )
         vllm = import_vllm()
         from vllm.platforms import current_platform
 

@@ -117,10 +117,12 @@ def test_the_sampler_copy_is_the_bytes_the_sampler_holds(weights, dtype, fsdp):
     assert planned == (0 if pointer else held)
 
 
-def test_devices_set_apart_hold_the_sampler_and_the_trainers_do_not():
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_devices_set_apart_hold_the_sampler_and_the_trainers_do_not(kv_dtype):
     """`MeshConfig.rollout_devices = 4` of 8 with tensor 2: each sampler device holds what a
     JAX sampler on that (2, 1, 2) mesh holds after a push (its weights, always a copy, and
-    its paged KV pool), a trainer device neither; the peak is the larger kind of device."""
+    its paged KV pool, float or int8 with its scales), a trainer device neither; the peak is
+    the larger kind of device."""
     from flax import nnx
 
     from jaxrl_llm.learner.plan import _sampling_copy_bytes  # the same-device rule, below
@@ -135,7 +137,7 @@ def test_devices_set_apart_hold_the_sampler_and_the_trainers_do_not():
     train_mesh = build_mesh(1, -1, 2, devices=devices[:4])
     sampling_mesh = build_mesh(*sampler_mesh_shape(4, 2), devices=devices[4:])
     policy = init_model(SMALL, seed=0, mesh=train_mesh)
-    cfg = RolloutConfig(max_new_tokens=8, max_slots=4)
+    cfg = RolloutConfig(max_new_tokens=8, max_slots=4, kv_cache_dtype=kv_dtype)
     ctx = SamplerContext(cfg, policy, None, train_mesh, None, 8, sampling_mesh=sampling_mesh)
     sampler = JaxSampler(ctx)
     sampler.push_weights(nnx.state(policy))
@@ -145,7 +147,7 @@ def test_devices_set_apart_hold_the_sampler_and_the_trainers_do_not():
     weights = per_device(sampler.params)
     kv = per_device(sampler.engine.init_decode_state().kv_pages)
     work = Workload(micro_batch=2, seq_len=16, slots=4, cache_len=17, rollout_devices=4,
-                    sampler_mesh=(2, 1, 2))  # fmt: skip
+                    sampler_mesh=(2, 1, 2), kv_cache_dtype=kv_dtype)  # fmt: skip
     plan = plan_memory(SMALL, (1, 2, 2), work)
     assert plan.sampler_terms == {"rollout_weights": weights, "kv_cache": kv}
     assert plan.terms["rollout_weights"] == plan.terms["kv_cache"] == 0

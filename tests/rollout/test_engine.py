@@ -146,6 +146,27 @@ def test_sharded_engine_matches_unsharded(tiny_model, tiny_engine):
     assert tuple(state.kv_pages[0].sharding.spec)[:3] == ("fsdp", None, "tensor")
 
 
+@pytest.mark.slow  # two engines' compiles
+def test_a_sharded_int8_pool_decodes_as_the_unsharded_one(tiny_model):
+    """An int8 KV pool (values and their per-head scales) splits as the float pool does and
+    the sharded engine decodes the unsharded one's tokens."""
+    from jaxrl_llm.models.paged import Int8Pages
+    from jaxrl_llm.rollout import Engine
+
+    mesh = build_mesh(data=1, fsdp=2, tensor=4)
+    sharded = init_model(TINY, seed=0, mesh=mesh, rules=SAMPLE_RULES)
+    kw = dict(max_concurrent_decodes=4, max_cache_length=64, max_prefill_length=32, kv_dtype="int8")
+    engine = Engine(sharded, mesh=mesh, **kw)
+    alone = Engine(tiny_model, **kw)
+    ours = _run(engine, engine.load_params(), PROMPTS, 4)
+    ref = _run(alone, alone.load_params(), PROMPTS, 4)
+    np.testing.assert_array_equal(ours[0], ref[0])
+    pool = engine.init_decode_state().kv_pages[0]
+    assert isinstance(pool, Int8Pages)
+    assert tuple(pool.values.sharding.spec)[:3] == ("fsdp", None, "tensor")
+    assert tuple(pool.scales.sharding.spec)[:3] == ("fsdp", None, "tensor")
+
+
 def test_prefill_rejects_bad_lengths(tiny_engine):
     params = tiny_engine.load_params()
     with pytest.raises(ValueError, match="max_prefill_length"):

@@ -166,6 +166,16 @@ def test_vllm_refuses_int8_before_loading_anything():
         VllmSampler(ctx)
 
 
+def test_vllm_refuses_an_int8_kv_cache_before_loading_anything():
+    from jaxrl_llm.rollout.vllm_sampler import VllmSampler
+
+    ctx = SamplerContext(RolloutConfig(kv_cache_dtype="int8"), None, None, None, None, 16)
+    with pytest.raises(ConfigError, match=r"rollout.kv_cache_dtype = 'int8'.*vLLM"):
+        VllmSampler(ctx)
+    with pytest.raises(ValueError, match=r"kv_cache_dtype.*auto.*bfloat16.*int8"):
+        RolloutConfig(kv_cache_dtype="fp8")
+
+
 def test_a_bad_weights_value_names_the_choices():
     with pytest.raises(ValueError, match=r"weights.*same.*int8"):
         RolloutConfig(weights="fp8")

@@ -145,6 +145,46 @@ def _check(pages: SlotPages):
         assert all(p // 20 == pages.shard_of(slot) for p in held)
 
 
+@pytest.mark.slow  # 3 engines' compiles
+def test_int8_kv_decoding_is_the_float_engines_on_rounded_keys_and_values(tiny_model, monkeypatch):
+    """`kv_dtype="int8"`: the engine decodes as a float engine whose pool holds each written
+    key and value already rounded the same way (`paged.quantize_kv`, the reference written
+    here by wrapping the float pool's writes): the same greedy tokens, and raw logprobs as
+    close to that reference as a float32 engine is to its float64 forward, through prefix
+    sharing (n = 2), page reuse and the dequantising walks. The pool holds 1 byte per value
+    plus a float32 scale per head."""
+    from jaxrl_llm.models import layers, paged
+    from jaxrl_llm.rollout import programs
+
+    floats = _generate(_engine(tiny_model))
+    int8_engine = _engine(tiny_model, kv_dtype="int8")
+    quantised = _generate(int8_engine)
+    layer = int8_engine.init_decode_state().kv_pages[0]
+    assert isinstance(layer, paged.Int8Pages) and layer.values.dtype == np.int8
+    cfg = tiny_model.config
+    assert int8_engine.kv_bytes_per_token() == cfg.num_layers * 2 * cfg.num_kv_heads * (
+        cfg.head_dim + 4
+    )
+
+    write = paged.write_kv
+
+    def rounded(pool, k, v, slots):  # a float pool given the values an int8 pool stores
+        deq = lambda x: (lambda q, s: q.astype(np.float32) * s[..., None])(*paged.quantize_kv(x))
+        return write(pool, deq(k), deq(v), slots)
+
+    for module in (paged, layers, programs):
+        monkeypatch.setattr(module, "write_kv", rounded)
+    reference = _generate(_engine(tiny_model))
+    for a, b in zip(quantised, reference, strict=True):
+        np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    raw = lambda samples: np.concatenate([c.raw_logprobs for c in samples])
+    # this host's float32 error at these magnitudes: the float engine against float64
+    noise = np.abs(raw(floats) - exact_logprobs(tiny_model, floats)).max()
+    eps = np.finfo(np.float32).eps * np.abs(raw(reference)).max()
+    assert np.abs(raw(quantised) - raw(reference)).max() <= 4 * noise + eps
+    assert np.abs(raw(quantised) - raw(floats)).max() > 4 * noise + eps  # it did round
+
+
 def test_a_decode_step_copies_no_weight():
     """The compiled decode step reads each weight where it lies: no op in it produces an
     array of a weight matrix's size (a transpose or copy of a weight, paid in every step).
