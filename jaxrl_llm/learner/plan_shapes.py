@@ -84,8 +84,9 @@ def kv_pool_bytes(cfg, mesh, slots: int, cache_len: int, kv_dtype: str = "auto")
     """The engine's paged pool: every slot can hold a full-length sequence; pages split over
     the slots' batch axes (each shard's slots use its pages) and kv heads over tensor.
     `kv_dtype` (`RolloutConfig.kv_cache_dtype`): 'auto' is the model's dtype; 'int8' adds a
-    float32 scale per head_dim values (`models.paged.Int8Pages`)."""
-    from jaxrl_llm.models.paged import DEFAULT_PAGE_SIZE, pool_bytes_per_token
+    float32 scale per head_dim values (`models.kv_int8.Int8Pages`)."""
+    from jaxrl_llm.models.kv_int8 import pool_bytes_per_token
+    from jaxrl_llm.models.paged import DEFAULT_PAGE_SIZE
 
     pages = slots * -(-cache_len // DEFAULT_PAGE_SIZE)
     kv_shape = (cfg.num_layers, pages * DEFAULT_PAGE_SIZE, cfg.num_kv_heads, cfg.head_dim)

@@ -20,14 +20,9 @@ from flax import nnx
 
 from jaxrl_llm.algorithms.masked import compute_dtype
 from jaxrl_llm.models.config import ModelConfig, RopeConfig, as_dtype
+from jaxrl_llm.models.kv_int8 import Pool
 from jaxrl_llm.models.lora import dense
-from jaxrl_llm.models.paged import (
-    PagedBatch,
-    Pool,
-    gathered_attention,
-    write_and_decode,
-    write_kv,
-)
+from jaxrl_llm.models.paged import PagedBatch, gathered_attention, write_and_decode, write_kv
 from jaxrl_llm.models.self_attention import Segments, attend, self_attend
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext, constrain

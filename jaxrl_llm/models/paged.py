@@ -15,13 +15,9 @@ maximum length. `gathered_attention` (several queries per sequence: a tool's out
 appended to a live sequence) gathers each row's page table densely; it runs once per turn.
 On TPU the engine may route decode to the Pallas kernel instead (`models.paged_tpu`).
 
-An int8 pool (`Int8Pages`, `RolloutConfig.kv_cache_dtype = "int8"`) stores each token's key
-and value heads as int8 with one float32 scale per (token, combined head): s = max |x| over
-the head dim / 127, x_q = round(x / s), each element off by at most s / 2. Scales are per
-token rather than per page because a page fills one token at a time: a page-wide scale fixed
-by its first tokens would clip later, larger ones, and refitting it re-quantises the page on
-every write. The scale costs 4 bytes per H int8 values (6% at H = 64). Readers gather the
-pages they walk and dequantise that block only (`take_pages`), never the whole pool.
+A pool may be int8 (`models.kv_int8.Int8Pages`, `RolloutConfig.kv_cache_dtype = "int8"`):
+`write_kv` quantises what it writes, and every walk reads pages through `take_pages`, which
+dequantises the gathered block only.
 
 Shapes: B sequences, T queries per sequence, N query heads, K kv heads, G = N / K, H head
 dim, P pages, ps page size, pps pages per sequence.
@@ -30,7 +26,6 @@ dim, P pages, ps page size, pps pages per sequence.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +33,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from jaxrl_llm.algorithms.masked import compute_dtype
+from jaxrl_llm.models.kv_int8 import Int8Pages, Pool, quantize_kv, take_pages
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import ShardingContext
 
@@ -58,59 +54,6 @@ class PagedBatch:
     page_indices: Array
     write_slots: Array
     kv_lens: Array
-
-
-Leaf = TypeVar("Leaf")
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Int8Pages(Generic[Leaf]):
-    """A layer's pool stored as int8 (see the module docstring): values [P, ps, 2K, H] int8,
-    scales [P, ps, 2K] float32 (or their shardings). `shape` is the float pool's, so the
-    walks read it alike."""
-
-    values: Leaf
-    scales: Leaf
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        values: Any = self.values  # an array's (a sharding tree has no shape)
-        return values.shape
-
-
-Pool = Array | Int8Pages[Array]
-KV_INT8_MAX = 127.0
-
-
-def new_pool(shape: tuple[int, int, int, int], dtype: Any) -> Pool:
-    """An empty pool [P, ps, 2K, H] of `dtype`; int8: an `Int8Pages`."""
-    if jnp.dtype(dtype) == jnp.int8:
-        return Int8Pages(jnp.zeros(shape, jnp.int8), jnp.zeros(shape[:-1], jnp.float32))
-    return jnp.zeros(shape, dtype)
-
-
-def pool_bytes_per_token(heads: int, head_dim: int, dtype: Any) -> int:
-    """Bytes one token's keys and values take in one layer's pool (`heads` = 2K)."""
-    size = jnp.dtype(dtype).itemsize
-    return heads * (head_dim * size + (4 if size == 1 else 0))  # int8: + a float32 scale
-
-
-def quantize_kv(x: Array) -> tuple[Array, Array]:
-    """x [..., H] -> (int8 [..., H], float32 scale [...]): one scale per vector."""
-    x32 = x.astype(jnp.float32)
-    absmax = jnp.max(jnp.abs(x32), axis=-1)
-    scale = jnp.where(absmax > 0, absmax / KV_INT8_MAX, 1.0)
-    q = jnp.clip(jnp.round(x32 / scale[..., None]), -KV_INT8_MAX, KV_INT8_MAX)
-    return q.astype(jnp.int8), scale
-
-
-def take_pages(pool: Pool, pages: Array) -> Array:
-    """`pool[pages]` ([..., ps, 2K, H]) as floats: an int8 pool's gathered block is
-    dequantised (float32), the rest of the pool is not read."""
-    if isinstance(pool, Int8Pages):
-        return pool.values[pages].astype(jnp.float32) * pool.scales[pages][..., None]
-    return pool[pages]
 
 
 def combine_kv(k: Array, v: Array) -> Array:

@@ -24,6 +24,7 @@ from typing_extensions import TypeVar  # `default=` (PEP 696) before Python 3.13
 
 from jaxrl_llm.algorithms.masked import compute_dtype
 from jaxrl_llm.models.config import ModelConfig, as_dtype
+from jaxrl_llm.models.kv_int8 import Pool
 from jaxrl_llm.models.layers import (
     MLP,
     Attention,
@@ -32,7 +33,7 @@ from jaxrl_llm.models.layers import (
     rope_cos_sin,
     rope_inv_freq,
 )
-from jaxrl_llm.models.paged import PagedBatch, Pool, slots_for
+from jaxrl_llm.models.paged import PagedBatch, slots_for
 from jaxrl_llm.models.quant import INT8_ACTIVATIONS, SCALE_SUFFIX, int8_product
 from jaxrl_llm.models.self_attention import Segments
 from jaxrl_llm.sharding import axes as ax

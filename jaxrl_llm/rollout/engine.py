@@ -43,7 +43,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.models import CausalLM, KVCache
 from jaxrl_llm.models.config import as_dtype
-from jaxrl_llm.models.paged import Int8Pages, batch_axes, pool_bytes_per_token
+from jaxrl_llm.models.kv_int8 import Int8Pages, pool_bytes_per_token
+from jaxrl_llm.models.paged import batch_axes
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
 from jaxrl_llm.rollout.pages import SlotPages
 from jaxrl_llm.rollout.programs import DecodePrograms
@@ -70,7 +71,7 @@ class Engine(engine_api.Engine):
     `page_size` tokens per page; `num_pages` in the pool (default: every slot can hold a
     full-length sequence, the memory of a dense cache; fewer trade concurrency for memory);
     `kv_dtype` of the cache (default: the model's compute dtype; int8: quantised per token
-    and head, `models.paged.Int8Pages`).
+    and head, `models.kv_int8.Int8Pages`).
     """
 
     def __init__(

@@ -27,7 +27,8 @@ from flax import nnx
 
 from jaxrl_llm.models import CausalLM, KVCache
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.paged import new_pool, write_kv
+from jaxrl_llm.models.kv_int8 import new_pool
+from jaxrl_llm.models.paged import write_kv
 from jaxrl_llm.rollout.records import DecodeState, Prefix, StepRecords
 from jaxrl_llm.rollout.sampling import SlotSampling, sample_tokens
 

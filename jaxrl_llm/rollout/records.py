@@ -15,7 +15,7 @@ from typing import Any, Generic
 import jax
 
 from jaxrl_llm.models import KVCache
-from jaxrl_llm.models.paged import Int8Pages
+from jaxrl_llm.models.kv_int8 import Int8Pages
 from jaxrl_llm.rollout.sampling import Leaf, SlotSampling
 
 

@@ -150,7 +150,7 @@ def test_sharded_engine_matches_unsharded(tiny_model, tiny_engine):
 def test_a_sharded_int8_pool_decodes_as_the_unsharded_one(tiny_model):
     """An int8 KV pool (values and their per-head scales) splits as the float pool does and
     the sharded engine decodes the unsharded one's tokens."""
-    from jaxrl_llm.models.paged import Int8Pages
+    from jaxrl_llm.models.kv_int8 import Int8Pages
     from jaxrl_llm.rollout import Engine
 
     mesh = build_mesh(data=1, fsdp=2, tensor=4)

@@ -148,19 +148,19 @@ def _check(pages: SlotPages):
 @pytest.mark.slow  # 3 engines' compiles
 def test_int8_kv_decoding_is_the_float_engines_on_rounded_keys_and_values(tiny_model, monkeypatch):
     """`kv_dtype="int8"`: the engine decodes as a float engine whose pool holds each written
-    key and value already rounded the same way (`paged.quantize_kv`, the reference written
+    key and value already rounded the same way (`kv_int8.quantize_kv`, the reference written
     here by wrapping the float pool's writes): the same greedy tokens, and raw logprobs as
     close to that reference as a float32 engine is to its float64 forward, through prefix
     sharing (n = 2), page reuse and the dequantising walks. The pool holds 1 byte per value
     plus a float32 scale per head."""
-    from jaxrl_llm.models import layers, paged
+    from jaxrl_llm.models import kv_int8, layers, paged
     from jaxrl_llm.rollout import programs
 
     floats = _generate(_engine(tiny_model))
     int8_engine = _engine(tiny_model, kv_dtype="int8")
     quantised = _generate(int8_engine)
     layer = int8_engine.init_decode_state().kv_pages[0]
-    assert isinstance(layer, paged.Int8Pages) and layer.values.dtype == np.int8
+    assert isinstance(layer, kv_int8.Int8Pages) and layer.values.dtype == np.int8
     cfg = tiny_model.config
     assert int8_engine.kv_bytes_per_token() == cfg.num_layers * 2 * cfg.num_kv_heads * (
         cfg.head_dim + 4
@@ -169,7 +169,7 @@ def test_int8_kv_decoding_is_the_float_engines_on_rounded_keys_and_values(tiny_m
     write = paged.write_kv
 
     def rounded(pool, k, v, slots):  # a float pool given the values an int8 pool stores
-        deq = lambda x: (lambda q, s: q.astype(np.float32) * s[..., None])(*paged.quantize_kv(x))
+        deq = lambda x: (lambda q, s: q.astype(np.float32) * s[..., None])(*kv_int8.quantize_kv(x))
         return write(pool, deq(k), deq(v), slots)
 
     for module in (paged, layers, programs):

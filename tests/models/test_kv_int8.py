@@ -1,4 +1,4 @@
-"""The int8 KV pool (`models.paged.Int8Pages`): each token's heads quantised by its own
+"""The int8 KV pool (`models.kv_int8.Int8Pages`): each token's heads quantised by its own
 scale on write, and attention over the pool equal to attention over the float pool that
 holds the dequantised values (as accurate, `testing.assert_as_accurate`), by every walk."""
 
@@ -6,16 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm.models.paged import (
-    Int8Pages,
-    decode,
-    decode_attention,
-    gathered_attention,
-    new_pool,
-    quantize_kv,
-    take_pages,
-    write_kv,
-)
+from jaxrl_llm.models.kv_int8 import Int8Pages, new_pool, quantize_kv, take_pages
+from jaxrl_llm.models.paged import decode, decode_attention, gathered_attention, write_kv
 from jaxrl_llm.testing import assert_as_accurate
 from tests.models.test_paged import _dense_reference, _float64, _pool
 
