@@ -115,6 +115,7 @@ class RolloutConfig:
 @dataclasses.dataclass(frozen=True)
 @checked_fields(
     dtype=("auto", "float32", "bfloat16", "float16"),
+    kv_cache_dtype=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
     max_num_seqs=Ge(1),
     gpu_memory_utilization=Interval(gt=0, le=1),
     cpu_kv_cache_gib=Interval(gt=0, le=1024),
@@ -127,6 +128,13 @@ class VllmConfig:
         "auto",
         "vLLM's weights and activations: 'auto' is float32 on CPU (as the trainer, so greedy "
         "tokens match the JAX engine) and bfloat16 on an accelerator.",
+    )
+    kv_cache_dtype: str = documented(
+        "auto",
+        "vLLM's KV cache: 'auto' (its weights' dtype) or an fp8 form ('fp8' = 'fp8_e4m3', "
+        "'fp8_e5m2'; vLLM's own `kv_cache_dtype`, on CPU too): half of bfloat16's bytes, a "
+        "quarter of float32's, with the rounding showing in rollout/logprob_diff/*. The JAX "
+        "engine's is RolloutConfig.kv_cache_dtype.",
     )
     max_num_seqs: int = documented(64, "Sequences vLLM decodes at once (its batch).")
     prefix_caching: bool = documented(

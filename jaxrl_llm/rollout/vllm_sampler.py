@@ -113,8 +113,8 @@ class VllmSampler:
         if ctx.cfg.kv_cache_dtype != "auto":
             raise ConfigError(
                 f"rollout.kv_cache_dtype = {ctx.cfg.kv_cache_dtype!r} sets our JAX engine's KV "
-                "cache; vLLM keeps its own (its `kv_cache_dtype` option): use "
-                "rollout.kv_cache_dtype = 'auto' with rollout.backend = 'vllm'"
+                "cache; vLLM keeps its own: use rollout.kv_cache_dtype = 'auto' with "
+                "rollout.backend = 'vllm', and VllmConfig.kv_cache_dtype (e.g. 'fp8')"
             )
         vllm = import_vllm()
         from vllm.platforms import current_platform
@@ -152,6 +152,7 @@ class VllmSampler:
             max_model_len=self.max_model_len,
             max_num_seqs=v.max_num_seqs,
             enable_prefix_caching=v.prefix_caching,
+            kv_cache_dtype=v.kv_cache_dtype,
             gpu_memory_utilization=v.gpu_memory_utilization,
             tensor_parallel_size=v.tensor_parallel_size,
             enforce_eager=v.enforce_eager,
