@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.models.presets import PRESETS as SHAPES
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.rules import SAMPLE_RULES, Rules, logical_to_spec
@@ -34,7 +35,7 @@ def model_config(checkpoint: str, **numerics: Any):
         key = re.sub(r"-(instruct|base|hf)$", "", Path(checkpoint).name.lower())
         key = key.replace("meta-llama-3", "llama3").replace("llama-3", "llama3")
     if key not in SHAPES:
-        raise ValueError(
+        raise ConfigError(
             f"checkpoint {checkpoint!r} has no config.json here and is not a known shape; "
             f"pass --model with one of {sorted(SHAPES)}"
         )

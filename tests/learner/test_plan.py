@@ -191,3 +191,23 @@ def test_cli_plans_devices_set_apart_for_the_sampler(capsys):
     assert out["bytes_per_device"]["kv_cache"] == 0
     assert cli.main(["plan", "--devices=4", "--gin_param=MeshConfig.rollout_devices=4"]) == 2
     assert "leaves none of the 4 devices" in capsys.readouterr().err
+
+
+def test_cli_an_unknown_checkpoint_is_one_clean_error(capsys):
+    argv = ["plan", "--devices=8", "--gin_param=PolicyConfig.checkpoint='/nowhere/model'"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "has no config.json here" in err and "--model" in err and "Traceback" not in err
+
+
+def test_cli_an_int8_kv_cache_holds_about_a_quarter(capsys):
+    """`RolloutConfig.kv_cache_dtype = "int8"` plans the pool at (H + 4) / 4H of float32's
+    bytes (the int8 values and a float32 scale per head)."""
+    pools = {}
+    for kv in ("auto", "int8"):
+        argv = ["plan", "--devices=1", "--json", f"--gin_param=RolloutConfig.kv_cache_dtype='{kv}'"]
+        assert cli.main(argv) in (0, 1)
+        pools[kv] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    kv_bytes = {k: p["bytes_per_device"]["kv_cache"] for k, p in pools.items()}
+    H = 32  # the built-in model's head_dim
+    assert kv_bytes["int8"] * 4 * H == kv_bytes["auto"] * (H + 4)
