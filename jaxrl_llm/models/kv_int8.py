@@ -17,6 +17,8 @@ from typing import Any, Generic, TypeVar
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.models.config import as_dtype
+
 Array = jax.Array
 Leaf = TypeVar("Leaf")
 
@@ -39,6 +41,13 @@ class Int8Pages(Generic[Leaf]):
 
 Pool = Array | Int8Pages[Array]
 KV_INT8_MAX = 127.0
+
+
+def pool_dtype(dtype: Any) -> Any:
+    """A pool's dtype from a name or dtype: int8 for "int8", else a float (`as_dtype`)."""
+    if (dtype == "int8") if isinstance(dtype, str) else jnp.dtype(dtype) == jnp.int8:
+        return jnp.dtype(jnp.int8)
+    return as_dtype(dtype)
 
 
 def new_pool(shape: tuple[int, int, int, int], dtype: Any) -> Pool:

@@ -42,8 +42,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.models import CausalLM, KVCache
-from jaxrl_llm.models.config import as_dtype
-from jaxrl_llm.models.kv_int8 import Int8Pages, pool_bytes_per_token
+from jaxrl_llm.models.kv_int8 import Int8Pages, pool_bytes_per_token, pool_dtype
 from jaxrl_llm.models.paged import batch_axes
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
 from jaxrl_llm.rollout.pages import SlotPages
@@ -114,7 +113,7 @@ class Engine(engine_api.Engine):
         shards = math.prod(self._mesh.shape[n] for n in self.batch_axes)
         pages = int(num_pages or self.batch * self.pages_per_seq)
         self.num_pages = -(-pages // shards) * shards
-        self.kv_dtype = _kv_dtype(kv_dtype or self.config.dtype)
+        self.kv_dtype = pool_dtype(kv_dtype or self.config.dtype)
         self.pages = SlotPages(
             self.batch, self.num_pages, self.page_size, self.pages_per_seq, shards=shards
         )
@@ -404,13 +403,6 @@ class Engine(engine_api.Engine):
     def prefill_bucket(self, length: int) -> int:
         """Padded prompt width for `length` tokens: a power of two >= 16, capped."""
         return _bucket(length, self._max_prefill + 1, cap=self._max_prefill)
-
-
-def _kv_dtype(dtype: Any) -> np.dtype:
-    """The pool's dtype: "int8" (or the dtype) for an int8 pool, else a float (`as_dtype`)."""
-    if (dtype == "int8") if isinstance(dtype, str) else np.dtype(dtype) == np.int8:
-        return np.dtype(np.int8)
-    return as_dtype(dtype)
 
 
 def _bucket(n: int, limit: int, cap: int | None = None) -> int:
