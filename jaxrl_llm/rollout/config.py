@@ -19,6 +19,7 @@ from jaxrl_llm.config_checks import Ge, Interval, checked_fields, documented
     top_k=Ge(0),
     top_p=Interval(gt=0, le=1),
     max_tool_calls=Ge(0),
+    tool_workers=Ge(1),
     max_turn_tokens=Ge(1),
     max_slots=Ge(1),
     steps_per_call=Ge(1),
@@ -56,6 +57,12 @@ class RolloutConfig:
     )
     max_tool_calls: int = documented(
         2, "Tool turns allowed per sample (Search-R1's max turns; an episode's turn limit)."
+    )
+    tool_workers: int = documented(
+        4,
+        "Tool calls run at once, each on its own thread while the other samples decode; "
+        "more wait their turn. A local sandbox is bound by the host's cores, a remote one "
+        "(an HTTP sandbox, a search API) by how many calls the service takes at once.",
     )
     max_turn_tokens: int | None = documented(
         None,

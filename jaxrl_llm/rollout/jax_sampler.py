@@ -65,7 +65,7 @@ class JaxSampler:
         )
         self.driver = RolloutDriver(
             self.engine, ctx.tokenizer, steps_per_call=r.steps_per_call,
-            max_tool_turns=r.max_tool_calls,
+            max_tool_turns=r.max_tool_calls, tool_workers=r.tool_workers,
         )  # fmt: skip
         # Rollout weights may be narrower (e.g. bfloat16: half the bytes read per decoded
         # token); the trainer's master weights are untouched, and the gap shows in

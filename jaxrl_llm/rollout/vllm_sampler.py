@@ -134,6 +134,7 @@ class VllmSampler:
         self.max_model_len = ctx.max_prompt_length + r.max_new_tokens + 1
         self.max_prompt_length = ctx.max_prompt_length
         self.max_tool_turns = r.max_tool_calls
+        self.tool_workers = r.tool_workers
         self.tokenizer = ctx.tokenizer
         self.dtype = dtype
         # The JAX engine's stop tokens (config, generation config and the chat template's
@@ -196,7 +197,7 @@ class VllmSampler:
         call = _Call(sampling, tool, len(ids) * n, on_finish=on_finish, progress=progress,
                      refresh=refresh, version=self.policy_version or 0)  # fmt: skip
         engine = self.llm.llm_engine
-        call.pool = cf.ThreadPoolExecutor(4) if tool is not None else None
+        call.pool = cf.ThreadPoolExecutor(self.tool_workers) if tool is not None else None
         tracked = lambda: [] if refresh is not None else None
         try:
             for p, j in itertools.product(range(len(ids)), range(n)):

@@ -271,3 +271,25 @@ def test_stop_search_decodes_only_new_text():
     assert out.finish_reason == "stop" and out.text.endswith("a" * 10 + "STOP")
     stop_decodes = sum(decoded) - len(out.token_ids)  # the final text decode excluded
     assert stop_decodes < 12 * len(out.token_ids)  # whole-turn decoding: ~ len^2 / 16
+
+
+@pytest.mark.parametrize("workers", [3, 4])
+def test_tool_calls_run_on_tool_workers_threads_at_once(builtin, workers):
+    """`tool_workers` calls are in flight together (`RolloutConfig.tool_workers`): four
+    samples' calls each wait at a barrier of four, which only passes when four run at once;
+    with three workers the fourth call queues and the barrier breaks (each sample then ends
+    with that error)."""
+    import threading
+
+    _, _, engine = builtin
+    barrier = threading.Barrier(4, timeout=3 if workers < 4 else 30)
+
+    def tool(text):
+        barrier.wait()
+        return None  # no observation: the sample ends here
+
+    sp = SamplingParams(temperature=1.0, max_new_tokens=40, stop=(".",), n=4, seed=5)
+    out = RolloutDriver(engine, tool_workers=workers).generate(["Hi"], sp, tool=tool)
+    assert all(c.finish_reason == "stop" for c in out)
+    broken = [c.error for c in out if c.error]
+    assert (not broken) if workers == 4 else broken, broken

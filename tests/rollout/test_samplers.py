@@ -85,3 +85,17 @@ def test_a_plugin_backend_runs_the_loop(tmp_path):
     assert CountingSampler.calls["generate"] >= 3
     assert CountingSampler.calls["close"] == 1  # closed when train ends
     assert records[2]["rollout/counting/generates"] >= 2  # the backend's own metrics
+
+
+def test_the_jax_sampler_takes_the_rollout_configs_engine_settings():
+    """`RolloutConfig.tool_workers` and `kv_cache_dtype` reach the JAX engine's driver and
+    pool (the vLLM sampler sizes its tool threads from the same field and refuses the
+    KV setting, tests/rollout/test_int8_sampler.py)."""
+    from jaxrl_llm.models import ModelConfig, init_model
+    from jaxrl_llm.models.kv_int8 import Int8Pages
+
+    policy = init_model(ModelConfig(), seed=0)
+    cfg = RolloutConfig(max_new_tokens=8, max_slots=2, tool_workers=7, kv_cache_dtype="int8")
+    sampler = JaxSampler(SamplerContext(cfg, policy, None, None, None, 8))
+    assert sampler.driver.tool_workers == 7
+    assert isinstance(sampler.engine.init_decode_state().kv_pages[0], Int8Pages)
