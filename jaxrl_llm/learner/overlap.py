@@ -17,9 +17,18 @@ are alive beside the trainer's. Each copy is bound to its version when it is pub
 the one the step is sampled with, so a copy handed to the wrong step, or an update that
 never reached the sampler, stops the run rather than passing for staleness.
 
+Several processes: each host's producer samples its share of each batch on its own devices,
+as the synchronous loop does, but a cross-host device collective entered from two threads
+deadlocks (`sharding/hosts.py`, "Threads"). So the weights are staged by `publish`, on the
+trainer's thread (`RolloutStage.stage_weights`: the sampler's cast and gather into one full
+copy per host), and the producer's push and its gathers of the hosts' samples run none (its
+exchanges go through the coordination service by tag).
+
 Locks: `rollout_lock` is held by a batch's whole sampling and by a validation (the two share
-the sampler and its weights); `_cond` guards the books (copies, finished batches, the data
-iterator's state before each batch) and is never held while sampling.
+the sampler and its weights; a validation after step s's update comes between the batches
+of steps s + k and s + k + 1 on every host: `paused`); `_cond` guards the books (copies,
+finished batches, the data iterator's state before each batch) and is never held while
+sampling.
 
 Checkpoints (`checkpoint`): steps s + 1 ... s + k sample with weights older than a
 checkpoint at step s holds, so the checkpoint waits until the producer has finished them and
@@ -46,9 +55,10 @@ every prompt once but is not the uninterrupted run's twin.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -74,6 +84,7 @@ class RolloutProducer:
     def __init__(
         self, collect: Collect, prompts: Any, *, first: int, last: int, k: int,
         ready: Mapping[int, Batch] | None = None, partial: bool = False,
+        stage: Callable[[PolicyWeights], PolicyWeights] | None = None,
     ):  # fmt: skip
         if k < 1:
             raise ValueError(f"RolloutProducer needs max_staleness >= 1, got {k}")
@@ -84,6 +95,7 @@ class RolloutProducer:
             )
         self._collect, self._prompts = collect, prompts
         self._first, self._last, self._k, self._partial = first, last, k, partial
+        self._stage = stage
         self._sample_from = first + len(ready)
         self.rollout_lock = threading.Lock()
         self._cond = threading.Condition()
@@ -108,10 +120,14 @@ class RolloutProducer:
     def publish(self, updates: int, trained: Any, frozen: Any) -> None:
         """The trainer's weights after `updates` updates: its trained params, copied here
         (the next update donates them), and with LoRA the frozen base, shared (never
-        donated or changed); ignored when no step to come samples with them."""
+        donated or changed); ignored when no step to come samples with them. With `stage`
+        (several processes) the copy is staged here, on the trainer's thread: the sampler's
+        push from the producer's thread then runs no cross-host collective."""
         if not self.needs(updates):
             return
         copy = PolicyWeights(lora_lib.full_params(_copy(trained), frozen), updates + 1)
+        if self._stage is not None:
+            copy = self._stage(copy)
         with self._cond:
             self._weights[updates] = copy
             self._cond.notify_all()
@@ -133,17 +149,36 @@ class RolloutProducer:
         metrics["timing/rollout_wait"] = time.perf_counter() - t0
         return samples, metrics
 
+    @contextlib.contextmanager
+    def paused(self, step: int) -> Iterator[None]:
+        """The sampler to the caller (a validation with the weights after step `step`'s
+        update, which the trainer publishes only after it) between the batches of steps
+        step + k and step + k + 1: waits for the first to be sampled; the second needs those
+        weights, so cannot begin. The same point on every host: left to the lock's timing,
+        one host's validation (cross-host collectives) could run while another's producer
+        holds the lock for a batch whose hosts' samples are exchanged with the first host's
+        producer, blocked on that host's validation: a deadlock."""
+        self._wait_sampled(range(step + 1, min(step + self._k, self._last) + 1))
+        with self.rollout_lock:
+            yield
+
+    def _wait_sampled(self, steps: range) -> None:
+        """Until the batches of `steps` are sampled (not yet taken), or raise the producer's
+        error."""
+        with self._cond:
+            while not all(t in self._done for t in steps) and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+
     def checkpoint(self, step: int) -> tuple[Any, dict[int, Batch]]:
         """What a checkpoint after step `step`'s update records besides the weights: the
         batches of the steps that sample with older weights than these (step + 1 ... step
         + k), waited for (their weights are all published), and the data iterator's state
         once their prompts are drawn and no later step's."""
         ahead = range(step + 1, min(step + self._k, self._last) + 1)
-        with self._cond:
-            while not all(t in self._done for t in ahead) and self._error is None:
-                self._cond.wait()
-            if self._error is not None:
-                raise self._error
+        self._wait_sampled(ahead)
+        with self._cond:  # the producer cannot take a batch back: they are all still here
             after = ahead.stop
             if after in self._data_state:
                 data = self._data_state[after]

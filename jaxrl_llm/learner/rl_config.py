@@ -215,7 +215,8 @@ class RLConfig:
         "Policy versions a sample lags behind the update that trains on it. 0: rollout, then "
         "update, in turn. k >= 1: the next k steps' batches are sampled while the current one "
         "trains, step s always with the weights after s - 1 - k updates (deterministic; none "
-        "dropped); pair with `AlgoConfig.is_cap` to correct the lag (learner/overlap.py).",
+        "dropped); pair with `AlgoConfig.is_cap` to correct the lag (learner/overlap.py). "
+        "Several processes: each host samples its share (the JAX backend; vLLM is refused).",
     )
     partial_rollouts: bool = documented(
         False,

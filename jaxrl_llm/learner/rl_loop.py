@@ -21,6 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.config import write_resolved_config
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.pipeline import PromptIterator
 from jaxrl_llm.learner import ahead as ahead_lib
 from jaxrl_llm.learner.experience import (
@@ -75,7 +76,7 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
     records: list[dict] = []
     try:
         if state.step == 0 and cfg.eval_every:
-            m = _validate(run, producer)
+            m = _validate(run)  # the producer starts after it
             writer.write(0, m)
             records.append({"step": 0, **m})
             _refresh_dashboard(run_dir)
@@ -83,12 +84,15 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
             producer.start(state.policy.params, run.learner.frozen)
         while state.step < cfg.steps:
             step = state.step + 1
-            metrics = train_step(run, step, producer)
+            evaluate = bool(cfg.eval_every) and (step % cfg.eval_every == 0 or step == cfg.steps)
+            metrics = train_step(run, step, producer, publish=not evaluate)
             state.step = step
-            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+            if evaluate:
                 t0 = time.perf_counter()
-                metrics.update(_validate(run, producer))
+                metrics.update(_validate(run, producer, step))
                 metrics["timing/validate"] = time.perf_counter() - t0
+                if producer is not None:  # held back until validation has the sampler
+                    producer.publish(step, state.policy.params, run.learner.frozen)
             writer.write(step, metrics)
             records.append({"step": step, **metrics})
             log.info(summary_line(step, metrics))
@@ -116,8 +120,18 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
 def _producer(run: Run) -> RolloutProducer | None:
     """The overlapped rollout of `RLConfig.max_staleness` >= 1, not yet started."""
     cfg = run.cfg
-    if not cfg.max_staleness:  # (one process only: `run._check_one_process`)
+    if not cfg.max_staleness:
         return None
+    stage = None  # several processes: weights staged on this thread (overlap.py)
+    if jax.process_count() > 1:
+        if not run.rollout.stages_weights:
+            raise ConfigError(
+                f"RLConfig.max_staleness = {cfg.max_staleness} on {jax.process_count()} "
+                f"processes needs a sampler that stages its weight push (stage_weights, "
+                f"rollout/sampler.py); rollout.backend = {cfg.rollout.backend!r} has none: use "
+                "the 'jax' backend or max_staleness = 0"
+            )  # fmt: skip
+        stage = run.rollout.stage_weights
     collect = lambda step, params, version, refresh: _collect(
         cfg, step, run.prompts, run.rollout, run.reward, params, version, refresh
     )
@@ -125,7 +139,7 @@ def _producer(run: Run) -> RolloutProducer | None:
     ready, run.ahead = run.ahead, {}  # the saved batches are the producer's to hand out
     return RolloutProducer(
         collect, run.prompts, first=first, last=cfg.steps, k=cfg.max_staleness, ready=ready,
-        partial=cfg.partial_rollouts,
+        partial=cfg.partial_rollouts, stage=stage,
     )  # fmt: skip
 
 
@@ -139,11 +153,14 @@ def close_run(run: Run, writer: MetricsWriter | None = None) -> None:
             stack.callback(close)
 
 
-def train_step(run: Run, step: int, producer: RolloutProducer | None = None) -> dict[str, float]:
+def train_step(
+    run: Run, step: int, producer: RolloutProducer | None = None, *, publish: bool = True
+) -> dict[str, float]:
     """One RL step as data flow; returns its metrics (`timing/*` per phase). Device metrics
     stay on the device until the step's one transfer at the end (`_fetch`). With a
     `producer` the batch was sampled ahead (`timing/rollout_wait`: the time waited for it)
-    and the updated weights go to it."""
+    and the updated weights go to it (`publish`; False: the caller publishes them after a
+    validation, `_validate`)."""
     cfg, learner = run.cfg, run.learner
     t0 = time.perf_counter()
     if producer is None and step in run.ahead:  # saved by an overlapped run's checkpoint
@@ -171,7 +188,7 @@ def train_step(run: Run, step: int, producer: RolloutProducer | None = None) -> 
     t2 = time.perf_counter()
     policy, critic, updates, metrics["perf/padding_frac"] = _update(cfg, learner, step, exp)
     learner.state.policy, learner.state.critic = policy, critic
-    if producer is not None:  # before the fetch below waits for the update to end
+    if producer is not None and publish:  # before the fetch below waits for the update
         producer.publish(step, policy.params, learner.frozen)
     # The step's one transfer; the update's metrics come out of its last program, so the
     # transfer also ends the update's timer (no separate wait on the params).
@@ -185,12 +202,13 @@ def train_step(run: Run, step: int, producer: RolloutProducer | None = None) -> 
     return metrics
 
 
-def _validate(run: Run, producer: RolloutProducer | None) -> dict[str, float]:
-    """Greedy validation with the weights after this step; with a producer, between two of
-    its batches (they share the sampler)."""
+def _validate(run: Run, producer: RolloutProducer | None = None, step: int = 0) -> dict[str, float]:
+    """Greedy validation with the weights after step `step`; with a producer, between its
+    batches of steps step + k and step + k + 1 (they share the sampler:
+    `RolloutProducer.paused`)."""
     if run.data.val is None:
         return {}
-    with producer.rollout_lock if producer is not None else contextlib.nullcontext():
+    with producer.paused(step) if producer is not None else contextlib.nullcontext():
         run.rollout.sync_weights(run.learner.policy_params())
         try:
             reward = run.val_reward or run.reward  # `RLConfig.val_reward`, when set
@@ -250,7 +268,7 @@ def _collect(
             break
     metrics["dynamic_sampling/tries"] = tries
     metrics.update(rollout.reward_metrics())  # reward/errors, reward/timeouts of all tries
-    metrics.update(rollout.tool_metrics())  # the tool's own counters (tools/*), all tries
+    metrics.update(rollout.tool_metrics(step))  # the tool's own counters (tools/*), all tries
     rollout.release_weights()  # the update may use the memory of a cast / gathered copy
     metrics.update(rollout.sampler.metrics())
     metrics["dynamic_sampling/dropped_groups"] = dropped

@@ -151,15 +151,14 @@ def build_learner(cfg: RLConfig) -> Learner:
 
 
 def _check_one_process(cfg: RLConfig) -> None:
-    """Settings that run on one process only so far, refused before anything loads: the
-    overlapped producer and a sampler apart would move weights across hosts from their own
-    thread or devices, interleaving with the trainer's collectives differently per host."""
-    n = jax.process_count()
-    for name, value in (("RLConfig.max_staleness", cfg.max_staleness),
-                        ("MeshConfig.rollout_devices", cfg.mesh.rollout_devices)):  # fmt: skip
-        if value and n > 1:
-            raise ConfigError(f"{name} = {value} runs on one process only so far (this run "
-                              f"has {n}); use 0 for multi-host runs")  # fmt: skip
+    """A setting that runs on one process only so far, refused before anything loads: a
+    sampler on devices apart from the trainer's would take its weights across hosts by a
+    transfer outside the trainer's collectives (each host samples on its own devices
+    instead: `sharding.hosts`)."""
+    n, value = jax.process_count(), cfg.mesh.rollout_devices
+    if value and n > 1:
+        raise ConfigError(f"MeshConfig.rollout_devices = {value} runs on one process only so "
+                          f"far (this run has {n}); use 0 for multi-host runs")  # fmt: skip
 
 
 def _meshes(m: MeshConfig) -> tuple[Mesh, Mesh | None]:

@@ -24,6 +24,7 @@ from jaxrl_llm.rollout.sampler import (
     Progress,
     Refresh,
     SamplerContext,
+    StagedWeights,
     ToolCallback,
     WeightPush,
     check_version,
@@ -76,16 +77,28 @@ class JaxSampler:
         )
         self.params: Any = None
 
+    def stage_weights(self, params: Any, version: int | None = None) -> StagedWeights:
+        """The part of `push_weights` that runs device collectives across hosts (the cast
+        and gather of `hosts.WeightSync.stage`), done now on the calling thread, into new
+        buffers; pushing the result runs none, so another thread may push it while this one
+        goes on with the trainer's collectives (a multi-host overlapped run)."""
+        return self._sync.stage(params, version)
+
     def push_weights(self, params: Any, version: int | None = None) -> WeightPush:
         t0 = time.perf_counter()
+        staged = params if isinstance(params, StagedWeights) else None
+        if staged is not None and staged.version != version:  # refused: nothing changes
+            raise ValueError(f"weights staged as version {staged.version} pushed as {version}")
         self.policy_version = None  # until the push below has delivered
+        if staged is None:
+            staged = self._sync.stage(params, version)
         # The wait is the contract's ("returns when they are in place") and the timer's:
         # without it `seconds` would time the dispatch of the re-layout/cast only. It moved
         # here from `rl_loop._collect` (the same barrier, there since before the seam); no
         # race depends on it, the engine's programs take the arrays as inputs either way.
-        self.params, delivered = jax.block_until_ready(self._sync(params, version))
+        self.params, delivered = jax.block_until_ready(self._sync.finish(staged))
         self.policy_version = _version_of(delivered)
-        return WeightPush(self._sync.last_bytes, time.perf_counter() - t0)
+        return WeightPush(staged.bytes, time.perf_counter() - t0)
 
     def generate(
         self,
@@ -144,8 +157,9 @@ class _AdapterSync:
     (`models.lora`), one sync for the adapters on every call and one for the frozen base,
     run again only when the base's arrays change (never, in an RL run): a step moves adapter
     bytes only. The version is an int32 Variable merged into the tree synced on every call
-    (the adapters, or the whole State), so it arrives by the same transfer or not at all;
-    `__call__` returns (the params for the engine, the version as delivered)."""
+    (the adapters, or the whole State), so it arrives by the same transfer or not at all.
+    A sync is `stage` (every cross-host collective) then `finish` (none), which returns
+    (the params for the engine, the version as delivered)."""
 
     def __init__(self, state, mesh, shardings, cast):
         from flax import nnx
@@ -153,7 +167,6 @@ class _AdapterSync:
 
         from jaxrl_llm.models.lora import has_adapters, split_adapters
 
-        self.last_bytes = 0
         self._lora = has_adapters(state)
         # The version starts replicated where the params are (the training mesh; without
         # one, the sampler's), so a sync that is a pointer stays one.
@@ -181,24 +194,35 @@ class _AdapterSync:
         # Every process holds the same value (multi-host: one global array).
         return hosts.global_array(np.asarray(value, np.int32), self._source)
 
-    def __call__(self, params, version: int | None):
+    def stage(self, params, version: int | None) -> StagedWeights:
+        """The sync's cross-host part (`hosts.WeightSync.stage`): on the trainer's thread
+        when another thread samples (`JaxSampler.stage_weights`)."""
         from jaxrl_llm.models.lora import state_bytes
 
         tag = _tagged(self._version(version))
         if not self._lora:
-            self.last_bytes = state_bytes(params)
-            return _split_version(self._all(_merge(params, tag)))
+            staged = self._all.stage(_merge(params, tag))
+            return StagedWeights((staged,), version, state_bytes(params))
         adapters, base = self._split(params)
         leaves = jax.tree.leaves(base)
-        self.last_bytes = state_bytes(adapters)
+        moved = state_bytes(adapters)
         if self._base_src is None or any(
             a is not b for a, b in zip(leaves, self._base_src, strict=True)
         ):
             self._base_synced, self._base_src = self._base(base), leaves
-            self.last_bytes += state_bytes(base)
+            moved += state_bytes(base)
         assert self._base_synced is not None  # synced above on the first call
-        synced, delivered = _split_version(self._adapters(_merge(adapters, tag)))
-        return _merge(synced, self._base_synced), delivered
+        staged = self._adapters.stage(_merge(adapters, tag))
+        return StagedWeights((staged, self._base_synced), version, moved)
+
+    def finish(self, staged: StagedWeights) -> tuple[Any, jax.Array]:
+        """(the params for the engine, the version as delivered) of a staged sync; runs no
+        cross-host program."""
+        if not self._lora:
+            return _split_version(self._all.local(staged.arrays[0]))
+        adapters, base = staged.arrays
+        synced, delivered = _split_version(self._adapters.local(adapters))
+        return _merge(synced, base), delivered
 
 
 def _merge(*states):

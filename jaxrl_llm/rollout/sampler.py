@@ -28,6 +28,11 @@ arrived with the weights it holds: on the JAX engine an int32 that moves in the 
 transfer as the params (with LoRA, as the adapters: a lost adapter update leaves the old
 version), on vLLM the version of the last push that completed. `RolloutStage.generate(...,
 version=v)` refuses to sample (`StaleWeightsError`) unless the sampler holds version v.
+
+Optional: `stage_weights(params, version) -> StagedWeights`, the part of a push that runs
+device collectives across hosts, done on the calling thread; `push_weights(staged, version)`
+then runs none. A multi-host overlapped run needs it (`learner/overlap.py`); the JAX engine
+has it, and a backend without it is refused there.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import jax
 import numpy as np
 
 from jaxrl_llm.rollout.config import RolloutConfig
@@ -64,6 +70,26 @@ class PolicyWeights:
 
     params: Any
     version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedWeights:
+    """Weights a backend's optional `stage_weights(params, version)` prepared: the part of
+    a push that runs device collectives across hosts is done, on the thread that called it,
+    into new buffers (so the trainer may donate its params after), and `push_weights(staged,
+    version)` runs none. A multi-host overlapped run needs it: its producer thread pushes
+    while the trainer's thread runs the update's collectives (`sharding/hosts.py`,
+    "Threads"). `arrays`: the backend's own; `bytes`: what the push moves."""
+
+    arrays: tuple[Any, ...]
+    version: int | None
+    bytes: int
+
+
+# A pytree of its arrays, so `jax.block_until_ready` and readiness checks see them.
+jax.tree_util.register_dataclass(
+    StagedWeights, data_fields=["arrays"], meta_fields=["version", "bytes"]
+)
 
 
 # Partial rollouts: newer weights to continue the samples still decoding with, or None.
@@ -116,8 +142,9 @@ class Sampler(Protocol):
 
     def push_weights(self, params: Any, version: int | None = None) -> WeightPush:
         """Make the next `generate` sample with `params` (the policy's whole nnx State, as
-        the trainer holds it); returns when they are in place. `version`: theirs, set as
-        `policy_version` by what the push delivers (the module docstring)."""
+        the trainer holds it, or what this backend's `stage_weights` returned); returns when
+        they are in place. `version`: theirs, set as `policy_version` by what the push
+        delivers (the module docstring)."""
         ...
 
     def generate(

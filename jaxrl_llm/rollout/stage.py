@@ -13,6 +13,7 @@ where too many samples made the reward raise stops the run (`RewardPool.check_er
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
@@ -26,6 +27,8 @@ from jaxrl_llm.rollout.sampler import PolicyWeights, Refresh, WeightPush, check_
 from jaxrl_llm.rollout.scoring import RewardCounts, StreamingScorer
 from jaxrl_llm.sharding import hosts
 from jaxrl_llm.types import Rollout
+
+_STAGES = itertools.count()  # `RolloutStage._exchange`
 
 
 class RolloutStage:
@@ -87,6 +90,9 @@ class RolloutStage:
             self._close_shared()
             raise
         self.last_push = WeightPush(0, 0.0)
+        # Names this stage's tagged host exchanges (`hosts.exchange_objects`): stages are
+        # built in the same order on every process, and tags are never reused.
+        self._exchange = f"stage{next(_STAGES)}"
 
     def _sampling(self, seed: int, *, n: int, temperature: float):
         from jaxrl_llm.rollout import SamplingParams
@@ -115,6 +121,18 @@ class RolloutStage:
         else:
             self.last_push = self.sampler.push_weights(params)
         return self.last_push
+
+    @property
+    def stages_weights(self) -> bool:
+        """Whether the sampler can stage a push (`Sampler.stage_weights`), as a multi-host
+        overlapped run needs."""
+        return callable(getattr(self.sampler, "stage_weights", None))
+
+    def stage_weights(self, weights: PolicyWeights) -> PolicyWeights:
+        """`weights` with the cross-host part of their push done now, on this thread, for
+        `sync_weights` from another thread (`Sampler.stage_weights`; `stages_weights`)."""
+        staged = self.sampler.stage_weights(weights.params, weights.version)  # pyright: ignore[reportAttributeAccessIssue]
+        return PolicyWeights(staged, weights.version)
 
     @property
     def last_sync_bytes(self) -> int:
@@ -192,7 +210,7 @@ class RolloutStage:
             group_size=r.n,
             policy_version=step if version is None else version,
         )
-        rollout, counts = _gather_rows(mine, counts)
+        rollout, counts = _gather_rows(mine, counts, f"{self._exchange}/rollout/{step}/{attempt}")
         self._reward_counts = self._reward_counts + counts
         counts.check(reward)
         return rollout
@@ -247,10 +265,12 @@ class RolloutStage:
             m.update({f"reward/{name}/{k}": v for k, v in part.counts.items()})
         return m
 
-    def tool_metrics(self) -> dict[str, float]:
+    def tool_metrics(self, step: int | None = None) -> dict[str, float]:
         """The tool's own counters since the last call (`metrics()`, e.g. a `ToolBox`'s
         `tools/<name>/{calls,errors,timeouts,latency_s}`), summed over hosts; a latency is
-        the mean over all hosts' calls. Every process calls it at the same point."""
+        the mean over all hosts' calls. Every process calls it at the same point: with a
+        `step`, the one step that call covers (any thread: a tagged exchange); without,
+        on the trainer's thread (validation)."""
         from jaxrl_llm.agents.episodes import summarise
         from jaxrl_llm.agents.functions import sum_metrics
 
@@ -258,7 +278,8 @@ class RolloutStage:
         own = cast(Mapping[str, float], read()) if callable(read) else {}
         mine = [dict(own), *self._episode_metrics]
         self._episode_metrics = []
-        return summarise(sum_metrics(hosts.allgather_objects(sum_metrics(mine))))
+        tag = None if step is None else f"{self._exchange}/tools/{step}"
+        return summarise(sum_metrics(hosts.allgather_objects(sum_metrics(mine), tag)))
 
     def env_metrics(self, rollout: Rollout) -> dict[str, float]:
         comps = rollout.completions
@@ -323,10 +344,10 @@ def _global_rows(local_rows: int) -> list[int]:
     return [p + n * r for r in range(local_rows)]
 
 
-def _gather_rows(mine: Rollout, counts: RewardCounts) -> tuple[Rollout, RewardCounts]:
+def _gather_rows(mine: Rollout, counts: RewardCounts, tag: str) -> tuple[Rollout, RewardCounts]:
     """Every host's share of a step's rollout, interleaved back into global-batch order, and
-    the reward failures of all hosts summed."""
-    everyone = hosts.allgather_objects((mine, counts))
+    the reward failures of all hosts summed (a tagged exchange: from any thread)."""
+    everyone = hosts.allgather_objects((mine, counts), tag)
     parts = [p[0] for p in everyone]
     total = sum((p[1] for p in everyone), RewardCounts())
     if len(parts) == 1:

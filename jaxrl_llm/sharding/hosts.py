@@ -13,7 +13,17 @@ engine over its own devices without waiting on the others. The pieces:
   collective (cast + all-gather into a "host-replicated" global layout), then each host
   wraps the shards it already holds as local arrays: no further copy.
 - `allgather_objects`: small host-side results (completions, scores) from every host, so
-  each host continues with the same global batch and takes the same decisions.
+  each host continues with the same global batch and takes the same decisions. Untagged it
+  is a device collective, so every process must call it in the same order from one thread;
+  tagged, it goes through the coordination service (`jax.distributed`'s key-value store)
+  and may be called from any thread: the overlapped producer's gathers
+  (`learner/overlap.py`) run beside the trainer's collectives that way.
+
+Threads: a cross-host device collective must be entered by every process in the same order,
+so two threads that each dispatch them interleave differently per host and deadlock (host A
+runs the update's all-reduce, host B the gather, each waiting for the other). An overlapped
+multi-host run therefore keeps every cross-host collective on the trainer's thread (the
+weight gather: `WeightSync.stage`) and its producer thread exchanges host data by tag only.
 - `global_array` / `put_batch` / `to_host`: numpy that every host holds -> a global array
   in a given sharding; a global array -> full numpy on every host.
 
@@ -23,6 +33,7 @@ With one process every function reduces to the single-host behaviour (no collect
 from __future__ import annotations
 
 import pickle
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -126,13 +137,23 @@ class WeightSync:
             self._move = jax.jit(cast if cast is not None else (lambda p: p), out_shardings=out)
 
     def __call__(self, params: Any) -> Any:
+        return self.local(self.stage(params))
+
+    def stage(self, params: Any) -> Any:
+        """The part of the sync that may run device collectives across hosts (several
+        processes: the jitted cast and gather into the host-replicated layout, always new
+        buffers); `local` finishes it with none. One process: the whole sync."""
         if self._apart:
             return jax.device_put(self._move(params), self._out)
+        if not self._multi and self._cast is None and already_placed(params, self._local):
+            return params
+        return self._move(params)
+
+    def local(self, glob: Any) -> Any:
+        """`stage`'s result as arrays of this host's sampling mesh (several processes: the
+        shards this host already holds, wrapped; no program runs)."""
         if not self._multi:
-            if self._cast is None and already_placed(params, self._local):
-                return params
-            return self._move(params)
-        glob = self._move(params)
+            return glob
         leaves, treedef = jax.tree.flatten(glob)
         local = [
             jax.make_array_from_single_device_arrays(
@@ -143,11 +164,15 @@ class WeightSync:
         return jax.tree.unflatten(treedef, local)
 
 
-def allgather_objects(obj: Any) -> list[Any]:
+def allgather_objects(obj: Any, tag: str | None = None) -> list[Any]:
     """[obj of process 0, obj of process 1, ...] on every process (pickled host data; keep
-    it to what a step produces: token ids, logprobs, scores). One process: `[obj]`."""
+    it to what a step produces: token ids, logprobs, scores). One process: `[obj]`.
+    `tag`: through the coordination service, from any thread (`exchange_objects`); None: a
+    device collective, entered by every process in the same order (the module docstring)."""
     if jax.process_count() == 1:
         return [obj]
+    if tag is not None:
+        return exchange_objects(obj, tag)
     payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.asarray([payload.size], np.int64)))
     sizes = sizes.reshape(-1)
@@ -155,6 +180,49 @@ def allgather_objects(obj: Any) -> list[Any]:
     buf[: payload.size] = payload
     everyone = np.asarray(multihost_utils.process_allgather(buf))
     return [pickle.loads(everyone[p, : sizes[p]].tobytes()) for p in range(len(sizes))]
+
+
+# Values of the coordination service are gRPC messages: a payload goes in parts this size.
+_PART_BYTES = 1 << 20
+# How long a process waits for another's part of an exchange: the hosts of a step finish
+# sampling at different times (their samples differ), so this bounds a host's lag, not a
+# step's length. A host that died fails the run sooner (the service reports it).
+EXCHANGE_TIMEOUT_S = 3600
+
+
+def exchange_objects(obj: Any, tag: str) -> list[Any]:
+    """`allgather_objects` through `jax.distributed`'s key-value store: no device program,
+    so any thread may call it while another runs cross-host collectives. `tag` names this
+    exchange and must be the same on every process and never reused in the process's
+    lifetime (e.g. a run, a step and a try); each process's parts are deleted once every
+    process has read them (a barrier), so the service holds no step's data after it."""
+    from jax._src import distributed  # the client Orbax's multihost helpers use too
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError("exchange_objects needs jax.distributed.initialize() first")
+    me, n = jax.process_index(), jax.process_count()
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    parts = [data[i : i + _PART_BYTES] for i in range(0, len(data), _PART_BYTES)] or [b""]
+    key = f"jaxrl_llm/exchange/{tag}"
+    for i, part in enumerate(parts):
+        client.key_value_set_bytes(f"{key}/{me}/{i}", part)
+    client.key_value_set(f"{key}/{me}/parts", str(len(parts)))  # last: the parts are there
+    deadline = time.monotonic() + EXCHANGE_TIMEOUT_S
+    ms = lambda: max(int((deadline - time.monotonic()) * 1000), 1)
+    everyone = []
+    for p in range(n):
+        if p == me:
+            everyone.append(pickle.loads(data))  # a copy, as the other processes get
+            continue
+        count = int(client.blocking_key_value_get(f"{key}/{p}/parts", ms()))
+        got = [client.blocking_key_value_get_bytes(f"{key}/{p}/{i}", ms()) for i in range(count)]
+        everyone.append(pickle.loads(b"".join(got)))
+    client.wait_at_barrier(f"{key}/read", ms())
+    for i in range(len(parts)):
+        client.key_value_delete(f"{key}/{me}/{i}")
+    client.key_value_delete(f"{key}/{me}/parts")
+    return everyone
 
 
 def batch_sharding(mesh: Mesh, shape: tuple[int, ...], axis: int = 0) -> NamedSharding:

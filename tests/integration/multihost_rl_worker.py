@@ -3,7 +3,7 @@ multi-host test.
 
     JAXRL_COORDINATOR_ADDRESS=127.0.0.1:PORT JAXRL_NUM_PROCESSES=2 JAXRL_PROCESS_ID=I \\
         python tests/integration/multihost_rl_worker.py --run-dir RUN --out OUT \\
-        [--steps N] [--stop-after K] [--resume]
+        [--steps N] [--stop-after K] [--resume] [--gin BINDING ...]
 
 The caller sets `XLA_FLAGS=--xla_force_host_platform_device_count=<devices per process>` and
 `JAX_PLATFORMS=cpu`; without the JAXRL_* variables it runs alone (the reference). Every
@@ -46,6 +46,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=3, help="RLConfig.steps")
     p.add_argument("--stop-after", type=int, default=None, help="end early (a checkpoint)")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--gin", action="append", default=[], help="another binding")
     args = p.parse_args(argv)
 
     import jax
@@ -59,8 +60,10 @@ def main(argv=None) -> None:
     register_test_rewards()
     distributed = initialize_distributed()
     parse_gin(
-        [], [*PARAMS, f"RLConfig.steps = {args.steps}", f"RLConfig.run_dir = '{args.run_dir}'"]
-    )
+        [],
+        [*PARAMS, *args.gin, f"RLConfig.steps = {args.steps}",
+         f"RLConfig.run_dir = '{args.run_dir}'"],
+    )  # fmt: skip
     records = run_rl(RLConfig(), resume=args.resume, stop_after=args.stop_after)
     result = {
         "process_index": jax.process_index(),

@@ -3,7 +3,10 @@
 1. One GRPO policy update (`multihost_worker.py`): the real `make_policy_step` on two
    4-device layouts (fsdp=4 across both processes; data=2 x fsdp=2) with per-host batch rows.
 2. The whole RL loop (`multihost_rl_worker.py`): `run_rl` with per-host rollout, gathered
-   experience, a reference model, validation, a checkpoint, and a resume on both hosts.
+   experience, a reference model, validation, a checkpoint, and a resume on both hosts;
+   synchronous and overlapped (`RLConfig.max_staleness = 1`).
+3. Tagged host exchanges from a thread beside the main thread's collectives
+   (`exchange_worker.py`), as the overlapped producer makes them.
 
 Each run is a subprocess (JAX reads the device count at start-up, and the test process
 already has 8 devices).
@@ -31,6 +34,7 @@ pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 RL_WORKER = Path(__file__).with_name("multihost_rl_worker.py")
+EXCHANGE_WORKER = Path(__file__).with_name("exchange_worker.py")
 TIMEOUT_S = 300
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -120,6 +124,28 @@ def test_two_processes_match_one_process(tmp_path):
                                        atol=ATOL, err_msg=name)  # fmt: skip
 
 
+def test_tagged_exchanges_from_a_thread_beside_cross_host_collectives(tmp_path):
+    """`hosts.exchange_objects` (the coordination service) from a second thread while the
+    main thread runs cross-host device collectives, on two processes: every exchange returns
+    both hosts' objects in process order, payloads of several parts (over 1 MiB) arrive
+    whole, and the parts are deleted after (a second round with the same data works)."""
+    port = _free_port()
+    procs = []
+    for i in range(2):
+        log = tmp_path / f"x{i}.log"
+        args = ["--out", str(tmp_path / "x"), "--coordinator", f"127.0.0.1:{port}",
+                "--process-id", str(i)]  # fmt: skip
+        procs.append((_start(args, 2, log, EXCHANGE_WORKER), log))
+    _wait_all(procs)
+    for i in range(2):
+        got = json.loads((tmp_path / f"x.p{i}.json").read_text())
+        # Exchange t: process p sent an array of 300_000 + p float64s, all 100 * t + p.
+        assert got["exchanges"] == [[[100 * t + p, 300_000 + p] for p in range(2)]
+                                    for t in range(6)]  # fmt: skip
+        assert got["collectives"] == [[[0, c], [1, c]] for c in range(40)]
+        assert got["keys_left"] == []
+
+
 def _rl_jobs(tmp_path: Path, *jobs: tuple[str, int, list[str]]) -> list[list[dict]]:
     """Run `run_rl` jobs side by side, each on `processes` x (4 / processes) devices (name,
     processes, worker args); for each job, every process's result JSON."""
@@ -147,8 +173,22 @@ def _values(records: list[dict]) -> dict[tuple[int, str], float]:
 def test_rl_loop_on_two_hosts_matches_one_host_and_resumes(tmp_path):
     """Each host samples its share of the prompts on its own devices; the gathered batch, the
     losses, validation and the resumed step equal a one-process run of the same config."""
-    (ref,), first = _rl_jobs(tmp_path, ("ref", 1, []), ("mh-a", 2, ["--stop-after", "2"]))
-    (resumed,) = _rl_jobs(tmp_path, ("mh-b", 2, ["--resume"]))
+    _two_hosts_match_one_host_and_resume(tmp_path, [], lag=[0, 0, 0])
+
+
+def test_an_overlapped_rl_loop_on_two_hosts_matches_one_host_and_resumes(tmp_path):
+    """The same with `RLConfig.max_staleness = 1`: each host's producer thread samples the
+    next step while the trainer's thread updates across both hosts (weights staged on the
+    trainer's thread, the hosts' samples exchanged by tag: learner/overlap.py); a run is as
+    deterministic as a synchronous one, so it equals the one-process overlapped run, and the
+    checkpoint at step 2 holds step 3's batch, sampled ahead, which the resumed hosts train."""
+    k1 = ["--gin", "RLConfig.max_staleness = 1"]
+    _two_hosts_match_one_host_and_resume(tmp_path, k1, lag=[0, 1, 1])
+
+
+def _two_hosts_match_one_host_and_resume(tmp_path: Path, args: list[str], lag: list[int]) -> None:
+    (ref,), first = _rl_jobs(tmp_path, ("ref", 1, args), ("mh-a", 2, [*args, "--stop-after", "2"]))
+    (resumed,) = _rl_jobs(tmp_path, ("mh-b", 2, [*args, "--resume"]))
     assert [(r["process_count"], r["device_count"]) for r in first] == [(2, 4), (2, 4)]
     assert first[0]["local_device_count"] == 2 and ref["process_count"] == 1
 
@@ -164,12 +204,15 @@ def test_rl_loop_on_two_hosts_matches_one_host_and_resumes(tmp_path):
     for (step, key), v in want.items():
         if key.startswith(exact):  # the same samples: per-sample seeds follow the global row
             assert mh[(step, key)] == v, (step, key)
-        elif key.startswith("rollout/logprob_diff/"):  # engine vs trainer float noise
+        elif key.startswith("rollout/logprob_diff/") and not lag[step - 1]:
+            # engine vs trainer float noise (with a lag: the policy moved, compared below)
             assert mh[(step, key)] < 1e-4 and v < 1e-4, (step, key)
         else:  # float noise of different batch layouts
             np.testing.assert_allclose(mh[(step, key)], v, rtol=1e-4, atol=1e-6,
                                        err_msg=f"step {step} {key}")  # fmt: skip
     assert any(want[(s, "critic/advantages/max")] > 0 for s in (1, 2, 3))  # a real signal
+    # Step s sampled with the weights after max(0, s - 1 - k) updates.
+    assert [mh[(s, "rollout/staleness/max")] for s in (1, 2, 3)] == lag
 
     # Process 0 alone wrote the run's files; the checkpoint and the export are complete.
     run = tmp_path / "runs" / "mh"

@@ -119,6 +119,29 @@ def test_a_checkpoint_saves_the_batches_sampled_with_older_weights():
         RolloutProducer(r.collect, r.prompts, first=2, last=6, k=2, ready={3: ahead[3]})
 
 
+def test_a_validation_comes_between_the_same_two_batches_every_time():
+    """A validation after step s's update (`paused`, the weights published after it) runs
+    once the batch of step s + k is sampled and before step s + k + 1 begins, however slow
+    the producer: the same point on every host of a multi-host run."""
+    t = _Trainer(2, steps=6)
+    slow = t.collect
+    t.collect = lambda *a: (time.sleep(0.05), slow(*a))[1]
+    t.producer._collect = t.collect  # pyright: ignore[reportAttributeAccessIssue]
+    t.producer.start({"w": jnp.zeros(2)}, None)
+    t.producer.take(1)
+    with t.producer.paused(1):  # validating with the weights after update 1
+        assert [step for step, *_ in t.seen] == [1, 2, 3]
+        time.sleep(0.1)
+        assert len(t.seen) == 3  # step 4 needs update 1's weights, not yet published
+    t.publish(1)
+    for step in range(2, 7):
+        t.producer.take(step)
+        with t.producer.paused(step):
+            assert [s for s, *_ in t.seen] == list(range(1, min(step + 2, 6) + 1))
+        t.publish(step)
+    t.producer.close()
+
+
 def test_an_error_while_sampling_reaches_the_trainer_as_itself():
     t = _Trainer(1, steps=4, fail_at=2)
     t.producer.start({"w": jnp.zeros(2)}, None)
@@ -265,10 +288,39 @@ def test_multi_process_runs_refuse_the_one_process_settings(monkeypatch):
 
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     _check_one_process(RLConfig())  # the defaults run on any number of processes
-    with pytest.raises(ConfigError, match=r"RLConfig.max_staleness = 1 runs on one process"):
-        _check_one_process(RLConfig(max_staleness=1))
+    _check_one_process(RLConfig(max_staleness=1))  # overlap: tests/integration/test_multihost
     with pytest.raises(ConfigError, match=r"MeshConfig.rollout_devices = 2 runs on one"):
         _check_one_process(RLConfig(mesh=MeshConfig(rollout_devices=2)))
+
+
+def test_a_multi_process_overlap_needs_a_sampler_that_stages_its_push(monkeypatch):
+    """Several processes: the producer's push must run no cross-host collective, so the
+    weights are staged on the trainer's thread; a sampler without `stage_weights` (vLLM, a
+    plug-in) is refused with the fix named, before any step."""
+    import types
+
+    import jax
+
+    from jaxrl_llm.config_checks import ConfigError
+    from jaxrl_llm.learner.rl_config import RLConfig
+    from jaxrl_llm.learner.rl_loop import _producer
+    from jaxrl_llm.rollout.config import RolloutConfig
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    cfg = RLConfig(max_staleness=1, steps=3, rollout=RolloutConfig(backend="vllm"))
+    rollout = types.SimpleNamespace(stages_weights=False)
+    run = types.SimpleNamespace(cfg=cfg, rollout=rollout)
+    with pytest.raises(ConfigError, match=r"max_staleness = 1 on 2 processes needs a sampler"):
+        _producer(run)  # pyright: ignore[reportArgumentType]
+    staged = []
+    rollout = types.SimpleNamespace(stages_weights=True, stage_weights=staged.append)
+    learner = types.SimpleNamespace(state=types.SimpleNamespace(step=0))
+    run = types.SimpleNamespace(cfg=cfg, rollout=rollout, learner=learner, prompts=None,
+                                ahead={}, reward=None)  # fmt: skip
+    producer = _producer(run)  # pyright: ignore[reportArgumentType]
+    assert producer is not None
+    producer.publish(0, {"w": jax.numpy.ones(2)}, None)  # the trainer's thread stages it
+    assert [w.version for w in staged] == [1]
 
 
 def test_partial_rollouts_need_an_overlapped_run_and_a_backend_that_swaps():

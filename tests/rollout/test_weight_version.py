@@ -58,16 +58,23 @@ def _held_adapters(stage: RolloutStage) -> list[np.ndarray]:
     return [np.asarray(x, np.float32) for x in jax.tree.leaves(split_adapters(sampler.params)[0])]
 
 
+class _LoseUpdates:
+    """An adapter sync that runs, but whose first result is all it ever returns."""
+
+    def __init__(self, real):
+        self.real, self.kept = real, []
+
+    def stage(self, tree):
+        self.kept.append(self.real.stage(tree))
+        return self.kept[0]
+
+    def local(self, glob):
+        return self.real.local(glob)
+
+
 def _lose_adapter_updates(stage: RolloutStage, monkeypatch) -> None:
-    """The JAX sampler's adapter sync runs, but its first result is all it ever returns."""
     sync = stage.sampler._sync  # pyright: ignore[reportAttributeAccessIssue]
-    real, kept = sync._adapters, []
-
-    def lose_updates(tree):
-        kept.append(real(tree))
-        return kept[0]
-
-    monkeypatch.setattr(sync, "_adapters", lose_updates)
+    monkeypatch.setattr(sync, "_adapters", _LoseUpdates(sync._adapters))
 
 
 class _Length:
@@ -113,6 +120,8 @@ def test_a_skipped_or_released_sync_stops_sampling():
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_each_push_delivers_its_version_with_the_adapters(layout):
+    """Each push's version arrives with its adapters (only the adapters move after the
+    first), pushed at once or staged first (`RolloutStage.stage_weights`)."""
     stage, state = _stage(layout)
     first = stage.sync_weights(PolicyWeights(_trained(state, 0.25), 1))
     second = stage.sync_weights(PolicyWeights(_trained(state, 0.5), 2))
@@ -124,6 +133,16 @@ def test_each_push_delivers_its_version_with_the_adapters(layout):
         batch, reward = _batch(stage.tokenizer), _Length()
         got = stage.generate(batch, step=2, attempt=1, reward=reward, version=2)
         assert got.policy_version == 2 and len(got.completions) == 2
+    # Staged on one thread, pushed later (a multi-host overlapped run's hand-over): the
+    # same delivery, and a staged copy pushed as another version is refused.
+    staged = stage.stage_weights(PolicyWeights(_trained(state, 0.75), 3))
+    assert stage.sampler.policy_version == 2  # staging delivers nothing yet
+    third = stage.sync_weights(staged)
+    assert stage.sampler.policy_version == 3 and third.bytes == adapter_bytes
+    assert all((x == 0.75).all() for x in _held_adapters(stage))
+    with pytest.raises(ValueError, match="staged as version 3 pushed as 4"):
+        stage.sync_weights(PolicyWeights(staged.params, 4))
+    assert stage.sampler.policy_version == 3  # the refused push changed nothing
     stage.close()
 
 
@@ -141,10 +160,12 @@ def _rollout(version: int) -> Rollout:
     return Rollout((c,), (None,), ("p",), np.zeros(1, np.float32), 1, version)
 
 
-def test_the_producer_stops_at_the_first_step_whose_adapters_were_lost(monkeypatch):
+@pytest.mark.parametrize("staged", [False, True])
+def test_the_producer_stops_at_the_first_step_whose_adapters_were_lost(staged, monkeypatch):
     """`max_staleness = 1`: steps 1 and 2 sample with version 1 (the start's weights), step
     3 with version 2 (after update 1). The adapters' sync keeps returning version 1's, so
-    step 3's batch is refused before sampling, and the trainer gets the error at its take."""
+    step 3's batch is refused before sampling, and the trainer gets the error at its take;
+    the same when the producer's weights are staged by `publish` (several processes)."""
     stage, state = _stage("cast")
     _lose_adapter_updates(stage, monkeypatch)
     adapters, base = split_adapters(state)
@@ -157,7 +178,8 @@ def test_the_producer_stops_at_the_first_step_whose_adapters_were_lost(monkeypat
         sampled.append((step, version))
         return _rollout(version), {"timing/weight_sync": 0.0}
 
-    producer = RolloutProducer(collect, _Prompts(), first=1, last=4, k=1)
+    stager = stage.stage_weights if staged else None
+    producer = RolloutProducer(collect, _Prompts(), first=1, last=4, k=1, stage=stager)
     producer.start(trained(0.25), base)
     assert producer.take(1)[0].policy_version == 1
     producer.publish(1, trained(0.5), base)
