@@ -1,8 +1,9 @@
 """`jaxrl-llm bench SUITE`: one parser for every suite, then the suite's own `main(args)`.
 
 Suites: `rollout` (engine vs HF `generate`), `train` (policy step vs a PyTorch forward +
-backward), `rl-step` (one GRPO step by phase vs its kernels alone). Each prints one JSON
-object with its same-run baselines and the machine's ceilings (`bench.machine`).
+backward), `rl-step` (one GRPO step by phase vs its kernels alone), `weight-sync` (the
+weights moved to a sampler's own devices vs the read bandwidth). Each prints one JSON object
+with its same-run baselines and the machine's ceilings (`bench.machine`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import argparse
 import importlib
 
 SUITES = {"rollout": "jaxrl_llm.bench.rollout", "train": "jaxrl_llm.bench.train",
-          "rl-step": "jaxrl_llm.bench.rl_step"}  # fmt: skip
+          "rl-step": "jaxrl_llm.bench.rl_step",
+          "weight-sync": "jaxrl_llm.bench.weight_sync"}  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from jaxrl_llm.bench import rl_step
+    from jaxrl_llm.bench import rl_step, weight_sync
 
     parser.add_argument("suite", choices=list(SUITES))
     parser.add_argument("--checkpoint", default="builtin")
@@ -52,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-response", type=int, default=64, help="train --packed")
     parser.add_argument("--max-response", type=int, default=2048, help="train --packed")
     rl_step.add_arguments(parser)  # --gin_file, --gin_param, --steps
+    weight_sync.add_arguments(parser)  # --rollout-devices
 
 
 def main(args: argparse.Namespace) -> int:

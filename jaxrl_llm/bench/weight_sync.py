@@ -1,0 +1,119 @@
+"""`jaxrl-llm bench weight-sync`: the trainer's weights moved to a sampler on devices of its
+own (`MeshConfig.rollout_devices`), against the machine's read bandwidth measured in the same
+run (issue #29's target: the move at half of it or better).
+
+What runs: the policy (`--checkpoint`: 'builtin', an HF folder, or a `models.presets` shape
+with random weights) is loaded on the trainer's mesh (every device but the last
+`--rollout-devices`, FSDP over them), and the RL loop's own push to a sampler apart
+(`hosts.WeightSync` into the sampling layout on the last devices, no cast: one transfer of
+every array) is timed `--repeats` times after a warm-up; median and best. The sampling
+layout holds the whole model on every sampler device (tensor = 1 here), so the move writes
+`bytes_written` = `bytes` x the sampler's devices, and its rate counts those.
+
+Same-run baselines: the streaming read bandwidth (`machine_ceilings`: a sum over 256 MB,
+which reads each byte once) and a jitted copy of the same params on the trainer's own devices
+(each byte read and written once, no device crossed). A move also reads and writes each byte
+once, so a copy's speed is what it can reach; `fraction_of_read_bandwidth` is the issue's
+measure. On simulated CPU devices (`--xla_force_host_platform_device_count`) a move is a copy
+in the one host's memory; between accelerator chips it would cross their links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from jaxrl_llm.bench.machine import bench_checkpoint, machine_ceilings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rollout-devices",
+        type=int,
+        default=0,
+        help="weight-sync: the devices set apart for the sampler (default: half of them)",
+    )
+
+
+def _timed(fn, repeats: int) -> list[float]:
+    """Seconds of `repeats` calls of `fn` (each waited for), after one warm-up call."""
+    import jax
+
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure(path: Path, rollout_devices: int, repeats: int) -> dict[str, Any]:
+    """The move of the policy at `path` from the trainer's devices to the sampler's."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jaxrl_llm.models import from_pretrained
+    from jaxrl_llm.sharding import SAMPLE_RULES, build_mesh, hosts, target_shardings
+    from jaxrl_llm.sharding.mesh import sampler_mesh_shape
+
+    devices, r = jax.devices(), rollout_devices or jax.device_count() // 2
+    if not 0 < r < len(devices):
+        raise SystemExit(
+            f"bench weight-sync: --rollout-devices {r} must leave the trainer at least one of "
+            f"the {len(devices)} devices (on CPU, simulate more: "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=8)"
+        )
+    train = build_mesh(fsdp=-1, devices=devices[:-r])
+    sampler = build_mesh(*sampler_mesh_shape(r, 1), devices=devices[-r:])
+    params = nnx.state(from_pretrained(path, mesh=train))
+    out = target_shardings(params, sampler, SAMPLE_RULES)
+    sync = hosts.WeightSync(params, train, out)
+    moved = sync(params)
+    on_sampler = all(x.sharding.device_set <= set(devices[-r:]) for x in jax.tree.leaves(moved))
+    pairs = zip(jax.tree.leaves(params), jax.tree.leaves(moved), strict=True)
+    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
+    nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    # The sampling layout replicates over the sampler's "data" axis: one copy per data group.
+    written = sum(s.data.nbytes for x in jax.tree.leaves(moved) for s in x.addressable_shards)
+    copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p))
+    move_s, copy_s = _timed(lambda: sync(params), repeats), _timed(lambda: copy(params), repeats)
+    return {
+        "trainer_devices": len(devices) - r,
+        "sampler_devices": r,
+        "bytes": nbytes,
+        "bytes_written": written,
+        "arrays": len(jax.tree.leaves(params)),
+        "on_sampler_devices": on_sampler,
+        "equal_to_the_trainers": same,
+        "move_s": {"median": statistics.median(move_s), "best": min(move_s)},
+        "local_copy_s": {"median": statistics.median(copy_s), "best": min(copy_s)},
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = bench_checkpoint(args.checkpoint, Path(tmp))
+        moved = measure(path, args.rollout_devices, args.repeats)
+    ceilings = machine_ceilings()
+    move_rate = moved["bytes_written"] / moved["move_s"]["median"]
+    copy_rate = moved["bytes"] / moved["local_copy_s"]["median"]
+    result = {
+        "suite": "weight-sync",
+        "checkpoint": args.checkpoint,
+        **moved,
+        "move_bytes_per_s": move_rate,
+        "local_copy_bytes_per_s": copy_rate,
+        "ceilings": ceilings,
+        "fraction_of_read_bandwidth": move_rate / ceilings["read_bytes_per_s"],
+        "move_vs_local_copy": move_rate / copy_rate,
+    }
+    print(json.dumps(result, indent=1))
+    return 0
