@@ -132,6 +132,7 @@ def _producer(run: Run) -> RolloutProducer | None:
                 "the 'jax' backend or max_staleness = 0"
             )  # fmt: skip
         stage = run.rollout.stage_weights
+        run.rollout.exchange_by_tag = True  # its gathers run on the producer's thread
     collect = lambda step, params, version, refresh: _collect(
         cfg, step, run.prompts, run.rollout, run.reward, params, version, refresh
     )

@@ -90,8 +90,14 @@ class RolloutStage:
             self._close_shared()
             raise
         self.last_push = WeightPush(0, 0.0)
-        # Names this stage's tagged host exchanges (`hosts.exchange_objects`): stages are
-        # built in the same order on every process, and tags are never reused.
+        # Several processes: the hosts' samples and tool counters are gathered by a device
+        # collective, entered by every process in the same order from one thread; when
+        # another thread samples beside the trainer's collectives (a multi-host overlapped
+        # run sets this), through the coordination service by tag instead
+        # (`hosts.exchange_objects`: any thread, but all of it passes through process 0's
+        # service, so it is not the default). Tags name the stage (stages are built in the
+        # same order on every process) and are never reused.
+        self.exchange_by_tag = False
         self._exchange = f"stage{next(_STAGES)}"
 
     def _sampling(self, seed: int, *, n: int, temperature: float):
@@ -210,7 +216,7 @@ class RolloutStage:
             group_size=r.n,
             policy_version=step if version is None else version,
         )
-        rollout, counts = _gather_rows(mine, counts, f"{self._exchange}/rollout/{step}/{attempt}")
+        rollout, counts = _gather_rows(mine, counts, self._tag(f"rollout/{step}/{attempt}"))
         self._reward_counts = self._reward_counts + counts
         counts.check(reward)
         return rollout
@@ -249,6 +255,10 @@ class RolloutStage:
         scores, counts = scorer.result() if scorer is not None else (rewards, RewardCounts())
         return completions, scores, counts
 
+    def _tag(self, name: str) -> str | None:
+        """The exchange's tag when `exchange_by_tag`, else None (a device collective)."""
+        return f"{self._exchange}/{name}" if self.exchange_by_tag else None
+
     def reward_metrics(self) -> dict[str, float]:
         """Over the `generate` calls since the last call (one step, every try, all hosts):
         `reward/errors` and `reward/timeouts`, samples whose reward raised or ran out of
@@ -269,8 +279,8 @@ class RolloutStage:
         """The tool's own counters since the last call (`metrics()`, e.g. a `ToolBox`'s
         `tools/<name>/{calls,errors,timeouts,latency_s}`), summed over hosts; a latency is
         the mean over all hosts' calls. Every process calls it at the same point: with a
-        `step`, the one step that call covers (any thread: a tagged exchange); without,
-        on the trainer's thread (validation)."""
+        `step`, the one step that call covers (a tagged exchange when `exchange_by_tag`);
+        without, on the trainer's thread (validation)."""
         from jaxrl_llm.agents.episodes import summarise
         from jaxrl_llm.agents.functions import sum_metrics
 
@@ -278,7 +288,7 @@ class RolloutStage:
         own = cast(Mapping[str, float], read()) if callable(read) else {}
         mine = [dict(own), *self._episode_metrics]
         self._episode_metrics = []
-        tag = None if step is None else f"{self._exchange}/tools/{step}"
+        tag = None if step is None else self._tag(f"tools/{step}")
         return summarise(sum_metrics(hosts.allgather_objects(sum_metrics(mine), tag)))
 
     def env_metrics(self, rollout: Rollout) -> dict[str, float]:
@@ -344,9 +354,11 @@ def _global_rows(local_rows: int) -> list[int]:
     return [p + n * r for r in range(local_rows)]
 
 
-def _gather_rows(mine: Rollout, counts: RewardCounts, tag: str) -> tuple[Rollout, RewardCounts]:
+def _gather_rows(
+    mine: Rollout, counts: RewardCounts, tag: str | None
+) -> tuple[Rollout, RewardCounts]:
     """Every host's share of a step's rollout, interleaved back into global-batch order, and
-    the reward failures of all hosts summed (a tagged exchange: from any thread)."""
+    the reward failures of all hosts summed (`tag`: `hosts.allgather_objects`)."""
     everyone = hosts.allgather_objects((mine, counts), tag)
     parts = [p[0] for p in everyone]
     total = sum((p[1] for p in everyone), RewardCounts())

@@ -17,7 +17,9 @@ engine over its own devices without waiting on the others. The pieces:
   is a device collective, so every process must call it in the same order from one thread;
   tagged, it goes through the coordination service (`jax.distributed`'s key-value store)
   and may be called from any thread: the overlapped producer's gathers
-  (`learner/overlap.py`) run beside the trainer's collectives that way.
+  (`learner/overlap.py`) run beside the trainer's collectives that way. Every payload
+  then passes through process 0's service to every host (traffic that grows with hosts
+  squared), so the device collective stays the default.
 
 Threads: a cross-host device collective must be entered by every process in the same order,
 so two threads that each dispatch them interleave differently per host and deadlock (host A

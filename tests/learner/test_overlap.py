@@ -313,12 +313,14 @@ def test_a_multi_process_overlap_needs_a_sampler_that_stages_its_push(monkeypatc
     with pytest.raises(ConfigError, match=r"max_staleness = 1 on 2 processes needs a sampler"):
         _producer(run)  # pyright: ignore[reportArgumentType]
     staged = []
-    rollout = types.SimpleNamespace(stages_weights=True, stage_weights=staged.append)
+    rollout = types.SimpleNamespace(stages_weights=True, stage_weights=staged.append,
+                                    exchange_by_tag=False)  # fmt: skip
     learner = types.SimpleNamespace(state=types.SimpleNamespace(step=0))
     run = types.SimpleNamespace(cfg=cfg, rollout=rollout, learner=learner, prompts=None,
                                 ahead={}, reward=None)  # fmt: skip
     producer = _producer(run)  # pyright: ignore[reportArgumentType]
     assert producer is not None
+    assert rollout.exchange_by_tag  # its gathers of the hosts' samples: no device program
     producer.publish(0, {"w": jax.numpy.ones(2)}, None)  # the trainer's thread stages it
     assert [w.version for w in staged] == [1]
 
