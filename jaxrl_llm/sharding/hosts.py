@@ -20,14 +20,14 @@ engine over its own devices without waiting on the others. The pieces:
   (`learner/overlap.py`) run beside the trainer's collectives that way. Every payload
   then passes through process 0's service to every host (traffic that grows with hosts
   squared), so the device collective stays the default.
+- `global_array` / `put_batch` / `to_host`: numpy that every host holds -> a global array
+  in a given sharding; a global array -> full numpy on every host.
 
 Threads: a cross-host device collective must be entered by every process in the same order,
 so two threads that each dispatch them interleave differently per host and deadlock (host A
 runs the update's all-reduce, host B the gather, each waiting for the other). An overlapped
 multi-host run therefore keeps every cross-host collective on the trainer's thread (the
 weight gather: `WeightSync.stage`) and its producer thread exchanges host data by tag only.
-- `global_array` / `put_batch` / `to_host`: numpy that every host holds -> a global array
-  in a given sharding; a global array -> full numpy on every host.
 
 With one process every function reduces to the single-host behaviour (no collectives).
 """
