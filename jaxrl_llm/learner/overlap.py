@@ -126,8 +126,8 @@ class RolloutProducer:
         if not self.needs(updates):
             return
         copy = PolicyWeights(lora_lib.full_params(_copy(trained), frozen), updates + 1)
-        if self._stage is not None:
-            copy = self._stage(copy)
+        if self._stage is not None:  # staged from the copy: a stage that moves nothing (a
+            copy = self._stage(copy)  # layout already one copy per host) hands back its input
         with self._cond:
             self._weights[updates] = copy
             self._cond.notify_all()
