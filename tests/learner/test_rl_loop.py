@@ -42,10 +42,10 @@ def _comparable(records):
 
 
 def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path, monkeypatch):
-    from jaxrl_llm.learner import rl_loop
+    from jaxrl_llm.learner import learn
 
     cfg = _config(tmp_path / "run", "RLConfig.steps = 6", "RLConfig.eval_every = 6")
-    update, fetch, fetched = rl_loop._update, rl_loop._fetch, []
+    update, fetch, fetched = learn.update, learn.fetch, []
 
     def device_only_update(*args):
         policy, critic, out, padding = update(*args)  # metrics stay on the device throughout
@@ -56,8 +56,8 @@ def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path, monkey
         fetched.append(len(device))
         return fetch(device)
 
-    monkeypatch.setattr(rl_loop, "_update", device_only_update)
-    monkeypatch.setattr(rl_loop, "_fetch", counted_fetch)
+    monkeypatch.setattr(learn, "update", device_only_update)
+    monkeypatch.setattr(learn, "fetch", counted_fetch)
     records = run_rl(cfg)
     assert len(fetched) == 6 and min(fetched) > 10  # one transfer per step, for all metrics
     run = tmp_path / "run"
@@ -287,10 +287,10 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch, masked):
     is trained. With `mask_tool_output = False` (the ablation) the passages are trained too,
     with old logprobs of their own, and the rollout mismatch still reads model tokens only."""
     import jaxrl_llm.rollout as rollout_pkg
-    from jaxrl_llm.learner import rl_loop
+    from jaxrl_llm.learner import learn
 
     turns = ["<search> capital of a country </search>", "<answer> Paris </answer>"]
-    real_engine, make_experience, seen = rollout_pkg.Engine, rl_loop._make_experience, []
+    real_engine, make_experience, seen = rollout_pkg.Engine, learn.make_experience, []
 
     def scripted_engine(policy, *, tokenizer, max_concurrent_decodes, max_cache_length, **kw):
         real = real_engine(policy, tokenizer=tokenizer, max_cache_length=max_cache_length,
@@ -306,7 +306,7 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch, masked):
         return seen[-1]
 
     monkeypatch.setattr(rollout_pkg, "Engine", scripted_engine)
-    monkeypatch.setattr(rl_loop, "_make_experience", recorded_experience)
+    monkeypatch.setattr(learn, "make_experience", recorded_experience)
     cfg = _config(
         tmp_path / "s",
         "RLConfig.steps = 1",
