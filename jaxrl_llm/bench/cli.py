@@ -43,7 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=8, help="rollout --mixed: prompts")
     parser.add_argument("--seq-len", type=int, default=256, help="train: tokens per sequence")
     parser.add_argument(
-        "--profile", action="store_true", help="train: the step's op time by source function"
+        "--profile",
+        action="store_true",
+        help="train: the step's op time by source function; rollout: a decode call's, and the ops "
+        "(kernels) it runs per decode step",
     )
     parser.add_argument(
         "--packed",

@@ -39,23 +39,12 @@ def timed_greedy_decode(
     counted)."""
     import jax
 
-    from jaxrl_llm.rollout.engine import Engine
-    from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling
-
-    engine = Engine(model, max_concurrent_decodes=B, max_cache_length=P + N + 1,
-                    max_prefill_length=P, eos_ids=(),
-                    kv_dtype=None if kv == "auto" else kv)  # fmt: skip
-    params = engine.load_params()
-    V = model.config.vocab_size
-    prompts = np.random.RandomState(0).randint(3, V, (B, P)).astype(np.int32)
-    greedy = SlotSampling.one(SamplingParams(temperature=0.0), 0)
+    engine, params, start = _greedy_decode(model, B, P, N, kv)
     best = (float("inf"), float("inf"))
     for _ in range(repeats + 1):  # the first run compiles
         state = engine.init_decode_state()
         t0 = time.perf_counter()
-        prefix = engine.prefill_many(params, list(prompts))  # one batched prefill
-        for b in range(B):
-            state = engine.insert_slot(prefix, state, b, greedy, N, row=b)
+        state = start(state)
         jax.block_until_ready(state)
         t1 = time.perf_counter()
         for _ in range(-(-N // steps)):
@@ -67,9 +56,44 @@ def timed_greedy_decode(
     return engine, best
 
 
+def _greedy_decode(model, B: int, P: int, N: int, kv: str):
+    """(engine, params, start): `start(state)` prefills B random P-token prompts in one batch
+    and inserts them into the decode state, greedy with N new tokens each."""
+    from jaxrl_llm.rollout.engine import Engine
+    from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling
+
+    engine = Engine(model, max_concurrent_decodes=B, max_cache_length=P + N + 1,
+                    max_prefill_length=P, eos_ids=(),
+                    kv_dtype=None if kv == "auto" else kv)  # fmt: skip
+    params = engine.load_params()
+    V = model.config.vocab_size
+    prompts = np.random.RandomState(0).randint(3, V, (B, P)).astype(np.int32)
+    greedy = SlotSampling.one(SamplingParams(temperature=0.0), 0)
+
+    def start(state):
+        prefix = engine.prefill_many(params, list(prompts))  # one batched prefill
+        for b in range(B):
+            state = engine.insert_slot(prefix, state, b, greedy, N, row=b)
+        return state
+
+    return engine, params, start
+
+
+def profile_decode(model, B: int, P: int, N: int, steps: int, kv: str = "auto") -> dict:
+    """One call of `steps` decode steps traced op by op (`bench.op_profile`): the op time
+    by kind and source function, and the ops executed per decode step (on an accelerator,
+    kernels: at small batches their count, not the bytes, can bound a step)."""
+    from jaxrl_llm.bench.op_profile import profile_call
+
+    engine, params, start = _greedy_decode(model, B, P, N, kv)
+    fn = engine._steps_fn(steps)
+    prof = profile_call(fn, engine.place_params(params), start(engine.init_decode_state()))
+    return {**prof.to_json(), "ops_per_step": prof.op_events / steps}
+
+
 def bench_engine(
     path: Path, B: int, P: int, N: int, steps: int, repeats: int, weights: str = "same",
-    kv: str = "auto",
+    kv: str = "auto", profile: bool = False,
 ) -> dict:  # fmt: skip
     import jax
     from flax import nnx
@@ -101,6 +125,7 @@ def bench_engine(
         "tokens_per_s": B * N / (prefill_s + decode_s),
         "decode_weight_bytes_per_s": param_bytes * N / decode_s,
         **({"weight_sync_s": sync} if sync else {}),
+        **({"profile": profile_decode(model, B, P, N, steps, kv)} if profile else {}),
     }
 
 
@@ -180,9 +205,10 @@ def main(args: argparse.Namespace) -> int:
     quantised = None
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_checkpoint(args.checkpoint, Path(tmp))
-        ours = bench_engine(path, B, P, N, args.steps_per_call, args.repeats)
+        steps, repeats, profile = args.steps_per_call, args.repeats, args.profile
+        ours = bench_engine(path, B, P, N, steps, repeats, profile=profile)
         if weights != "same" or kv != "auto":
-            quantised = bench_engine(path, B, P, N, args.steps_per_call, args.repeats, weights, kv)
+            quantised = bench_engine(path, B, P, N, steps, repeats, weights, kv, profile)
         hf = None if args.skip_hf else bench_hf(path, B, P, N, args.repeats)
         vllm = None
         if args.backend == "vllm":

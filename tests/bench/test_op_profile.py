@@ -35,3 +35,39 @@ def test_self_time_excludes_nested_events_of_the_same_thread_only():
     ]
     got = _self_times(events)
     assert got == {"loop": 50, "body_op": 50, "other_thread": 50, "after": 5}
+
+
+def test_op_events_count_each_loop_iteration():
+    """A loop body's ops are timed once per iteration: `op_events` of a 5-iteration loop
+    exceeds that of a 1-iteration one by 4 x the body's ops (what `bench rollout --profile`
+    divides by the decode steps to give ops per step)."""
+
+    def loop(n):
+        def body(i, x):
+            return jnp.tanh(x @ x) * 0.5
+
+        return jax.jit(lambda x: jax.lax.fori_loop(0, n, body, x))
+
+    x = jnp.asarray(np.random.RandomState(0).randn(64, 64), jnp.float32)
+    one, five = profile_call(loop(1), x).op_events, profile_call(loop(5), x).op_events
+    assert five > one > 0
+    assert (five - one) % 4 == 0
+
+
+def test_gpu_kernel_names_join_their_hlo_ops():
+    """XLA:GPU's kernel for HLO op `input_reduce_fusion.118` is named
+    `input_reduce_fusion_118` in the trace: it joins that op (and its source line)."""
+    from jaxrl_llm.bench.op_profile import summarise
+
+    hlo = (
+        "%fused_reduce.118 (p: f32[4,8], q: f32[8]) -> f32[4] {\n"
+        "  ROOT %dot.1 = f32[4]{0} dot(%p, %q)\n}\n"
+        "ENTRY %main {\n"
+        "  ROOT %input_reduce_fusion.118 = f32[4]{0} fusion(%a, %b), calls=%fused_reduce.118\n"
+        "  %copy.3 = f32[4]{0} copy(%input_reduce_fusion.118)\n}\n"
+    )
+    ev = lambda name, ts: {"name": name, "ph": "X", "ts": ts, "dur": 10, "pid": 7, "tid": 1}
+    events = [ev("input_reduce_fusion_118", 0), ev("copy_3", 20), ev("memcpy", 40)]
+    prof = summarise(hlo, events)
+    assert prof.op_events == 2 and prof.total_ms == pytest.approx(0.02)
+    assert prof.by_kind == pytest.approx({"matmul": 0.01, "copy": 0.01})

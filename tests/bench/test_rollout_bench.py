@@ -42,6 +42,23 @@ def test_bench_rollout_json(capsys):
     assert ceil["matmul_flops"] > 1e8 and ceil["read_bytes_per_s"] > 1e8
 
 
+@pytest.mark.slow  # measured: 10.6 s alone on 2 cores (AMD EPYC, 2026-12-04)
+def test_bench_rollout_profile_counts_the_ops_of_a_decode_step(capsys):
+    """`--profile`: one traced decode call, its op time joined to the model's source, and
+    the ops run per decode step: a decode step of the shipped 2-layer model runs each
+    layer's projections, so at least 2 x 4 matmul ops (q/k/v may fuse; o, gate/up, down)."""
+    argv = ["bench", "rollout", "--checkpoint", "builtin", "--batch", "2", "--prompt-len", "8",
+            "--new-tokens", "4", "--steps-per-call", "4", "--repeats", "1", "--skip-hf",
+            "--profile"]  # fmt: skip
+    assert cli.main(argv) == 0
+    prof = json.loads(capsys.readouterr().out)["engine"]["profile"]
+    assert prof["total_ms"] > 0 and prof["by_kind"]["matmul"]["ms"] > 0
+    assert prof["ops_per_step"] == pytest.approx(prof["op_events"] / 4)
+    assert prof["ops_per_step"] >= 8
+    functions = {f["function"] for f in prof["by_function"] if f["kind"] == "matmul"}
+    assert any(f.startswith("jaxrl_llm/models/") for f in functions), functions
+
+
 @pytest.mark.slow  # measured: 8 samples x 2,048 decode steps twice, about 20 s on 2 cores
 def test_bench_rollout_mixed_reads_only_what_is_in_context(capsys):
     assert cli.main(["bench", "rollout", "--mixed", "--prompts", "1"]) == 0
