@@ -229,12 +229,14 @@ def dense(
     xf, k = x, _IN_DIMS[name]
     if k > 1:  # one contracted dim (see `_flat_contraction`)
         spec, xf, w = _flat_contraction(spec, x, w, k)
+    spec, xf, rows = _flat_rows(spec, xf)
     if qscale is not None and vars(module).get(INT8_ACTIVATIONS, False):
         y = int8_product(spec, xf, w, qscale[...], 1)
     else:
         y = jnp.einsum(spec, xf, w.astype(x.dtype))
         if qscale is not None:  # y = x W_q of an int8 weight: scale its output channels
             y = y * qscale[...].astype(y.dtype)
+    y = y.reshape(*rows, *y.shape[1:]) if rows else y
     a = getattr(module, name + "_lora_a", None)
     if a is None:
         return y
@@ -256,6 +258,22 @@ def _flat_contraction(spec: str, x: Array, w: Array, k: int) -> tuple[str, Array
     z = next(c for c in "zyxwvu" if c not in spec)
     flat = f"{lhs[:-k]}{z},{z}{rhs[k:]}->{out}"
     return flat, x.reshape(*x.shape[:-k], -1), w.reshape(-1, *w.shape[k:])
+
+
+def _flat_rows(spec: str, x: Array) -> tuple[str, Array, tuple[int, ...]]:
+    """`spec` and x [B, T, in...] with the two row dims merged into one ([B * T, in...], a
+    free reshape), and (B, T) to split the product's rows back (empty when x has no such
+    rows). Over two row dims XLA:CPU forms the backward's weight gradients from transposed
+    [out, B, T] copies of the activation gradients (in the 0.5B-shape step on an AMD EPYC,
+    the MLP's SwiGLU backward fused with such a copy took 25-62 ms a layer); over one row dim
+    it needs none: the 0.5B MLP's forward and backward alone took 206-213 ms instead of
+    252-269 ms, with bit-identical gradients (docs/performance.md)."""
+    lhs, rest = spec.split(",")
+    rhs, out = rest.split("->")
+    if len(lhs) < 3 or lhs[:2] != out[:2] or set(lhs[:2]) & set(rhs):
+        return spec, x, x.shape[:0]
+    r = next(c for c in "rqponm" if c not in spec)
+    return f"{r}{lhs[2:]},{rhs}->{r}{out[2:]}", x.reshape(-1, *x.shape[2:]), x.shape[:2]
 
 
 def _scale(module: nnx.Module) -> float:

@@ -250,3 +250,42 @@ def test_micro_batches_are_cut_on_the_mesh():
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert a.sharding.is_equivalent_to(batch_sharding(mesh, a.shape, axis=1), a.ndim)
+
+
+@pytest.mark.slow  # measured: 15 s for both alone on 2 cores (AMD EPYC, 2026-12-04)
+@pytest.mark.parametrize("flat_rows", [True, False], ids=["merged-rows", "two-row-dims"])
+def test_the_backward_copies_no_activation_gradient_transposed(monkeypatch, flat_rows):
+    """The compiled policy step forms the MLP's weight gradients without writing a
+    transposed [F, B, T] copy of an activation gradient. With the projections contracting
+    over two row dims ([B, T, in] x [in, out]) XLA:CPU made two such copies per MLP and step
+    (one fused with the SwiGLU backward: about 1 s of a 0.5B-shape step on an AMD EPYC,
+    docs/performance.md); `lora.dense` merges the rows. (q_proj's gradient, fused with the
+    rotary backward, is still written [N * H, rows].) The unmerged form is checked too, so
+    the test is known to see such copies."""
+    import math
+    import re
+
+    from jaxrl_llm.models import ModelConfig, lora
+
+    if not flat_rows:
+        monkeypatch.setattr(lora, "_flat_rows", lambda spec, x: (spec, x, ()))
+    cfg = ModelConfig(vocab_size=160, hidden_size=96, intermediate_size=224, num_heads=6,
+                      num_kv_heads=2, head_dim=16, num_layers=1)  # fmt: skip
+    rows, t = 2, 11
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, cfg.vocab_size, (1, rows, t)).astype(np.int32)
+    ones = jnp.ones((1, rows, t), jnp.float32)
+    batch = TrainBatch(input_ids=jnp.asarray(ids), loss_mask=ones, old_logprobs=-3 * ones,
+                       ref_logprobs=-3 * ones, advantages=ones, returns=ones,
+                       old_values=0 * ones, rollout_logprobs=-3 * ones)  # fmt: skip
+    tx = optax.sgd(0.1)
+    graphdef, state = _policy_state(init_model(cfg, seed=0), tx)
+    step = make_policy_step(graphdef, tx, AlgoConfig(), temperature=1.0)
+    hlo = step.lower(state, batch).compile().as_text()
+    outs = {cfg.intermediate_size}  # F: no other dim of the model is 224
+    made, op = [], r"^\s*(?:ROOT )?%((?:copy|transpose)[\w.\-]*) = \w+\[([\d,]+)\]"
+    for m in re.finditer(op, hlo, re.M):
+        dims = [int(d) for d in m.group(2).split(",")]
+        if dims[0] in outs and math.prod(dims[1:]) == rows * (t - 1):  # positions forwarded
+            made.append(f"{m.group(1)} {dims}")
+    assert bool(made) != flat_rows, made
