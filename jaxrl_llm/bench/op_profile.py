@@ -75,9 +75,6 @@ def profile_call(fn: Any, *args: Any) -> OpProfile:
 def summarise(hlo_text: str, trace_events: list[dict]) -> OpProfile:
     """Group the trace's op self times by the HLO metadata of `hlo_text` (see module doc)."""
     ops = _hlo_ops(hlo_text)
-    # XLA:GPU names an op's kernel with '_' for the '.' of its HLO name (input_reduce_fusion.118
-    # runs as input_reduce_fusion_118; seen on an H200, JAX 0.11.2).
-    ops.update({k.replace(".", "_"): v for k, v in ops.items() if k.replace(".", "_") not in ops})
     timed = [e for e in trace_events if e.get("ph") == "X"]
     self_us = _self_times(timed)
     by_kind: dict[str, float] = collections.defaultdict(float)
@@ -126,7 +123,8 @@ def _self_times(events: list[dict]) -> dict[str, float]:
 
 
 def _hlo_ops(text: str) -> dict[str, tuple[str, str | None]]:
-    """Op name -> (kind, "file:function" of its innermost recorded stack frame or None)."""
+    """Op name (and its GPU kernel's name) -> (kind, "file:function" of its innermost
+    recorded stack frame or None)."""
     frames = _frames(text)
     computations = _computation_bodies(text)
     ops = {}
@@ -135,7 +133,10 @@ def _hlo_ops(text: str) -> dict[str, tuple[str, str | None]]:
         frame = re.search(r"stack_frame_id=(\d+)", m.group(0))
         where = frames.get(int(frame.group(1))) if frame else None
         ops[m.group(1)] = (_kind(m.group(1), m.group(0), computations), where)
-    return ops
+    # XLA:GPU names an op's kernel with '_' for the '.' of its HLO name (input_reduce_fusion.118
+    # runs as input_reduce_fusion_118; seen on an H200, JAX 0.11.2).
+    kernels = {name.replace(".", "_"): op for name, op in ops.items()}
+    return kernels | ops
 
 
 def _kind(name: str, line: str, computations: dict[str, str]) -> str:

@@ -37,9 +37,13 @@ def timed_greedy_decode(
     the paged engine (KV cache `kv`: `RolloutConfig.kv_cache_dtype`): B random P-token
     prompts, N new tokens each, `steps` per call (the first run compiles and is not
     counted)."""
+    engine, params, start = _greedy_decode(model, B, P, N, kv)
+    return engine, _best_decode(engine, params, start, N, steps, repeats)
+
+
+def _best_decode(engine, params, start, N: int, steps: int, repeats: int):
     import jax
 
-    engine, params, start = _greedy_decode(model, B, P, N, kv)
     best = (float("inf"), float("inf"))
     for _ in range(repeats + 1):  # the first run compiles
         state = engine.init_decode_state()
@@ -53,7 +57,7 @@ def timed_greedy_decode(
         t2 = time.perf_counter()
         run = (t1 - t0, t2 - t1)
         best = run if sum(run) < sum(best) else best
-    return engine, best
+    return best
 
 
 def _greedy_decode(model, B: int, P: int, N: int, kv: str):
@@ -79,13 +83,12 @@ def _greedy_decode(model, B: int, P: int, N: int, kv: str):
     return engine, params, start
 
 
-def profile_decode(model, B: int, P: int, N: int, steps: int, kv: str = "auto") -> dict:
+def profile_decode(engine, params, start, steps: int) -> dict:
     """One call of `steps` decode steps traced op by op (`bench.op_profile`): the op time
     by kind and source function, and the ops executed per decode step (on an accelerator,
     kernels: at small batches their count, not the bytes, can bound a step)."""
     from jaxrl_llm.bench.op_profile import profile_call
 
-    engine, params, start = _greedy_decode(model, B, P, N, kv)
     fn = engine._steps_fn(steps)
     prof = profile_call(fn, engine.place_params(params), start(engine.init_decode_state()))
     return {**prof.to_json(), "ops_per_step": prof.op_events / steps}
@@ -106,7 +109,8 @@ def bench_engine(
     if weights != "same":
         sync = sync_seconds(nnx.state(model))
         int8_projections(model, activations=weights == "w8a8")
-    engine, best = timed_greedy_decode(model, B, P, N, steps, repeats, kv)
+    engine, params, start = _greedy_decode(model, B, P, N, kv)
+    best = _best_decode(engine, params, start, N, steps, repeats)
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
     prefill_s, decode_s = best
@@ -125,7 +129,7 @@ def bench_engine(
         "tokens_per_s": B * N / (prefill_s + decode_s),
         "decode_weight_bytes_per_s": param_bytes * N / decode_s,
         **({"weight_sync_s": sync} if sync else {}),
-        **({"profile": profile_decode(model, B, P, N, steps, kv)} if profile else {}),
+        **({"profile": profile_decode(engine, params, start, steps)} if profile else {}),
     }
 
 
