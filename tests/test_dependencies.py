@@ -110,7 +110,7 @@ def test_the_checker_sees_function_level_imports():
 # Run the CLI in a fresh interpreter and report, at exit, which heavy libraries it loaded.
 _REPORT_HEAVY = (
     "import atexit, sys\n"
-    "atexit.register(lambda: print('HEAVY=' + ','.join(m for m in ('tensorflow', 'seqio')"
+    "atexit.register(lambda: print('HEAVY=' + ','.join(m for m in ('tensorflow', 'seqio', 'torch')"
     " if m in sys.modules)))\n"
     "from jaxrl_llm.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
@@ -146,7 +146,10 @@ def test_train_help_imports_neither_tensorflow_nor_seqio(tmp_path):
 @pytest.mark.slow  # measured: 18 s (a one-step run with its start-up)
 def test_one_step_training_run_imports_neither_tensorflow_nor_seqio(tmp_path):
     """The rollout engine subclasses JetStream's Engine, whose module imports seqio (and so
-    TensorFlow) through `token_utils`; `rollout/jetstream_compat.py` makes that lazy."""
+    TensorFlow) through `token_utils`; `rollout/jetstream_compat.py` makes that lazy. Nor
+    PyTorch, installed here for the parity tests: `transformers.AutoTokenizer` and
+    tensorboardX's writer import it when it is installed (`models/tokenizer.py`,
+    `metrics/tensorboard.py`), 6-8 s of a run's start for a library training never uses."""
     tiny = {
         "RLConfig.steps": "1",
         "DataConfig.val_size": "4",

@@ -6,6 +6,11 @@ scheme. Its own `gs://` writer needs `google-cloud-storage` and its own credenti
 file uses (gcsfs on a TPU VM, the mock backend in tests). An object cannot be appended to,
 so each flush rewrites the event file whole (as tensorboardX's own GCS writer does); event
 files hold scalars and a few text samples per step, kilobytes per run.
+
+tensorboardX's writer module imports PyTorch when it is installed, for one type alias
+(`writer.numpy_compatible`, used in annotations only): 3-4 s of a run's start on a 2-core
+host, for a library training never uses. Unless PyTorch is loaded already, `_tensorboardx`
+hides it for that one import (tensorboardX then takes numpy's array type, its own fallback).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import sys
 from typing import Any
 
 from etils import epath
@@ -50,9 +56,23 @@ def summary_writer(run_dir: str | os.PathLike, **kwargs: Any) -> Any | None:
     """A tensorboardX `SummaryWriter` on run_dir/tensorboard, or None (logged) without
     tensorboardX. `kwargs` go to `SummaryWriter` (e.g. `filename_suffix`)."""
     try:
-        from tensorboardX import SummaryWriter, record_writer
+        tbx = _tensorboardx()
     except ImportError:
         log.info("tensorboardX not installed; no TensorBoard events")
         return None
-    record_writer.register_writer_factory("gs", _EpathRecordWriterFactory())
-    return SummaryWriter(os.fspath(epath.Path(run_dir) / FOLDER), **kwargs)
+    tbx.record_writer.register_writer_factory("gs", _EpathRecordWriterFactory())
+    return tbx.SummaryWriter(os.fspath(epath.Path(run_dir) / FOLDER), **kwargs)
+
+
+def _tensorboardx() -> Any:
+    """The `tensorboardX` module, imported without importing PyTorch (module docstring)."""
+    if "torch" in sys.modules or "tensorboardX.writer" in sys.modules:
+        import tensorboardX
+
+        return tensorboardX
+    sys.modules["torch"] = None  # pyright: ignore[reportArgumentType]  # import torch: ImportError
+    try:
+        import tensorboardX
+    finally:
+        del sys.modules["torch"]
+    return tensorboardX

@@ -38,6 +38,13 @@ class UnsupportedModelError(ConfigError):
     """The checkpoint asks for an architecture or option this package does not implement."""
 
 
+class CheckpointError(ConfigError):
+    """A checkpoint is missing, incomplete, corrupt, or does not fit the config.
+
+    A `ConfigError`: the command line ends with its message (exit 2), not a traceback.
+    """
+
+
 _DTYPES = {
     "float32": jnp.float32,
     "bfloat16": jnp.bfloat16,

@@ -31,10 +31,16 @@ from jax.sharding import Mesh
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from jaxrl_llm.config_checks import ConfigError
-from jaxrl_llm.models.config import ModelConfig, UnsupportedModelError, as_dtype, merge_token_ids
+from jaxrl_llm.models.config import (
+    CheckpointError,
+    ModelConfig,
+    UnsupportedModelError,
+    as_dtype,
+    merge_token_ids,
+)
 from jaxrl_llm.models.quant import quantize_variable
 from jaxrl_llm.models.stop_tokens import GENERATION_CONFIG, StopTokenError, read_stop_token_ids
+from jaxrl_llm.models.tokenizer import check_tokenizer_files
 from jaxrl_llm.models.transformer import CausalLM, ValueModel
 from jaxrl_llm.sharding.hosts import to_host
 from jaxrl_llm.sharding.rules import (
@@ -50,13 +56,6 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Tensors some checkpoints carry that hold no parameters.
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint is missing, incomplete, corrupt, or does not fit the config.
-
-    A `ConfigError`: the command line ends with its message (exit 2), not a traceback.
-    """
 
 
 Transform = Callable[[np.ndarray], np.ndarray]
@@ -124,30 +123,7 @@ def check_checkpoint(path: str | os.PathLike, field: str, *, tokenizer: bool = T
             f"{where}: no config.json in it; {expected}; point it at the folder holding config.json"
         )
     if tokenizer:
-        _check_tokenizer_files(path, where)
-
-
-# A tokenizer folder needs one of these; without any, transformers builds an empty tokenizer
-# (only the special tokens) and every prompt encodes to nothing.
-_VOCAB_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")
-
-
-def _check_tokenizer_files(path: Path, where: str) -> None:
-    copy = "copy tokenizer.json and tokenizer_config.json again from the model it came from"
-    tok = path / "tokenizer.json"
-    if tok.is_file():
-        try:
-            json.loads(tok.read_bytes())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(
-                f"{where}: tokenizer.json is not valid JSON ({e}); expected the file a "
-                f"tokenizer's save_pretrained writes; {copy}"
-            ) from e
-    elif not any((path / name).is_file() for name in _VOCAB_FILES):
-        raise CheckpointError(
-            f"{where}: no tokenizer.json (nor {', '.join(_VOCAB_FILES[1:])}) in it; expected "
-            f"the tokenizer saved beside the weights; {copy}"
-        )
+        check_tokenizer_files(path, where)
 
 
 def read_config(path: str | os.PathLike) -> dict:
@@ -394,26 +370,11 @@ def save_pretrained(
         tokenizer.save_pretrained(str(path))
 
 
-def load_tokenizer(path: str | os.PathLike):
-    """The checkpoint's tokenizer through `transformers.AutoTokenizer`, local files only."""
-    from transformers import AutoTokenizer
-
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"tokenizer directory {str(path)!r} does not exist")
-    _check_tokenizer_files(path, f"cannot load a tokenizer from {str(path)!r}")
-    try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot load a tokenizer from {str(path)!r}: {e}") from e
-
-
 __all__ = [
     "CheckpointError",
     "UnsupportedModelError",
     "check_checkpoint",
     "from_pretrained",
-    "load_tokenizer",
     "read_config",
     "save_pretrained",
     "tensor_names",

@@ -47,10 +47,10 @@ from jaxrl_llm.models.hf_io import (
     CheckpointError,
     check_checkpoint,
     from_pretrained,
-    load_tokenizer,
     read_config,
     tensor_names,
 )
+from jaxrl_llm.models.tokenizer import load_tokenizer
 from jaxrl_llm.models.transformer import ValueModel
 from jaxrl_llm.rewards.model_config import (
     NORMALIZATIONS,
