@@ -88,6 +88,7 @@ def test_gradient_signs():
     np.testing.assert_allclose(g[2], 1.0 * 1.5 / 5, rtol=1e-5)
 
 
+@pytest.mark.slow  # 5 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(MODES))
 def test_ratio_one_gives_minus_aggregated_advantage(seed, mode):

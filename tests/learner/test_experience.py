@@ -145,6 +145,7 @@ def test_experience_pass_equals_separate_forwards(models, old_logprobs):
         np.testing.assert_allclose(float(metrics[k]), v, rtol=0, atol=tol, err_msg=k)
 
 
+@pytest.mark.slow  # 9 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_experience_pass_without_reference_or_critic(models):
     """GRPO's pass: the policy forward only; reference logprobs and values are zeros."""
     policy = models[0]
@@ -194,6 +195,7 @@ def test_kl_in_the_reward_needs_the_old_logprobs(models):
                            old_logprobs=False)  # fmt: skip
 
 
+@pytest.mark.slow  # 8 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_trained_tool_output_gets_logprobs_and_no_rollout_mismatch(models):
     """`mask_tool_output=False`: the loss mask covers the tool tokens too, so the pass gives
     them old logprobs (as on model tokens) and takes those as their rollout logprobs (none

@@ -257,6 +257,7 @@ def test_lora_plan_within_20_percent_of_xla(mesh_shape, micro_batch, seq_len, mi
     assert trained < full.terms["optimizer"] + full.terms["grads"]
 
 
+@pytest.mark.slow  # 21 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_scanned_layers_run_the_adapters_and_refuse_uneven_targets():
     ids, outs, models = _ids(), [], []
     for scan in (False, True):
@@ -274,6 +275,7 @@ def test_scanned_layers_run_the_adapters_and_refuse_uneven_targets():
         apply_lora(scanned, LoraConfig(targets=(r"model/layers/0/self_attn/q_proj",)), seed=0)
 
 
+@pytest.mark.slow  # 20 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_int8_base_is_the_dequantised_model_and_merges():
     """`quantize_base='int8'`: targeted weights stored as int8 (each within half a scale
     step of the float weight); the model computes what the dequantised float model computes

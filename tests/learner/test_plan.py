@@ -89,6 +89,7 @@ def test_overlapped_rollout_counts_its_weight_copies_and_both_phases():
     assert ahead.peak > sync.peak
 
 
+@pytest.mark.slow  # 11 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 @pytest.mark.parametrize(
     "weights, dtype, fsdp",
     [("same", None, 1), ("same", None, 2), ("same", "bfloat16", 1), ("int8", None, 1),
@@ -117,6 +118,7 @@ def test_the_sampler_copy_is_the_bytes_the_sampler_holds(weights, dtype, fsdp):
     assert planned == (0 if pointer else held)
 
 
+@pytest.mark.slow  # 9 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
 def test_devices_set_apart_hold_the_sampler_and_the_trainers_do_not(kv_dtype):
     """`MeshConfig.rollout_devices = 4` of 8 with tensor 2: each sampler device holds what a

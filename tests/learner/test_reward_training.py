@@ -37,6 +37,7 @@ def _tiny_scores(P: int) -> tuple[np.ndarray, np.ndarray]:
     return scores[:P], scores[P:]
 
 
+@pytest.mark.slow  # 9 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_bradley_terry_loss_and_gradient_match_float64():
     P = 64
     chosen, rejected = _tiny_scores(P)
@@ -60,6 +61,7 @@ def test_bradley_terry_loss_and_gradient_match_float64():
     assert float(pair_accuracy(jnp.asarray(chosen), jnp.asarray(rejected))) == np.mean(c64 > r64)
 
 
+@pytest.mark.slow  # 7 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_value_model_saves_as_sequence_classifier(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

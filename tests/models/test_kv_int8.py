@@ -43,6 +43,7 @@ def test_write_kv_quantises_each_token_and_head_by_its_own_scale():
     )
 
 
+@pytest.mark.slow  # 12 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 @pytest.mark.parametrize("walk", ["column", "ragged", "auto"])
 def test_decode_over_int8_pages_is_decode_over_their_dequantised_values(walk):
     rng = np.random.RandomState(4)
@@ -59,6 +60,7 @@ def test_decode_over_int8_pages_is_decode_over_their_dequantised_values(walk):
     assert_as_accurate(on_gpu, trusted, exact)
 
 
+@pytest.mark.slow  # 8 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_gathered_attention_over_int8_pages():
     rng = np.random.RandomState(1)
     B, N, K, H, ps, pps, T = 3, 4, 2, 8, 4, 4, 3

@@ -67,6 +67,7 @@ def test_logits_match_transformers_with_left_padding(qwen3):
     assert np.abs(off - ref)[real].max() > 100 * TOL
 
 
+@pytest.mark.slow  # 6 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_save_pretrained_roundtrip_through_transformers(qwen3, tmp_path):
     path, torch_model = qwen3
     model = from_pretrained(path)

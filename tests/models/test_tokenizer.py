@@ -72,6 +72,7 @@ def test_custom_code_is_never_taken_by_the_direct_path(tmp_path):
     assert direct_class_name(broken) is None  # AutoTokenizer then says what is wrong
 
 
+@pytest.mark.slow  # 7 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_the_shipped_tokenizer_loads_without_importing_pytorch():
     """The test environment has PyTorch; AutoTokenizer would import it (6-8 s of start-up)."""
     code = (

@@ -55,6 +55,7 @@ def test_n_samples_one_prefill_seeded(tiny_model, tiny_engine):
     assert any(not np.array_equal(a.token_ids, b.token_ids) for a, b in zip(out, other))
 
 
+@pytest.mark.slow  # 11 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_per_request_params_mix_in_one_batch(tiny_model, tiny_engine):
     sps = [
         SamplingParams(temperature=0.0, max_new_tokens=6, raw_logprobs=True),
@@ -91,6 +92,7 @@ def _kept_tokens(scaled, top_k, top_p):
     return [int(i) for r, i in enumerate(order) if r == 0 or mass_before[r] < top_p]
 
 
+@pytest.mark.slow  # 12 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_prompt_buckets_bound_compiles(tiny_engine):
     before = dict(tiny_engine.trace_counts)
     prompts = [list(range(6, 6 + n)) for n in range(1, 33)]  # 32 distinct lengths
@@ -103,6 +105,7 @@ def test_prompt_buckets_bound_compiles(tiny_engine):
     assert all(v <= 2 for v in new.values()), new
 
 
+@pytest.mark.slow  # 9 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_long_prompt_is_a_clear_error_or_a_skip(tiny_engine):
     long = list(range(6, 46))  # 40 > max_prefill_length 32
     driver = RolloutDriver(tiny_engine)
@@ -189,6 +192,7 @@ def _turns(mask) -> list[int]:
     return runs
 
 
+@pytest.mark.slow  # 16 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_a_turn_budget_cuts_each_turn_and_ends_the_sample(builtin):
     """`max_turn_tokens` = 6: the first turn stops (on a stop string) within it, the tool
     answers, and the second turn is cut at exactly 6 tokens, ending the sample "length".
@@ -219,6 +223,7 @@ def test_a_turn_budget_cuts_each_turn_and_ends_the_sample(builtin):
         SamplingParams(max_turn_tokens=0)
 
 
+@pytest.mark.slow  # 16 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_failing_tool_ends_only_its_sample(builtin):
     """Prompt 0's samples hit stop strings and call a tool that raises: each ends there with
     the error. Prompt 1 (no stop strings, same batch) goes on exactly as without a tool."""
@@ -273,6 +278,7 @@ def test_stop_search_decodes_only_new_text():
     assert stop_decodes < 12 * len(out.token_ids)  # whole-turn decoding: ~ len^2 / 16
 
 
+@pytest.mark.slow  # 14 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 @pytest.mark.parametrize("workers", [3, 4])
 def test_tool_calls_run_on_tool_workers_threads_at_once(builtin, workers):
     """`tool_workers` calls are in flight together (`RolloutConfig.tool_workers`): four

@@ -63,6 +63,7 @@ def test_prefill_insert_generate_match_full_forward(tiny_model, tiny_engine):
     np.testing.assert_array_equal(lps, 0.0)
 
 
+@pytest.mark.slow  # 9 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_sampled_logprobs_equal_full_forward(tiny_model, tiny_engine):
     from jaxrl_llm.rollout import SamplingParams
 
@@ -80,6 +81,7 @@ def test_sampled_logprobs_equal_full_forward(tiny_model, tiny_engine):
             seq.append(tok)
 
 
+@pytest.mark.slow  # 6 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_new_params_change_outputs_without_recompiling(tiny_engine):
     params = tiny_engine.load_params()
     from jaxrl_llm.rollout import SamplingParams

@@ -185,6 +185,7 @@ def test_int8_kv_decoding_is_the_float_engines_on_rounded_keys_and_values(tiny_m
     assert np.abs(raw(quantised) - raw(floats)).max() > 4 * noise + eps  # it did round
 
 
+@pytest.mark.slow  # 12 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 @pytest.mark.parametrize("weights", ["float32", "w8a8"])
 def test_a_decode_step_copies_no_weight(weights):
     """The compiled decode step reads each weight where it lies: no op in it produces an

@@ -44,6 +44,7 @@ def _split(c, version):
     return c.token_ids[keep], c.logprobs[keep]
 
 
+@pytest.mark.slow  # 5 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 def test_a_relabelled_swap_changes_nothing_but_the_tags(tiny_engine):
     """The same weights handed over as version 2: the samples equal a run without a swap
     token for token and bit for bit, and the tags split every sample at one device call."""
@@ -61,6 +62,7 @@ def test_a_relabelled_swap_changes_nothing_but_the_tags(tiny_engine):
     assert tags[-1] == {2}  # the last prompt was admitted after it
 
 
+@pytest.mark.slow  # 8 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 @pytest.mark.parametrize("at", [2, 4])
 def test_new_weights_take_over_running_samples_and_later_ones(tiny_model, tiny_engine, at):
     """Different weights at the `at`-th host check: a sample's tokens before the swap are
