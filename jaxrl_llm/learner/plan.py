@@ -47,12 +47,11 @@ and compiled code; `HEADROOM` leaves room for them.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from typing import Any
 
 import numpy as np
 
+from jaxrl_llm.learner.plan_lora import adapter_bytes, int8_base_saving, lora_activation_bytes
 from jaxrl_llm.learner.plan_rewards import ScorerLoad, scorer_loads, scorers_memory
 from jaxrl_llm.learner.plan_shapes import (
     abstract_mesh,
@@ -63,7 +62,7 @@ from jaxrl_llm.learner.plan_shapes import (
 )
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.mesh import sampler_mesh_shape
-from jaxrl_llm.sharding.rules import SAMPLE_RULES, TRAIN_RULES, Rules
+from jaxrl_llm.sharding.rules import SAMPLE_RULES, TRAIN_RULES
 
 GB = 1e9
 HEADROOM = 0.10  # fraction of device memory left for XLA workspace, code and fragmentation
@@ -128,69 +127,6 @@ class Workload:
             rollout_devices=(apart := cfg.mesh.rollout_devices),
             sampler_mesh=sampler_mesh_shape(apart, cfg.mesh.tensor) if apart else (1, 1, 1),
         )
-
-
-@functools.cache
-def _adapted_weights(cfg, lora) -> tuple[tuple[str, tuple[int, ...], tuple, int], ...]:
-    """(name, shape, logical axes, itemsize) of each weight `lora` adapts (`apply_lora`'s
-    choice, from `nnx.eval_shape`)."""
-    from flax import nnx
-
-    from jaxrl_llm.models import CausalLM
-    from jaxrl_llm.models.lora import adapted_weights
-
-    state = nnx.state(nnx.eval_shape(lambda: CausalLM(cfg.replace(remat=False), rngs=nnx.Rngs(0))))
-    flat = {"/".join(map(str, p)): v for p, v in nnx.to_flat_state(state)}
-    return tuple(
-        (path.rsplit("/", 1)[-1], flat[path].shape,
-         tuple(flat[path].get_metadata()["logical_axes"]), flat[path].get_value().dtype.itemsize)
-        for path in adapted_weights(lora, flat)
-    )  # fmt: skip
-
-
-def adapter_bytes(cfg, mesh, rules: Rules, lora) -> tuple[int, int]:
-    """(per-device bytes, count) of the LoRA adapters `lora` puts on `cfg`'s policy: each
-    adapter laid out by its weight's logical axes (`models.lora.adapter_specs`)."""
-    from jaxrl_llm.models.lora import adapter_specs
-
-    per_device = count = 0
-    for name, shape, axes, itemsize in _adapted_weights(cfg, lora):
-        for a_shape, logical in adapter_specs(name, shape, axes, lora.rank):
-            per_device += shard_numel(a_shape, logical, rules, mesh) * itemsize
-            count += math.prod(a_shape)
-    return per_device, count
-
-
-def int8_base_saving(cfg, mesh, lora) -> int:
-    """Per-device bytes an int8 base (`LoraConfig.quantize_base`) saves: each adapted weight
-    at one byte per element instead of its dtype's, plus its per-output-channel scales."""
-    from jaxrl_llm.models.lora import adapter_specs
-
-    saved = 0
-    for name, shape, axes, itemsize in _adapted_weights(cfg, lora):
-        (_, _), (b_shape, b_axes) = adapter_specs(name, shape, axes, 1)
-        weight = shard_numel(shape, axes, TRAIN_RULES, mesh)
-        scales = shard_numel(b_shape[1:], b_axes[1:], TRAIN_RULES, mesh)
-        saved += weight * (itemsize - 1) - scales * itemsize
-    return saved
-
-
-def lora_activation_bytes(cfg, mesh, w: Workload, remat: bool) -> int:
-    """LoRA's extra activations: one buffer of each adapted projection's output per layer
-    (its base output kept beside base + adapter term), for every layer (one with remat).
-    Fitted to XLA:CPU's memory analysis of the LoRA step on 4 configs (tiny model mb 4 and
-    8, a 2-layer D=64 model unsharded and on fsdp=2 x tensor=2): worst error 6% with it,
-    29% without."""
-    from jaxrl_llm.models.lora import adapter_specs
-
-    a = np.dtype(cfg.dtype).itemsize
-    t, total = w.seq_len - 1, 0
-    for name, shape, axes, _ in _adapted_weights(cfg, w.lora):
-        (_, _), (b_shape, b_axes) = adapter_specs(name, shape, axes, 1)
-        out_shape = (w.micro_batch, t, *b_shape[1:])
-        out_axes = (ax.BATCH, None, *(None if x == ax.EMBED else x for x in b_axes[1:]))
-        total += shard_numel(out_shape, out_axes, TRAIN_RULES, mesh) * a
-    return total // (cfg.num_layers if remat else 1)
 
 
 def gathered_bytes(cfg, mesh) -> int:
@@ -379,7 +315,10 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
     rows = shard_numel((w.micro_batches * w.micro_batch,), (ax.BATCH,), TRAIN_RULES, mesh)
     act = {r: activation_bytes(cfg, mesh, w, r)["peak"] for r in (False, True)}
     if w.lora is not None:
-        act = {r: v + lora_activation_bytes(cfg, mesh, w, r) for r, v in act.items()}
+        act = {
+            r: v + lora_activation_bytes(cfg, mesh, w.lora, w.micro_batch, w.seq_len, r)
+            for r, v in act.items()
+        }
     # LoRA: the frozen base plus adapters resident; moments and gradients of the adapters
     # alone; the reference is the base itself (adapters off), no copy.
     trained = adapter_bytes(cfg, mesh, TRAIN_RULES, w.lora)[0] if w.lora else params

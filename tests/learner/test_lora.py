@@ -209,9 +209,10 @@ def _get(model, path) -> Any:
 
 
 def test_planner_counts_the_adapters_apply_lora_makes():
-    """`plan.adapter_bytes` (shapes only) agrees with the adapters `apply_lora` attaches, and
+    """`plan_lora.adapter_bytes` (shapes only) agrees with the adapters `apply_lora` attaches, and
     the LoRA plan's optimiser and gradient terms are those of the adapters alone."""
-    from jaxrl_llm.learner.plan import Workload, adapter_bytes, plan_memory
+    from jaxrl_llm.learner.plan import Workload, plan_memory
+    from jaxrl_llm.learner.plan_lora import adapter_bytes
     from jaxrl_llm.learner.plan_shapes import abstract_mesh
 
     lora = LoraConfig(rank=4, targets=("q_proj", "down_proj"))
@@ -333,7 +334,8 @@ def test_int8_base_trains_adapters_only():
 
 
 def test_planner_counts_the_int8_base():
-    from jaxrl_llm.learner.plan import Workload, int8_base_saving, plan_memory
+    from jaxrl_llm.learner.plan import Workload, plan_memory
+    from jaxrl_llm.learner.plan_lora import int8_base_saving
     from jaxrl_llm.learner.plan_shapes import abstract_mesh
     from jaxrl_llm.models.lora import state_bytes
 
