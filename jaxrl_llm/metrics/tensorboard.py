@@ -65,7 +65,9 @@ def summary_writer(run_dir: str | os.PathLike, **kwargs: Any) -> Any | None:
 
 
 def _tensorboardx() -> Any:
-    """The `tensorboardX` module, imported without importing PyTorch (module docstring)."""
+    """The `tensorboardX` module, imported without importing PyTorch (module docstring).
+    Called as a run starts its writers, before its producer or tool threads exist: another
+    thread's `import torch` inside this window would fail."""
     if "torch" in sys.modules or "tensorboardX.writer" in sys.modules:
         import tensorboardX
 
