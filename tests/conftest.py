@@ -42,41 +42,12 @@ def pytest_unconfigure(config):
         shutil.rmtree(_OWN_JIT_CACHE, ignore_errors=True)
 
 
-# The longest tests, in seconds, from the fresh-clone run of 62636bc on the AMD EPYC AVX2 host
-# (2026-12-04, 2 workers; docs/testing.md), the two-backend test re-measured at 12 steps. They
-# start first, longest first: a long test that starts late leaves the other worker idle
-# while it finishes (longest-processing-time-first scheduling bounds that by the shortest).
-LONGEST = {
-    "tests/integration/test_backends_train.py::test_the_default_task_trains_on_either_backend": 380,
-    "tests/integration/test_multihost.py::"
-    "test_an_overlapped_rl_loop_on_two_hosts_matches_one_host_and_resumes": 226,
-    "tests/repro/test_repro_smoke.py::test_limr_smoke_runs_every_arm": 223,
-    "tests/learner/test_rl_loop.py::test_sigkill_and_resume_matches_uninterrupted_run": 217,
-    "tests/integration/test_multihost.py::"
-    "test_rl_loop_on_two_hosts_matches_one_host_and_resumes": 205,
-    "tests/repro/test_repro_smoke.py::test_search_r1_smoke_runs_every_arm": 148,
-    "tests/learner/test_reward_training.py::"
-    "test_short_run_learns_held_out_preferences_and_rm_scores_them": 128,
-    "tests/learner/test_rl_loop.py::test_packed_run_equals_unpacked_run": 127,
-    "tests/integration/test_multihost.py::test_two_processes_match_one_process": 110,
-    "tests/learner/test_lora_export_run.py::"
-    "test_lora_run_checkpoints_adapters_only_and_resumes": 107,
-    "tests/learner/test_rl_loop.py::test_ppo_with_critic_and_kl_options": 81,
-}
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The tests marked slow first, the `LONGEST` of them longest first (a stable sort keeps
-    the order otherwise): with two xdist workers the minutes-long runs start at once and the
-    short tests fill in around them, instead of one worker finishing a long run alone at the
-    end."""
-
-    def key(item):
-        seconds = LONGEST.get(item.nodeid.split("[")[0], 0)
-        return (item.get_closest_marker("slow") is None, -seconds)
-
-    items.sort(key=key)
+    """The tests marked slow first (a stable sort keeps the order within each group): with
+    two xdist workers the minutes-long runs start at once and the short tests fill in around
+    them, instead of one worker finishing a long run alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)
