@@ -149,7 +149,7 @@ def test_one_step_training_run_imports_neither_tensorflow_nor_seqio(tmp_path):
     TensorFlow) through `token_utils`; `rollout/jetstream_compat.py` makes that lazy. Nor
     PyTorch, installed here for the parity tests: `transformers.AutoTokenizer` and
     tensorboardX's writer import it when it is installed (`models/tokenizer.py`,
-    `metrics/tensorboard.py`), 6-8 s of a run's start for a library training never uses."""
+    `metrics/tensorboard.py` say how much start-up that costs)."""
     tiny = {
         "RLConfig.steps": "1",
         "DataConfig.val_size": "4",

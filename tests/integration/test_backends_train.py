@@ -11,7 +11,8 @@ Why 12 steps (measured at bc05e36, 2026-12-04, AMD EPYC AVX2, validating every 4
 greedy validation is saturated by step 4 on both backends (JAX 42.2% -> 95.3, 92.2, 92.2% at
 steps 4, 8, 12; vLLM 42.2% -> 93.8, 92.2, 92.2%), and the mean training reward of steps 9-12
 clears steps 1-4 by 0.25 (JAX) and 0.31 (vLLM) against the 0.15 asked. At 8 steps the JAX
-arm's steps 5-8 clear steps 1-4 by only 0.06, so 12 is the shortest run that tests learning.
+arm's steps 5-8 clear steps 1-4 by only 0.06: of the lengths measured, 12 is the shortest
+that tests learning.
 """
 
 import numpy as np

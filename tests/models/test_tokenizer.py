@@ -1,11 +1,10 @@
 """`load_tokenizer` loads what `transformers.AutoTokenizer` loads: the same class, ids, special
 tokens and chat template, whether it takes the direct path (a class AutoTokenizer is known to
-pick, imported alone) or AutoTokenizer itself."""
+pick, imported alone) or AutoTokenizer itself. That a training run then imports no PyTorch
+is checked in a fresh interpreter by tests/test_dependencies.py's one-step run."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 from transformers import AutoTokenizer
@@ -70,18 +69,3 @@ def test_custom_code_is_never_taken_by_the_direct_path(tmp_path):
     broken = _variant(tmp_path, "broken")
     (broken / "config.json").write_text("{not json")
     assert direct_class_name(broken) is None  # AutoTokenizer then says what is wrong
-
-
-@pytest.mark.slow  # 7 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
-def test_the_shipped_tokenizer_loads_without_importing_pytorch():
-    """The test environment has PyTorch; AutoTokenizer would import it (6-8 s of start-up)."""
-    code = (
-        "import sys\n"
-        "from jaxrl_llm.assets import builtin_checkpoint\n"
-        "from jaxrl_llm.models import load_tokenizer\n"
-        "load_tokenizer(builtin_checkpoint())\n"
-        "print('torch' in sys.modules)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["False"]
