@@ -79,9 +79,10 @@ def apply_gradients(
     finite = jnp.isfinite(grad_norm)
     if loss is not None:
         finite &= jnp.isfinite(loss)
-    # Zero non-finite gradients so the (discarded) update stays finite too.
-    safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
-    updates, opt_state = tx.update(safe, state.opt_state, state.params)
+    # A non-finite update is computed, then discarded by the select below. (Zeroing the
+    # gradients first made XLA:CPU write a copy of each and norm it again for the clip:
+    # a fifth more kernels and compile time; docs/performance.md.)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new = dataclasses.replace(state, step=state.step + 1, params=params, opt_state=opt_state)
     new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)

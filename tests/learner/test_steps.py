@@ -147,10 +147,17 @@ def test_a_skipped_update_reports_what_it_applied():
     decay alone would move the params."""
     from jaxrl_llm.learner.state import TrainState, apply_gradients
 
-    tx = optax.adamw(1e-2, weight_decay=0.1)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
     state = TrainState.create({"w": jnp.ones(3)}, tx, jax.random.PRNGKey(0))
-    _, m = apply_gradients(state, {"w": jnp.array([1.0, jnp.nan, 0.0])}, tx)
-    assert float(m["skipped"]) == 1.0 and float(m["update_norm"]) == 0.0
+    state, _ = apply_gradients(state, {"w": jnp.array([0.5, -2.0, 1.0])}, tx)  # moments != 0
+    bad = [({"w": jnp.array([1.0, jnp.nan, 0.0])}, None),
+           ({"w": jnp.array([1.0, jnp.inf, 0.0])}, None),  # the clip's scale: 1/inf * inf
+           ({"w": jnp.array([1.0, 2.0, 0.0])}, jnp.float32(jnp.nan))]  # fmt: skip
+    for grads, loss in bad:  # the whole state, moments and step too, is left as it was
+        skipped, m = apply_gradients(state, grads, tx, loss)
+        assert float(m["skipped"]) == 1.0 and float(m["update_norm"]) == 0.0
+        for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(skipped), strict=True):
+            np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
     new, m = apply_gradients(state, {"w": jnp.array([1.0, 2.0, 0.0])}, tx)
     moved = float(jnp.linalg.norm(new.params["w"] - state.params["w"]))
     assert float(m["skipped"]) == 0.0 and float(m["update_norm"]) == pytest.approx(moved, rel=1e-5)
