@@ -286,7 +286,10 @@ def _by_column(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
         return run
 
     branches = [one_pass(w) for w in widths]
-    branches.append(lambda: _column_loop(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale))
+    if widths[-1] < pps:  # else no row can outgrow the one-pass widths: no loop to compile
+        branches.append(
+            lambda: _column_loop(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale)
+        )
     which = jnp.searchsorted(jnp.asarray(widths), jnp.max(n_pages))  # len(widths): loop
     return jax.lax.switch(which, branches)
 

@@ -65,6 +65,24 @@ def test_decode_attention_matches_dense(walk, block_tokens, ps, monkeypatch):
     assert_as_accurate(out, ref, exact)  # trusted: dense float32; exact: dense float64
 
 
+@pytest.mark.parametrize(("dense_tokens", "loops"), [(16 * 5 * 4, False), (16 * 2 * 4, True)])
+def test_the_column_walk_traces_a_loop_only_when_rows_can_outgrow_its_widths(
+    dense_tokens, loops, monkeypatch
+):
+    """Widths up to the whole table (5 pages): no row can outgrow them, so the loop of page
+    blocks is dead code and not traced (it cost about a tenth of the decode program's
+    compile); widths up to 2 pages: longer rows loop. Values in both: the test above."""
+    from jaxrl_llm.models import paged
+
+    monkeypatch.setattr(paged, "DENSE_TOKENS", dense_tokens)
+    rng = np.random.RandomState(0)
+    kv, table = _pool(rng, 16, 5, 4, 2, 8)
+    q = jnp.asarray(rng.randn(16, 4, 8).astype(np.float32))
+    lens = jnp.full((16,), 9, jnp.int32)
+    fn = lambda q, lens: decode_attention(q, kv, lens, table, sm_scale=0.35, walk="column")
+    assert ("while[" in str(jax.make_jaxpr(fn)(q, lens))) == loops
+
+
 @pytest.mark.slow  # 11 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])
 def test_decode_per_platform_matches_dense(platform):
