@@ -55,7 +55,7 @@ def bench_jax(
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxrl_llm.bench.rl_step import CompileClock
+    from jaxrl_llm.bench.clock import CompileClock
     from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
     from jaxrl_llm.learner.rl_config import AlgoConfig
     from jaxrl_llm.learner.state import TrainState

@@ -22,7 +22,7 @@ import argparse
 import json
 from pathlib import Path
 
-from jaxrl_llm.data import limr
+from jaxrl_llm.data import limr, limr_select
 from jaxrl_llm.data.examples import DEFAULT_FIELDS, DataReport, FieldMap, iter_examples
 from jaxrl_llm.data.sources import SourceConfig, read_records
 
@@ -89,7 +89,7 @@ def _fields(id_key: str | None) -> FieldMap:
 def lim_subset_size(
     scores: limr.LimScores, data_path: str, threshold: float, fields: FieldMap, data_format: str
 ) -> int:
-    """How many prompts `limr.select` would write: ids scored >= threshold that are in the
+    """How many prompts `limr_select.select` would write: ids scored >= threshold that are in the
     data file."""
     keep = {pid for pid, s in zip(scores.ids, scores.scores, strict=True) if s >= threshold}
     source = SourceConfig(data_path, format=data_format)
@@ -130,7 +130,7 @@ def run_select(args: argparse.Namespace) -> dict:
     report: dict = {"out": args.out, "threshold": args.threshold}
     if args.random is None:
         report["mode"] = "lim"
-        report["prompts"] = limr.select(
+        report["prompts"] = limr_select.select(
             scores, args.data, args.threshold, args.out, fields=fields, data_format=args.format
         )
         return report
@@ -140,7 +140,7 @@ def run_select(args: argparse.Namespace) -> dict:
     elif n < 0:
         raise SystemExit(f"--random N needs N >= 0, got {n}")
     report.update(mode="random", seed=args.seed)
-    report["prompts"] = limr.random_subset(
+    report["prompts"] = limr_select.random_subset(
         args.data, n, args.seed, args.out, fields=fields, data_format=args.format
     )
     return report

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrl_llm.data import limr
+from jaxrl_llm.data import limr, limr_select
 from jaxrl_llm.data.limr_plot import plot_lim_curves
 from jaxrl_llm.data.tasks import arithmetic, mixed_value
 from jaxrl_llm.repro.runner import train_run
@@ -90,7 +90,7 @@ def prepare_limr(opts: PrepOptions) -> Prepared:
     scores = limr.score_run(scoring_dir, steps_per_epoch, epochs)
     plot_lim_curves(scores, opts.out_dir / "lim_curves.png", threshold=THRESHOLD)
     lim_path = data_dir / "lim.jsonl"
-    n = limr.select(scores, train, THRESHOLD, lim_path)
+    n = limr_select.select(scores, train, THRESHOLD, lim_path)
     if n == 0:
         raise RuntimeError(
             f"LIM selected no prompt at threshold {THRESHOLD} after {epochs} scoring epochs "
@@ -101,7 +101,7 @@ def prepare_limr(opts: PrepOptions) -> Prepared:
     seed_params = {}
     for seed in opts.seeds:
         path = data_dir / f"random-seed{seed}.jsonl"
-        limr.random_subset(train, n, seed, path)
+        limr_select.random_subset(train, n, seed, path)
         random_counts[str(seed)] = mixed_value.count_kinds(_read_rows(path))
         seed_params[("random", seed)] = (f"TRAIN = '{path}'",)
     val_param = f"VAL = '{val}'"

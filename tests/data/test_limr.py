@@ -12,12 +12,10 @@ from jaxrl_llm.data.limr import (
     backfill_and_drop,
     lim_scores,
     load_scores,
-    random_ids,
-    random_subset,
     record_samples,
     score_run,
-    select,
 )
+from jaxrl_llm.data.limr_select import random_ids, random_subset, select
 
 NAN = np.nan
 
