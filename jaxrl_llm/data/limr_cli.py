@@ -12,8 +12,8 @@
         as many as the LIM subset at that threshold has (`--random N` gives the size).
 
 Each command prints one JSON line saying what it wrote. The work is done by
-`jaxrl_llm.data.limr` (`score_run`, `select`, `random_subset`) and
-`jaxrl_llm.data.limr_plot.plot_lim_curves`.
+`jaxrl_llm.data.limr` (`score_run`), `jaxrl_llm.data.limr_select` (`select`,
+`random_subset`, `lim_subset_size`) and `jaxrl_llm.data.limr_plot.plot_lim_curves`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import json
 from pathlib import Path
 
 from jaxrl_llm.data import limr, limr_select
-from jaxrl_llm.data.examples import DEFAULT_FIELDS, DataReport, FieldMap, iter_examples
-from jaxrl_llm.data.sources import SourceConfig, read_records
+from jaxrl_llm.data.examples import DEFAULT_FIELDS, FieldMap
 
 DEFAULT_THRESHOLD = 0.6
 PLOT_FILE = "lim_curves.png"
@@ -86,17 +85,6 @@ def _fields(id_key: str | None) -> FieldMap:
     return FieldMap(id=(id_key,)) if id_key else DEFAULT_FIELDS
 
 
-def lim_subset_size(
-    scores: limr.LimScores, data_path: str, threshold: float, fields: FieldMap, data_format: str
-) -> int:
-    """How many prompts `limr_select.select` would write: ids scored >= threshold that are in the
-    data file."""
-    keep = {pid for pid, s in zip(scores.ids, scores.scores, strict=True) if s >= threshold}
-    source = SourceConfig(data_path, format=data_format)
-    ids = {ex["id"] for _, ex in iter_examples(read_records(source), fields, DataReport())}
-    return len(keep & ids)
-
-
 def run_score(args: argparse.Namespace) -> dict:
     run = Path(args.run)
     out = Path(args.out) if args.out else run / limr.SCORES_FILE
@@ -136,7 +124,9 @@ def run_select(args: argparse.Namespace) -> dict:
         return report
     n = args.random
     if n == _SAME_SIZE:
-        n = lim_subset_size(scores, args.data, args.threshold, fields, args.format)
+        n = limr_select.lim_subset_size(
+            scores, args.data, args.threshold, fields=fields, data_format=args.format
+        )
     elif n < 0:
         raise SystemExit(f"--random N needs N >= 0, got {n}")
     report.update(mode="random", seed=args.seed)

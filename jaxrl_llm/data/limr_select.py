@@ -61,6 +61,28 @@ def write_subset(
     return len(chosen)
 
 
+def kept_ids(scores: LimScores | str | os.PathLike, threshold: float) -> set[str]:
+    """The prompt ids a LIM subset keeps: score >= ``threshold`` (a ``LimScores`` or the path
+    of a scores file from ``score_run``)."""
+    if not isinstance(scores, LimScores):
+        scores = load_scores(scores)
+    return {pid for pid, s in zip(scores.ids, scores.scores, strict=True) if s >= threshold}
+
+
+def lim_subset_size(
+    scores: LimScores | str | os.PathLike,
+    data_path: str | os.PathLike,
+    threshold: float,
+    *,
+    fields: FieldMap = DEFAULT_FIELDS,
+    data_format: str = "auto",
+) -> int:
+    """How many prompts ``select`` would write, without writing them: the kept ids that are
+    in ``data_path`` (the size of LIMR's RAND baseline)."""
+    _, records = _read_data(data_path, fields, data_format)
+    return len(kept_ids(scores, threshold) & {ex["id"] for _, ex in records})
+
+
 def select(
     scores: LimScores | str | os.PathLike,
     data_path: str | os.PathLike,
@@ -84,9 +106,7 @@ def select(
     Returns:
       the number of prompts written.
     """
-    if not isinstance(scores, LimScores):
-        scores = load_scores(scores)
-    keep = {pid for pid, s in zip(scores.ids, scores.scores, strict=True) if s >= threshold}
+    keep = kept_ids(scores, threshold)
     n = write_subset(data_path, keep, out_path, fields=fields, data_format=data_format)
     if n < len(keep):
         log.warning("%d selected ids are not in %s", len(keep) - n, data_path)

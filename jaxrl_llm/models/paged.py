@@ -290,7 +290,7 @@ def _by_column(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
         branches.append(
             lambda: _column_loop(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale)
         )
-    which = jnp.searchsorted(jnp.asarray(widths), jnp.max(n_pages))  # len(widths): loop
+    which = jnp.searchsorted(jnp.asarray(widths), jnp.max(n_pages))  # len(widths): the loop
     return jax.lax.switch(which, branches)
 
 

@@ -15,7 +15,7 @@ from jaxrl_llm.data.limr import (
     record_samples,
     score_run,
 )
-from jaxrl_llm.data.limr_select import random_ids, random_subset, select
+from jaxrl_llm.data.limr_select import lim_subset_size, random_ids, random_subset, select
 
 NAN = np.nan
 
@@ -133,6 +133,11 @@ def test_select_threshold_is_inclusive_and_keeps_json_array_format(tmp_path, mat
     assert subset == math_rows(3)
     assert select(tmp_path / "run" / limr.SCORES_FILE, data, 0.6, out) == 1
     assert [row["id"] for row in json.loads(out.read_text())] == ["q001"]
+    # what select would write, without writing: kept ids that are in the data file
+    assert lim_subset_size(scores, data, 0.5) == 3 and lim_subset_size(scores, data, 0.6) == 1
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps(math_rows(2)))  # q002, scored 0.5, is not in it
+    assert lim_subset_size(scores, short, 0.5) == 2 == select(scores, short, 0.5, out)
 
 
 def test_select_copies_jsonl_lines_verbatim(tmp_path, math_rows):
