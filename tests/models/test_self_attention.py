@@ -41,14 +41,14 @@ def _inputs(T, seed=0, B=2, N=4, K=2, H=8):
 
 def _grads(f, q, k, v, seed=9):
     w = jax.random.normal(jax.random.PRNGKey(seed), q.shape, jnp.float32).astype(q.dtype)
-    return jax.grad(lambda *x: jnp.sum(f(*x) * w), argnums=(0, 1, 2))(q, k, v)
+    return jax.jit(jax.grad(lambda *x: jnp.sum(f(*x) * w), argnums=(0, 1, 2)))(q, k, v)
 
 
 def _float64(fn, *arrays):
     """`fn` on float32 `arrays` upcast to float64 (`testing.as_float64`), under x64: numpy
     leaves out."""
     with jax.enable_x64(True):
-        return jax.tree.map(np.asarray, fn(*as_float64(arrays)))
+        return jax.tree.map(np.asarray, jax.jit(fn)(*as_float64(arrays)))
 
 
 def test_segments_mask_is_causal_same_sequence_and_hides_padding():
@@ -68,25 +68,25 @@ def test_segments_mask_is_causal_same_sequence_and_hides_padding():
     np.testing.assert_array_equal(Segments.of(None, None, (1, 3)).ids, [[1, 1, 1]])
 
 
-@pytest.mark.slow  # 60 s in a loaded 2-worker run, AMD EPYC AVX2
+@pytest.mark.slow  # 8-10 s in a 2-worker run, AMD EPYC AVX2, jitted (2026-12-05)
 @pytest.mark.parametrize("T,block", [(100, 32), (97, 32), (64, 64), (40, 64)])
 def test_causal_blocks_equal_dense_attention_and_gradients(T, block):
     q, k, v, segments = _inputs(T)
-    dense = lambda q, k, v: attend(q, k, v, segments.dense(), 0.3)
-    blocked = lambda q, k, v: causal_attend(q, k, v, segments, 0.3, block=block)
+    dense = jax.jit(lambda q, k, v: attend(q, k, v, segments.dense(), 0.3))
+    blocked = jax.jit(lambda q, k, v: causal_attend(q, k, v, segments, 0.3, block=block))
     # trusted: dense float32; exact: dense float64 (values, then gradients)
     assert_as_accurate(blocked(q, k, v), dense(q, k, v), _float64(dense, q, k, v))
     exact = _float64(lambda *x: _grads(dense, *x), q, k, v)
     assert_as_accurate(_grads(blocked, q, k, v), _grads(dense, q, k, v), exact)
 
 
-@pytest.mark.slow  # 35 s in a loaded 2-worker run, AMD EPYC AVX2
+@pytest.mark.slow  # 8-10 s in a 2-worker run, AMD EPYC AVX2, jitted (2026-12-05)
 @pytest.mark.parametrize("T,N,K", [(150, 4, 2), (128, 2, 2), (40, 6, 3)])
 def test_splash_kernel_equals_xla_values_and_gradients(T, N, K):
     """Interpret mode on CPU; 150 and 40 tokens are padded to the kernel's block inside."""
     q, k, v, segments = _inputs(T, seed=T, N=N, K=K, H=16)
-    xla = lambda q, k, v: causal_attend(q, k, v, segments, 0.25)
-    kernel = lambda q, k, v: splash_attend(q, k, v, segments, 0.25, None)
+    xla = jax.jit(lambda q, k, v: causal_attend(q, k, v, segments, 0.25))
+    kernel = jax.jit(lambda q, k, v: splash_attend(q, k, v, segments, 0.25, None))
     # trusted: XLA float32; exact: XLA float64 (values, then gradients)
     assert_as_accurate(kernel(q, k, v), xla(q, k, v), _float64(xla, q, k, v))
     exact = _float64(lambda *x: _grads(xla, *x), q, k, v)
@@ -111,7 +111,7 @@ def test_splash_under_a_mesh_splits_rows_and_head_groups():
     assert_as_accurate(got, want, exact)  # trusted: XLA float32; exact: XLA float64
 
 
-@pytest.mark.slow  # measured: 15 s on 2 cores at load 7 (docs/testing.md)
+@pytest.mark.slow  # 18 s in a 2-worker run, AMD EPYC AVX2, jitted (2026-12-05)
 def test_auto_uses_xla_off_tpu_and_model_logits_agree_across_impls():
     q, k, v, segments = _inputs(32)
     assert not splash_supported(q, k)
@@ -123,9 +123,10 @@ def test_auto_uses_xla_off_tpu_and_model_logits_agree_across_impls():
     ids = jax.random.randint(jax.random.PRNGKey(0), (2, 24), 0, 64)
     mask = jnp.ones((2, 24), jnp.int32).at[1, :5].set(0)
     xla, splash = (CausalLM(cfg.replace(attention=a), rngs=nnx.Rngs(0)) for a in ("xla", "splash"))
+    forward = nnx.jit(lambda m, x, mask: m(x, attention_mask=mask))  # one compile, not one an op
     with jax.enable_x64(True):
-        exact = float64_twin(xla)(ids, attention_mask=mask)
+        exact = forward(float64_twin(xla), ids, mask)
     # trusted: the XLA model's float32 logits; exact: its float64 twin's
-    assert_as_accurate(splash(ids, attention_mask=mask), xla(ids, attention_mask=mask), exact)
+    assert_as_accurate(forward(splash, ids, mask), forward(xla, ids, mask), exact)
     with pytest.raises(ValueError, match=r"ModelConfig\.attention"):
         ModelConfig(attention="flash")
