@@ -66,7 +66,7 @@ def test_cached_decode_matches_full_forward_mixed_lengths(qwen_checkpoint):
         np.testing.assert_allclose(last, _full_logits(model, rows), atol=1e-4, rtol=0)
 
 
-@pytest.mark.slow  # measured: 5 s on 2 cores (docs/testing.md)
+@pytest.mark.slow  # 2.5 s alone, AMD EPYC AVX2, jitted (2026-12-05); 10 s eager in a 2-worker run
 def test_multi_token_append_matches_full_forward(qwen_checkpoint):
     """Appending a block (e.g. tool output) to a live row equals recomputing it."""
     path, _ = qwen_checkpoint
@@ -75,23 +75,24 @@ def test_multi_token_append_matches_full_forward(qwen_checkpoint):
     rng = np.random.RandomState(1)
     first, second = list(rng.randint(0, V, 5)), list(rng.randint(0, V, 4))
     cache = KVCache.zeros(model.config, 1, 16)
-    _, cache = model.extend(cache, jnp.asarray([first]), jnp.zeros(1, jnp.int32))
-    h, cache = model.extend(cache, jnp.asarray([second]), jnp.asarray([5], jnp.int32))
-    ours = np.asarray(model.logits(h))[0]
-    full = np.asarray(model(jnp.asarray([first + second])))[0, 5:]  # one eager forward
+    extend = nnx.jit(lambda m, *a: m.extend(*a))  # jitted, as the engine runs it
+    _, cache = extend(model, cache, jnp.asarray([first]), jnp.zeros(1, jnp.int32))
+    h, cache = extend(model, cache, jnp.asarray([second]), jnp.asarray([5], jnp.int32))
+    ours = np.asarray(nnx.jit(lambda m, h: m.logits(h))(model, h))[0]
+    full = np.asarray(nnx.jit(lambda m, x: m(x))(model, jnp.asarray([first + second])))[0, 5:]
     np.testing.assert_allclose(ours, full, atol=1e-4, rtol=0)
 
 
-@pytest.mark.slow  # measured: 5 s on 2 cores (docs/testing.md)
+@pytest.mark.slow  # 6 s alone, AMD EPYC AVX2, jitted (2026-12-05)
 def test_bfloat16_cache_decode_is_finite_and_close():
     cfg = ModelConfig(dtype="bfloat16", param_dtype="bfloat16")
     model = init_model(cfg, seed=0)
     ids = jnp.asarray(np.random.RandomState(0).randint(0, cfg.vocab_size, (2, 7)))
     cache = KVCache.zeros(cfg, 2, 8)
     assert cache.k.dtype == jnp.bfloat16
-    h, cache = model.extend(cache, ids, jnp.zeros(2, jnp.int32))
-    cached = np.asarray(model.logits(h))
-    full = np.asarray(model(ids))
+    h, cache = nnx.jit(lambda m, *a: m.extend(*a))(model, cache, ids, jnp.zeros(2, jnp.int32))
+    cached = np.asarray(nnx.jit(lambda m, h: m.logits(h))(model, h))
+    full = np.asarray(nnx.jit(lambda m, x: m(x))(model, ids))
     assert np.isfinite(cached).all()
     np.testing.assert_allclose(cached, full, atol=2e-2)
 
