@@ -103,14 +103,19 @@ def splash_supported(q: Array, k: Array, *, platform: str | None = None) -> bool
 
 @functools.lru_cache(maxsize=32)
 def _kernel(length: int, groups: int, block: int, interpret: bool):
-    """A splash MQA kernel for one kv head's G query heads over rows of `length` tokens."""
+    """A splash MQA kernel for one kv head's G query heads over rows of `length` tokens.
+
+    Built with concrete arrays even when first asked for inside a trace (a jitted step): the
+    kernel holds its mask's block tables as arrays, and this cache outlives the trace, so a
+    table built from tracers would leak into the next program that uses the kernel."""
     mask = masks.MultiHeadMask([masks.CausalMask((length, length)) for _ in range(groups)])
     sizes = splash.BlockSizes(
         block_q=block, block_kv=block, block_kv_compute=block,
         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
         block_q_dq=block, block_kv_dq=block,
     )  # fmt: skip
-    return splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+    with jax.ensure_compile_time_eval():
+        return splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
 
 
 def _splash_local(q: Array, k: Array, v: Array, ids: Array, scale: float) -> Array:

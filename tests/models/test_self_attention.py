@@ -97,6 +97,19 @@ def test_splash_kernel_equals_xla_values_and_gradients(T, N, K):
     assert_as_accurate(_grads(kernel, q, k, v), _grads(xla, q, k, v), exact, factor=8.0)
 
 
+def test_a_kernel_first_built_inside_a_trace_serves_later_programs():
+    """The splash kernel is cached across programs (`self_attention._kernel`); built while a
+    jitted step traces, it must hold no tracer: the next program using it raised
+    `UnexpectedTracerError` (found when these tests were first jitted)."""
+    from jaxrl_llm.models import self_attention
+
+    self_attention._kernel.cache_clear()
+    q, k, v, segments = _inputs(16, seed=1, B=1, N=2, K=1, H=16)
+    first = jax.jit(lambda q, k, v: splash_attend(q, k, v, segments, 0.25, None))(q, k, v)
+    twice = jax.jit(lambda q, k, v: 2.0 * splash_attend(q, k, v, segments, 0.25, None))(q, k, v)
+    np.testing.assert_array_equal(twice, 2.0 * first)
+
+
 @pytest.mark.slow  # 18 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_splash_under_a_mesh_splits_rows_and_head_groups():
     """Rows over fsdp, kv heads (and their query heads) over tensor, per device."""
