@@ -17,12 +17,14 @@ and imports no JAX.
   path, both measured against the same computation in float64.
 - `as_float64`: a pytree's floating-point arrays upcast to float64 (exactly), the inputs of
   that float64 run.
+- `jitted(method)`: a model's method as one jitted program, shared by the tests of a process.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -205,6 +207,18 @@ def assert_as_accurate(
         assert err <= bound, f"{path}: max|got - exact| = {err:.3g} > {bound:.3g}"
         worst = max(worst, err / bound if bound else 0.0)
     return worst
+
+
+@functools.cache
+def jitted(method: str = "__call__") -> Callable[..., Any]:
+    """`model.<method>(*args, **kwargs)` as one jitted program per model graph and argument
+    shapes: `jitted("extend")(model, cache, ids, start)`. Tests call models through it, as
+    the engine and the steps run them: called eagerly, JAX compiles every operation of a
+    forward as its own program (docs/testing.md, "Times"). One function per method, so the
+    tests of one process share its compiled programs."""
+    from flax import nnx
+
+    return nnx.jit(lambda model, *args, **kwargs: getattr(model, method)(*args, **kwargs))
 
 
 def randomise_lora_b(model: Any, seed: int = 1) -> None:

@@ -29,7 +29,7 @@ from jaxrl_llm.models.lora import (
 )
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
 from jaxrl_llm.sharding.rules import logical_sharding
-from jaxrl_llm.testing import assert_as_accurate, randomise_lora_b, tiny_config
+from jaxrl_llm.testing import assert_as_accurate, jitted, randomise_lora_b, tiny_config
 
 from .test_steps import ALGO, B, _batch, _exact_policy
 
@@ -63,7 +63,7 @@ def _float64_twin(model, lora: LoraConfig):
 def _exact_forward(model, lora: LoraConfig, ids) -> np.ndarray:
     """`model(ids)` computed in float64 (`_float64_twin`; jitted: faster than eager)."""
     with jax.enable_x64(True):
-        return np.asarray(nnx.jit(lambda m, x: m(x))(_float64_twin(model, lora), ids))
+        return np.asarray(jitted()(_float64_twin(model, lora), ids))
 
 
 @pytest.mark.slow  # 35 s in a loaded 2-worker run, AMD EPYC AVX2

@@ -24,7 +24,7 @@ from jaxrl_llm.learner.rl_config import AlgoConfig
 from jaxrl_llm.learner.state import TrainState
 from jaxrl_llm.learner.steps import make_critic_step, make_policy_step, to_micro_batches
 from jaxrl_llm.models import ValueModel, init_model
-from jaxrl_llm.testing import as_float64, assert_as_accurate, float64_twin, tiny_config
+from jaxrl_llm.testing import as_float64, assert_as_accurate, float64_twin, jitted, tiny_config
 from jaxrl_llm.types import TrainBatch
 
 from .rl_helpers import random_rows
@@ -103,7 +103,7 @@ def test_packed_forward_equals_per_sample_forward():
     _, ids, _, lengths = _rows()
     p = jax.tree.map(lambda x: x[0], _packing(lengths, B))
     assert p.src.shape[0] < B  # several samples share a row
-    forward = nnx.jit(lambda m, *a, **k: m(*a, **k))  # jitted, as the steps run it
+    forward = jitted()
     plain = forward(model, ids)
     packed = forward(model, pack(ids, p), p.positions, segment_ids=p.segment_ids)
     got = jax.vmap(lambda x: unpack(x, p), in_axes=-1, out_axes=-1)(packed)

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_llm.models import KVCache, ModelConfig, ValueModel, from_pretrained, init_model
+from jaxrl_llm.testing import jitted
 
 
 def _full_logits(model, rows, width=24):
@@ -75,11 +76,11 @@ def test_multi_token_append_matches_full_forward(qwen_checkpoint):
     rng = np.random.RandomState(1)
     first, second = list(rng.randint(0, V, 5)), list(rng.randint(0, V, 4))
     cache = KVCache.zeros(model.config, 1, 16)
-    extend = nnx.jit(lambda m, *a: m.extend(*a))  # jitted, as the engine runs it
+    extend = jitted("extend")
     _, cache = extend(model, cache, jnp.asarray([first]), jnp.zeros(1, jnp.int32))
     h, cache = extend(model, cache, jnp.asarray([second]), jnp.asarray([5], jnp.int32))
-    ours = np.asarray(nnx.jit(lambda m, h: m.logits(h))(model, h))[0]
-    full = np.asarray(nnx.jit(lambda m, x: m(x))(model, jnp.asarray([first + second])))[0, 5:]
+    ours = np.asarray(jitted("logits")(model, h))[0]
+    full = np.asarray(jitted()(model, jnp.asarray([first + second])))[0, 5:]
     np.testing.assert_allclose(ours, full, atol=1e-4, rtol=0)
 
 
@@ -90,9 +91,9 @@ def test_bfloat16_cache_decode_is_finite_and_close():
     ids = jnp.asarray(np.random.RandomState(0).randint(0, cfg.vocab_size, (2, 7)))
     cache = KVCache.zeros(cfg, 2, 8)
     assert cache.k.dtype == jnp.bfloat16
-    h, cache = nnx.jit(lambda m, *a: m.extend(*a))(model, cache, ids, jnp.zeros(2, jnp.int32))
-    cached = np.asarray(nnx.jit(lambda m, h: m.logits(h))(model, h))
-    full = np.asarray(nnx.jit(lambda m, x: m(x))(model, ids))
+    h, cache = jitted("extend")(model, cache, ids, jnp.zeros(2, jnp.int32))
+    cached = np.asarray(jitted("logits")(model, h))
+    full = np.asarray(jitted()(model, ids))
     assert np.isfinite(cached).all()
     np.testing.assert_allclose(cached, full, atol=2e-2)
 

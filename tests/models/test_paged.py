@@ -11,12 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from jaxrl_llm.models import KVCache, ModelConfig, init_model
 from jaxrl_llm.models.layers import attend
 from jaxrl_llm.models.paged import decode, decode_attention, gathered_attention, write_kv
-from jaxrl_llm.testing import as_float64, assert_as_accurate, float64_twin
+from jaxrl_llm.testing import as_float64, assert_as_accurate, float64_twin, jitted
 
 CFG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8)  # fmt: skip
@@ -135,9 +134,7 @@ def test_extend_paged_equals_dense_extend():
     model = init_model(CFG, seed=0)
     with jax.enable_x64(True):
         twin = float64_twin(model)
-    # jitted, as the engine runs them (eagerly, each op would compile on its own: 431 compiles)
-    extend = nnx.jit(lambda m, *a: m.extend(*a))
-    extend_paged = nnx.jit(lambda m, *a: m.extend_paged(*a))
+    extend, extend_paged = jitted("extend"), jitted("extend_paged")  # eagerly: 431 compiles
     rng = np.random.RandomState(0)
     B, ps, pps, S = 3, 4, 6, 24
     P = B * pps + 2

@@ -11,7 +11,7 @@ from flax import nnx
 from transformers import AutoModelForCausalLM
 
 from jaxrl_llm.models import from_pretrained, save_pretrained
-from jaxrl_llm.testing import assert_as_accurate, float64_twin
+from jaxrl_llm.testing import assert_as_accurate, float64_twin, jitted
 
 TOL = 1e-4  # float32, whole model
 
@@ -87,7 +87,7 @@ def test_bfloat16_close_to_float32(qwen_checkpoint):
     bf16 = from_pretrained(path, dtype="bfloat16")
     assert bf16.model.embed_tokens[...].dtype == jnp.bfloat16
     ids = jnp.asarray(np.random.RandomState(0).randint(0, f32.config.vocab_size, (2, 16)))
-    forward = nnx.jit(lambda m, x: m(x))  # one compile a model, not one an op
+    forward = jitted()
     a, b = np.asarray(forward(f32, ids)), np.asarray(forward(bf16, ids))
     assert b.dtype == np.float32 and np.isfinite(b).all()
     # bf16 keeps ~3 significant digits; logits here are O(1).

@@ -24,7 +24,7 @@ from jaxrl_llm.models.self_attention import (
 from jaxrl_llm.models.transformer import CausalLM
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
 from jaxrl_llm.sharding.rules import ShardingContext
-from jaxrl_llm.testing import as_float64, assert_as_accurate, float64_twin
+from jaxrl_llm.testing import as_float64, assert_as_accurate, float64_twin, jitted
 
 
 def _inputs(T, seed=0, B=2, N=4, K=2, H=8):
@@ -136,10 +136,12 @@ def test_auto_uses_xla_off_tpu_and_model_logits_agree_across_impls():
     ids = jax.random.randint(jax.random.PRNGKey(0), (2, 24), 0, 64)
     mask = jnp.ones((2, 24), jnp.int32).at[1, :5].set(0)
     xla, splash = (CausalLM(cfg.replace(attention=a), rngs=nnx.Rngs(0)) for a in ("xla", "splash"))
-    forward = nnx.jit(lambda m, x, mask: m(x, attention_mask=mask))  # one compile, not one an op
+    forward = jitted()
     with jax.enable_x64(True):
-        exact = forward(float64_twin(xla), ids, mask)
+        exact = forward(float64_twin(xla), ids, attention_mask=mask)
     # trusted: the XLA model's float32 logits; exact: its float64 twin's
-    assert_as_accurate(forward(splash, ids, mask), forward(xla, ids, mask), exact)
+    assert_as_accurate(
+        forward(splash, ids, attention_mask=mask), forward(xla, ids, attention_mask=mask), exact
+    )
     with pytest.raises(ValueError, match=r"ModelConfig\.attention"):
         ModelConfig(attention="flash")

@@ -28,7 +28,7 @@ from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.sampler import SamplerContext
 from jaxrl_llm.rollout.sampling import SamplingParams
 from jaxrl_llm.sharding.mesh import build_mesh
-from jaxrl_llm.testing import assert_as_accurate, float64_twin, randomise_lora_b
+from jaxrl_llm.testing import assert_as_accurate, float64_twin, jitted, randomise_lora_b
 from tests.rollout.reference import full_logits
 
 
@@ -239,7 +239,7 @@ def test_int8_logits_equal_the_dequantised_model_tied_or_not(tied):
     assert getattr(owner, name)[...].dtype == jnp.int8 and hasattr(owner, name + SCALE_SUFFIX)
     ids = jnp.asarray(np.random.RandomState(0).randint(0, 97, (2, 9)), jnp.int32)
     dequantised = _dequantised(policy)
-    forward = nnx.jit(lambda m, x: m(x))  # jitted, as the sampler runs it
+    forward = jitted()
     got, want = np.asarray(forward(int8, ids)), np.asarray(forward(dequantised, ids))
     with jax.enable_x64(True):
         exact_int8 = np.asarray(forward(_exactly_dequantised(policy), ids))
