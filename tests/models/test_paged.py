@@ -5,8 +5,6 @@ Float32 results are compared by `testing.assert_as_accurate`: the paged path mus
 to the float64 run of the dense path as the dense float32 path is (issue #26: no fixed
 tolerance, which XLA:CPU's per-host summation orders break)."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -128,9 +126,9 @@ def test_write_kv_drops_out_of_range_slots():
 @pytest.mark.slow  # 16 s in a 2-worker run, AMD EPYC AVX2, jitted (2026-12-05)
 def test_extend_paged_equals_dense_extend():
     """Prefill-like append, then decode steps, at mixed starts: hidden states equal the
-    dense cache's, and so do every layer's keys/values read back from the pages, as
-    accurately (two jitted programs: not bit for bit, even for the first layer's projection
-    of the same embeddings, since XLA:CPU may fuse it differently in each)."""
+    dense cache's, and so do the keys/values read back from the pages (the first layer's
+    bit for bit: both programs project the same embeddings at the same shapes; the last's
+    as accurately)."""
     model = init_model(CFG, seed=0)
     with jax.enable_x64(True):
         twin = float64_twin(model)
@@ -161,11 +159,14 @@ def test_extend_paged_equals_dense_extend():
         assert_as_accurate(h_p, h_d, h_x)  # trusted: dense cache; exact: its float64 twin
         held = held + 1
     paged = [p[table].reshape(B, pps * ps, 2 * CFG.num_kv_heads, CFG.head_dim) for p in pools]
-    for b, layer in itertools.product(range(B), range(CFG.num_layers)):
+    for b in range(B):
         n = int(held[b])
-        got = (paged[layer][b, :n, 0::2], paged[layer][b, :n, 1::2])
-        want = (cache.k[layer, b, :n], cache.v[layer, b, :n])
-        exact = (cache_x.k[layer, b, :n], cache_x.v[layer, b, :n])
+        # layer 0: both programs write the same projection (same shapes) of the embeddings
+        np.testing.assert_array_equal(paged[0][b, :n, 0::2], cache.k[0, b, :n])
+        np.testing.assert_array_equal(paged[0][b, :n, 1::2], cache.v[0, b, :n])
+        got = (paged[1][b, :n, 0::2], paged[1][b, :n, 1::2])
+        want = (cache.k[1, b, :n], cache.v[1, b, :n])
+        exact = (cache_x.k[1, b, :n], cache_x.v[1, b, :n])
         assert_as_accurate(got, want, exact)  # trusted: dense cache's; exact: float64 twin's
 
 
