@@ -68,7 +68,7 @@ def test_segments_mask_is_causal_same_sequence_and_hides_padding():
     np.testing.assert_array_equal(Segments.of(None, None, (1, 3)).ids, [[1, 1, 1]])
 
 
-@pytest.mark.slow  # 8-10 s in a 2-worker run, AMD EPYC AVX2, jitted (2026-12-05)
+@pytest.mark.slow  # 4-10 s each in a 2-worker run, AMD EPYC AVX2, jitted (2026-12-05)
 @pytest.mark.parametrize("T,block", [(100, 32), (97, 32), (64, 64), (40, 64)])
 def test_causal_blocks_equal_dense_attention_and_gradients(T, block):
     q, k, v, segments = _inputs(T)
@@ -80,7 +80,7 @@ def test_causal_blocks_equal_dense_attention_and_gradients(T, block):
     assert_as_accurate(_grads(blocked, q, k, v), _grads(dense, q, k, v), exact)
 
 
-@pytest.mark.slow  # 8-10 s in a 2-worker run, AMD EPYC AVX2, jitted (2026-12-05)
+@pytest.mark.slow  # 4-6 s each alone, AMD EPYC AVX2, jitted (2026-12-05)
 @pytest.mark.parametrize("T,N,K", [(150, 4, 2), (128, 2, 2), (40, 6, 3)])
 def test_splash_kernel_equals_xla_values_and_gradients(T, N, K):
     """Interpret mode on CPU; 150 and 40 tokens are padded to the kernel's block inside."""

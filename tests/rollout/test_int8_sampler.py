@@ -220,7 +220,7 @@ def test_w8a8_decoding_equals_full_recomputation(lora):
     assert np.median(diffs) <= 1e-4 and max(diffs) <= 0.1, diffs
 
 
-@pytest.mark.slow  # 9 s in a 2-worker run, AMD EPYC AVX2, jitted (2026-12-05)
+@pytest.mark.slow  # 2-9 s each, AMD EPYC AVX2, jitted (2026-12-05)
 @pytest.mark.parametrize("tied", [True, False])
 def test_int8_logits_equal_the_dequantised_model_tied_or_not(tied):
     """Weight-only int8 logits of a whole forward (embedding lookup, projections, the LM
