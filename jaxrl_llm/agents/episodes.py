@@ -11,9 +11,10 @@ messages rendered by the checkpoint's chat template with the environment's tool 
 Each model turn that ends on the end-of-turn token is parsed in the configured format and
 handed to its environment's `step`; the observation messages are rendered by the template
 and appended (masked); `done` ends the sample. `finish` ends an episode the sampler ended
-(turn limit, token budget) with a `final` step, closes its environment, and returns the
-episode's reward (`EpisodeConfig.reward_rule`). `close` closes every environment still open,
-also when generation failed.
+(turn limit, token budget, a step that raised) with a `final` step, closes its environment,
+and returns the episode's reward (`EpisodeConfig.reward_rule`; a final step that raises too
+is logged and leaves the rewards of the steps before it). `close` closes every environment
+still open, also when generation failed.
 
 Metrics: `metrics()` gives counters, so batches and hosts add up (`functions.sum_metrics`):
 the environments' own, summed over turns and episodes (an environment reports counts), and
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +45,8 @@ from jaxrl_llm.agents.env import Environment, EpisodeConfig, Turn, combine_rewar
 from jaxrl_llm.agents.functions import sum_metrics
 from jaxrl_llm.tools.protocol import turn_rules
 from jaxrl_llm.types import Completion
+
+log = logging.getLogger(__name__)
 
 
 class _Episode:
@@ -124,8 +128,10 @@ class Episodes:
     def _start(
         self, factory: Callable[[], Environment], row: Mapping[str, Any], pipeline
     ) -> np.ndarray:
-        episodes = [_Episode(factory()) for _ in range(self.n)]
-        self.episodes += episodes
+        episodes: list[_Episode] = []
+        for _ in range(self.n):  # each recorded as built: a failing factory leaks none
+            episodes.append(_Episode(factory()))
+            self.episodes.append(episodes[-1])
         started = [e.env.reset(row) for e in episodes]
         if any(m != started[0] for m in started[1:]):
             raise ValueError(
@@ -174,23 +180,31 @@ class Episodes:
 
     def finish(self, index: int, completion: Completion) -> float:
         """The reward of episode `index` (prompt-major) after its sample ended, with a
-        `final` step when the sampler ended it; its environment is closed."""
+        `final` step when the sampler ended it; its environment is closed. A final step
+        that raises is logged and the episode scores the rewards its earlier steps gave:
+        the failure stays in its sample, as a step that raises during generation does."""
         episode = self.episodes[index]
         try:
             if not episode.done:
-                # The model's last turn: an observation the budget cut short is not part of it.
-                model = np.flatnonzero(np.asarray(completion.response_mask))
-                kept = completion.token_ids[: model[-1] + 1] if len(model) else []
-                skip = not self.sees_special_tokens
-                text = self.tokenizer.decode(list(kept), skip_special_tokens=skip)
-                if self.text:
-                    episode.step(Turn(text, final=True))
-                else:
-                    turn, parsed, _ = self.chat.parse(text)
-                    episode.step(Turn(turn, parsed.calls, parsed.malformed, final=True))
+                self._final_step(episode, completion)
+        except Exception as e:  # one environment's failure is not the batch's
+            log.warning("episode %d: the final step raised, scored without it: %r", index, e)
         finally:
             episode.close()
         return combine_rewards(episode.rewards, self.cfg.reward_rule, self.cfg.discount)
+
+    def _final_step(self, episode: _Episode, completion: Completion) -> None:
+        """The `final` step on the sample's last model turn (an observation the budget cut
+        short is not part of it)."""
+        model = np.flatnonzero(np.asarray(completion.response_mask))
+        kept = completion.token_ids[: model[-1] + 1] if len(model) else []
+        skip = not self.sees_special_tokens
+        text = self.tokenizer.decode(list(kept), skip_special_tokens=skip)
+        if self.text:
+            episode.step(Turn(text, final=True))
+        else:
+            turn, parsed, _ = self.chat.parse(text)
+            episode.step(Turn(turn, parsed.calls, parsed.malformed, final=True))
 
     def placed(self, index: int, completion: Completion) -> Completion:
         """`completion` with its episode's turn rewards when they are placed on the turns'

@@ -18,8 +18,9 @@ A tool's schema is read from its signature and Google-style docstring by `transf
 checked against it with `jsonschema` before the function runs.
 
 Every call ends in a `tool` message, never an exception: an unknown tool, arguments the
-schema rejects, a function that raises, one that runs past `timeout_s`, and a malformed call
-(`tool_calls.MalformedCall`) each answer "Error: ..." and count in `metrics()`:
+schema rejects, a function that raises, one that runs past `timeout_s`, one whose return
+value JSON cannot write, and a malformed call (`tool_calls.MalformedCall`) each answer
+"Error: ..." and count in `metrics()`:
 `tools/<name>/{calls,errors,timeouts,latency_s}`, `tools/malformed`, `tools/unknown`.
 
 A call runs in its own daemon thread. Python cannot stop a thread, so a function that hangs
@@ -142,7 +143,17 @@ class ToolBox:
             return f"Error: {call.name} raised {type(e).__name__}: {e}"
         finally:
             self._count(key + "answered", time.perf_counter() - t0, call.name)
-        return as_text(value)
+        return self._written(value, key, call.name)
+
+    def _written(self, value: Any, key: str, name: str) -> str:
+        """`value` as message text; a value JSON cannot write (an integer past Python's
+        int-to-str digit limit, a dict with tuple keys, an object whose `str` raises)
+        answers an error instead."""
+        try:
+            return as_text(value)
+        except Exception as e:  # whatever the value's own `__str__` raises, too
+            self._count(key + "errors")
+            return f"Error: {name} returned a value that cannot be written: {str(e).split(';')[0]}"
 
     def answer(self, turn: HasCalls) -> list[dict[str, str]]:
         """One `tool` message per call of `turn`, in order, then one per malformed call."""

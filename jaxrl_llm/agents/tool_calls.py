@@ -17,7 +17,8 @@ new format is one function. Built-in:
 `arguments` may arrive as an object or as a JSON string of one (OpenAI's wire form); both
 become a dict. What cannot be read as a call (bad JSON, no name, arguments not an object, an
 unclosed block) becomes a `MalformedCall` with the reason: the environment answers it with
-an error observation and counts it; it never raises.
+an error observation and counts it; it never raises, also on JSON that Python's decoder
+cannot read (nesting past the recursion limit, an integer past the int-from-str digit limit).
 """
 
 from __future__ import annotations
@@ -91,6 +92,20 @@ def parse_turn(fmt: str, text: str) -> ParsedTurn:
     return parser(text)
 
 
+# What Python's json raises on text it cannot read: a `JSONDecodeError` (a `ValueError`) for
+# bad JSON, a plain `ValueError` for an integer past the int-from-str digit limit (4,300),
+# a `RecursionError` for nesting deeper than the interpreter's recursion limit.
+_UNREADABLE = (ValueError, RecursionError)
+
+
+def _why(e: Exception) -> str:
+    """The reason of a json failure, for the model: json's message without its position,
+    or the first clause of Python's (not its advice on raising the interpreter's limit)."""
+    if isinstance(e, json.JSONDecodeError):
+        return e.msg
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e).split(":")[0]
+
+
 def read_call(obj: Any, text: str, args_key: str = "arguments") -> ToolCall | MalformedCall:
     """A decoded JSON value as a call `{"name": str, args_key: object}`, or why it is not."""
     if not isinstance(obj, dict):
@@ -102,8 +117,8 @@ def read_call(obj: Any, text: str, args_key: str = "arguments") -> ToolCall | Ma
     if isinstance(args, str):  # OpenAI's wire form: arguments as a JSON string
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            return MalformedCall(text, f"arguments are not JSON: {e.msg}")
+        except _UNREADABLE as e:
+            return MalformedCall(text, f"arguments are not JSON: {_why(e)}")
     if not isinstance(args, dict):
         return MalformedCall(text, f"arguments must be an object, got {type(args).__name__}")
     return ToolCall(name, args)
@@ -127,8 +142,8 @@ def parse_qwen(text: str) -> ParsedTurn:
             continue
         try:
             found.append(read_call(json.loads(body), body))
-        except json.JSONDecodeError as e:
-            found.append(MalformedCall(body, f"not JSON: {e.msg}"))
+        except _UNREADABLE as e:
+            found.append(MalformedCall(body, f"not JSON: {_why(e)}"))
     calls, malformed = _split(found)
     return ParsedTurn(_QWEN_BLOCK.sub("", text).strip(), calls, malformed)
 
@@ -145,8 +160,8 @@ def parse_llama3_json(text: str) -> ParsedTurn:
     while i < len(body):
         try:
             obj, end = decoder.raw_decode(body, i)
-        except json.JSONDecodeError as e:
-            found.append(MalformedCall(body[i:], f"not JSON: {e.msg}"))
+        except _UNREADABLE as e:
+            found.append(MalformedCall(body[i:], f"not JSON: {_why(e)}"))
             break
         found.append(read_call(obj, body[i:end], args_key="parameters"))
         i = end

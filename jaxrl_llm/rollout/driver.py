@@ -21,9 +21,12 @@
 - Stops: EOS and the token budget on device; stop strings on the host, on decoded text
   (they may span tokens): the sample is cut right after the token that completes the
   first match, and the stop string stays in the output.
-- Tool turns: when a sample stops on a stop string and `tool` is given, `tool(text)` runs
-  in a worker thread on the response text so far (everything after the prompt, earlier
-  tool outputs included). It returns the observation text, or None to end the sample.
+- Tool turns: when a sample stops on one of the tool's stop strings (`tool.stop_strings`;
+  any, for a callable without them) and `tool` is given, `tool(text)` runs in a worker
+  thread on the response text so far (everything after the prompt, earlier tool outputs
+  included), ending at the stop string even when the token that completed it carries more
+  text (`protocol.text_for_tool`). It returns the observation text, or None to end the
+  sample. Another stop string (the run's own) ends the sample.
   The observation's tokens are appended to the sample's cache row (`Engine.append_tokens`,
   no re-prefill), marked 0 in `response_mask`, and sampling resumes in the same slot.
   Other slots keep decoding while a tool runs.
@@ -58,7 +61,7 @@ from jaxrl_llm.rollout.completions import pad_completions as pad_completions  # 
 from jaxrl_llm.rollout.engine import Engine
 from jaxrl_llm.rollout.records import DecodeState, Prefix, StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_seed
-from jaxrl_llm.tools.protocol import ToolCallback, ask, hands_over, turn_rules
+from jaxrl_llm.tools.protocol import ToolCallback, ask, hands_over, text_for_tool, turn_rules
 from jaxrl_llm.types import FINISH_REASONS as FINISH_REASONS  # importable from here too
 from jaxrl_llm.types import Completion
 
@@ -341,13 +344,12 @@ class RolloutDriver:
             stopped.append(b)
             if (
                 call.tool is not None
-                and hands_over(call.tool, reason)
+                and hands_over(call.tool, reason, stop)
                 and s.tool_calls < self.max_tool_turns
             ):
                 assert call.pool is not None
                 s.turn_end = reason
-                special = turn_rules(call.tool).special_tokens
-                text = self._decode(s.tokens, not special)
+                text = self._tool_text(s, call.tool, stop)
                 call.pending[b] = call.pool.submit(
                     ask, call.tool, s.prompt_index, s.sample_index, text
                 )
@@ -357,6 +359,12 @@ class RolloutDriver:
         if stopped:
             state = self.engine.deactivate(state, stopped)
         return state
+
+    def _tool_text(self, s: LiveSample, tool: ToolCallback, stop: str | None) -> str:
+        """The response so far as `tool` reads it, ending at the stop string (`text_for_tool`)."""
+        skip = not turn_rules(tool).special_tokens
+        turn = self._decode(s.tokens[s.turn_start :], skip) if stop is not None else ""
+        return text_for_tool(self._decode(s.tokens, skip), turn, stop)
 
     def _check_finish(self, s: LiveSample, device_done: bool) -> tuple[str, str | None] | None:
         finish = self._natural_finish(s, device_done)

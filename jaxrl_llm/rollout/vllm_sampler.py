@@ -18,11 +18,12 @@
   engine. Finish reasons map to ours: EOS / a stop token id -> "eos", a stop string ->
   "stop" (the string kept, `include_stop_str_in_output`), the token budget -> "length".
   The response text is decoded from the tokens by our tokenizer, as the JAX driver does.
-- **Tool turns.** A sample that stops on a tool's stop string hands its response text to the
-  tool in a worker thread while vLLM goes on decoding the others; the observation's tokens
-  are appended (response mask 0, logprob 0) and the sample continues as a new request of
-  prompt + response so far (a prefix-cache hit), with the budget left and a fresh seed per
-  turn: the same tokens, masks and budgets as `rollout/driver.py`.
+- **Tool turns.** A sample that stops on a tool's stop string hands its response text, ending
+  at the stop string (`protocol.text_for_tool`), to the tool in a worker thread while vLLM
+  goes on decoding the others (a stop string of the run's own ends the sample); the
+  observation's tokens are appended (response mask 0, logprob 0) and the sample continues
+  as a new request of prompt + response so far (a prefix-cache hit), with the budget left
+  and a fresh seed per turn: the same tokens, masks and budgets as `rollout/driver.py`.
 - **Partial rollouts** (`refresh`, `RLConfig.partial_rollouts`): requests stream each step's
   new tokens; when newer weights arrive between two engine steps, the live requests are
   aborted, the weights pushed (the prefix cache emptied) and each sample re-submitted as
@@ -64,7 +65,7 @@ from jaxrl_llm.rollout.sampler import (
 )
 from jaxrl_llm.rollout.sampling import SamplingParams, sample_seed
 from jaxrl_llm.rollout.vllm_engine import cpu_engine_args, import_vllm, load_weights, new_llm
-from jaxrl_llm.tools.protocol import ask, hands_over, turn_rules
+from jaxrl_llm.tools.protocol import ask, hands_over, text_for_tool, turn_rules
 from jaxrl_llm.types import Completion
 
 log = logging.getLogger(__name__)
@@ -317,13 +318,14 @@ class VllmSampler:
         """A turn ended (its tokens absorbed): finish the sample or hand it to the tool."""
         if (
             call.tool is not None
-            and hands_over(call.tool, reason)
+            and hands_over(call.tool, reason, stop)
             and s.tool_calls < self.max_tool_turns
         ):
             assert call.pool is not None
             s.turn_end = reason
             special = turn_rules(call.tool).special_tokens
-            text = self._text(s, special)
+            turn = self._text(s, special, s.turn_start) if stop is not None else ""
+            text = text_for_tool(self._text(s, special), turn, stop)
             call.pending[call.pool.submit(ask, call.tool, s.prompt_index, s.sample_index, text)] = s
             return
         call.finish(s, s.completion(reason, self._text(s), stop))
@@ -352,8 +354,9 @@ class VllmSampler:
             else:
                 call.finish(s, s.completion("length", self._text(s)))
 
-    def _text(self, s: LiveSample, special_tokens: bool = False) -> str:
-        return self.tokenizer.decode(s.tokens, skip_special_tokens=not special_tokens)
+    def _text(self, s: LiveSample, special_tokens: bool = False, start: int = 0) -> str:
+        """The text of the response's tokens from `start` on."""
+        return self.tokenizer.decode(s.tokens[start:], skip_special_tokens=not special_tokens)
 
     def metrics(self) -> dict[str, float]:
         stats, self.stats = self.stats, collections.Counter()

@@ -3,7 +3,9 @@
 One tool turn, as the rollout driver runs it:
   1. The model generates until one of `tool.stop_strings`; the stop string stays in the
      response (it is the model's own writing, so it is trained) and ends the text handed
-     to the tool.
+     to the tool, also when the token that completed it carries more text (">\n" after
+     "</search"): that text stays in the response's tokens only (`text_for_tool`). A stop
+     string that is not the tool's (`RolloutConfig.stop`) ends the sample (`hands_over`).
   2. `observation = tool(text_so_far)`; None means "no call here": the sample is finished.
   3. The observation is tokenised, appended, and masked out of the policy loss and the KL.
   4. Generation continues, for at most the configured number of tool calls.
@@ -70,9 +72,28 @@ def ask(tool: ToolCallback, prompt: int, sample: int, text: str) -> str | None:
     return tool(text)
 
 
-def hands_over(tool: object, reason: str) -> bool:
-    """Whether a sample that finished its turn for `reason` goes to `tool`."""
-    return reason == "stop" or (reason == "eos" and turn_rules(tool).on_eos)
+def hands_over(tool: object, reason: str, stop: str | None = None) -> bool:
+    """Whether a sample that finished its turn for `reason` (on stop string `stop`) goes to
+    `tool`: on one of the tool's own `stop_strings` (on any stop string for a callable
+    without them), or on EOS when its turns end there. Any other stop string is the run's
+    own (`RolloutConfig.stop`) and ends the sample."""
+    if reason == "stop":
+        own = getattr(tool, "stop_strings", None)
+        return own is None or stop in own
+    return reason == "eos" and turn_rules(tool).on_eos
+
+
+def text_for_tool(text: str, turn: str, stop: str | None) -> str:
+    """The text handed to the tool: the response so far (`text`), ending right after the
+    stop string its turn (`turn`: that turn's text, decoded alike) stopped on. The token
+    that completes a stop string may carry more text (">\n" completes "</search>"): those
+    characters stay in the sample's tokens, not in the tool's text. Unchanged after an EOS
+    turn (`stop` None) or when the tool's text does not hold the stop string (one made of
+    special tokens it does not see)."""
+    if stop is None or stop not in turn:
+        return text
+    after = turn[turn.index(stop) + len(stop) :]
+    return text[: len(text) - len(after)] if after and text.endswith(after) else text
 
 
 @runtime_checkable

@@ -81,3 +81,27 @@ def test_a_toolbox_refuses_what_it_cannot_run():
         ToolBox([add, add])
     with pytest.raises(ValueError, match="timeout_s must be positive"):
         ToolBox([add], timeout_s=0)
+
+
+def pairs(n: int) -> dict:
+    """Pairs.
+
+    Args:
+        n: How many.
+    """
+    return {(i, i): i for i in range(n)}
+
+
+def test_a_return_value_json_cannot_write_is_an_error_message():
+    """A product of more than 4,300 digits (Python's int-to-str limit) from the built-in
+    `multiply`, and a dict with tuple keys, answer "Error: ..." and count as errors."""
+    from jaxrl_llm.agents.arithmetic import TOOLS
+
+    big = int("1" + "0" * 2200)
+    box = ToolBox([*TOOLS.values(), pairs])
+    turn = ParsedTurn("", (ToolCall("multiply", {"a": big, "b": big}), ToolCall("pairs", {"n": 2})))
+    answers = [m["content"] for m in box.answer(turn)]
+    assert answers[0].startswith("Error: multiply returned a value that cannot be written: ")
+    assert answers[1].startswith("Error: pairs returned a value that cannot be written: ")
+    m = box.metrics()
+    assert (m["tools/multiply/errors"], m["tools/pairs/errors"], m["tools/pairs/ran"]) == (1, 1, 1)

@@ -73,3 +73,25 @@ def test_a_new_format_is_one_function(monkeypatch):
     assert parse_turn("colon", "CALL a\nCALL b").calls == (ToolCall("a", {}), ToolCall("b", {}))
     with pytest.raises(ValueError, match=r"'nope': expected one of .*register_parser"):
         parse_turn("nope", "")
+
+
+DEEP = "[" * 1100  # past Python's recursion limit in json's decoder
+HUGE = '{"name": "add", "arguments": {"a": ' + "9" * 4301 + ', "b": 1}}'  # int str limit
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [
+        ("qwen", f"<tool_call>{DEEP}</tool_call>"),
+        ("qwen", f"<tool_call>{HUGE}</tool_call>"),
+        ("qwen", '<tool_call>{"name": "add", "arguments": "' + DEEP + '"}</tool_call>'),
+        ("llama3_json", '{"name": "f", "parameters": ' + DEEP + "}"),
+        ("llama3_json", HUGE),
+    ],
+)
+def test_json_that_python_cannot_read_is_malformed_not_raised(fmt, text):
+    """Deep nesting (RecursionError) and a > 4,300-digit integer (ValueError) are not
+    `JSONDecodeError`s; each is a malformed call all the same."""
+    turn = parse_turn(fmt, text)
+    assert turn.calls == () and len(turn.malformed) == 1
+    assert "JSON" in turn.malformed[0].reason
