@@ -170,6 +170,14 @@ def test_every_field_of_every_config_rejects_a_wrong_type_by_name(cls):
         ("RolloutConfig.n = 0", "RolloutConfig.n = 0: expected int (>= 1)"),
         ("RolloutConfig.top_p = 0.0", "RolloutConfig.top_p = 0.0: expected float (> 0 and <= 1)"),
         ("PolicyConfig.remat = 'yes'", "PolicyConfig.remat = 'yes': expected bool"),
+        (
+            "PolicyConfig.dtype = 'bf16'",
+            "PolicyConfig.dtype = 'bf16': expected str (one of 'float32', 'bfloat16', 'float16')",
+        ),
+        (
+            "PolicyConfig.rollout_dtype = 'int8'",
+            "PolicyConfig.rollout_dtype = 'int8': expected str | None (one of 'float32', ",
+        ),
     ],
 )
 def test_a_wrong_value_names_class_field_value_and_expectation(binding, message):

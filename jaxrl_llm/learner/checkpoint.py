@@ -30,12 +30,19 @@ def checkpoint_directory(directory: str | os.PathLike) -> epath.Path:
 
 
 class Checkpointer:
-    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3):
+    """A run's checkpoints. `read_only`: for a reader beside a live run (`jaxrl-llm export`):
+    it neither creates the folder nor removes temporary folders, one of which may be the
+    trainer's save in progress (a writer cleans up leftovers of a killed run at its start)."""
+
+    def __init__(
+        self, directory: str | os.PathLike, *, max_to_keep: int | None = 3, read_only: bool = False
+    ):
         self.directory = checkpoint_directory(directory)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            create=True,
-            cleanup_tmp_directories=True,
+            max_to_keep=None if read_only else max_to_keep,
+            create=not read_only,
+            cleanup_tmp_directories=not read_only,
+            read_only=read_only,
             enable_async_checkpointing=False,
         )
         self._manager = ocp.CheckpointManager(

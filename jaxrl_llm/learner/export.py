@@ -129,7 +129,7 @@ def export_policy(
         raise ConfigError(f"--format peft: {run_dir} is not a LoRA run (PolicyConfig.lora = None)")
     field = f"{run_dir / 'config.gin'}: PolicyConfig.checkpoint"
     src = resolve_checkpoint(cfg.policy.checkpoint, field, tokenizer=fmt != "peft")
-    ckpt = Checkpointer(run_dir / "checkpoints")
+    ckpt = Checkpointer(run_dir / "checkpoints", read_only=True)  # the run may be live
     steps = ckpt.all_steps()
     step = ckpt.latest_step() if step is None else step
     if step is None or step not in steps:

@@ -23,11 +23,12 @@ from jaxrl_llm.rollout.config import RolloutConfig
 __all__ = ["DataConfig", "LoraConfig", "RLConfig", "RewardConfig", "RolloutConfig"]
 
 log = logging.getLogger(__name__)
+_DTYPES = ("float32", "bfloat16", "float16")  # a model's dtypes (float64: tests' references)
 
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-@checked_fields()
+@checked_fields(dtype=_DTYPES, param_dtype=_DTYPES, rollout_dtype=_DTYPES)
 class PolicyConfig:
     """The policy model: its checkpoint, dtypes, how its forwards run, LoRA."""
 

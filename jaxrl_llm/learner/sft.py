@@ -24,7 +24,7 @@ from flax import nnx
 
 from jaxrl_llm.algorithms import token_logprobs
 from jaxrl_llm.assets import resolve_checkpoint
-from jaxrl_llm.config_checks import Ge, Interval, checked_fields, documented
+from jaxrl_llm.config_checks import ConfigError, Ge, Interval, checked_fields, documented
 from jaxrl_llm.data.sources import require_source
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
@@ -63,7 +63,7 @@ class SFTConfig:
         "built-in arithmetic task.",
     )
     n_train: int = documented(20000, "Training examples the built-in task generates.")
-    n_val: int = documented(256, "Validation examples, whose loss is tracked.")
+    n_val: int = documented(256, "Validation examples, whose loss is tracked; 0: none.")
     levels: tuple[int, ...] = documented(
         (1, 2, 3, 4), "Difficulty levels of the built-in task's problems."
     )
@@ -83,11 +83,26 @@ class SFTConfig:
     seq_len: int = documented(
         192, "Tokens per training row; longer examples are dropped (counted and logged)."
     )
-    eval_every: int = documented(200, "Steps between validation losses (and at the last step).")
+    eval_every: int = documented(
+        200, "Steps between validation losses (and at the last step); 0: the last step only."
+    )
     seed: int = documented(0, "Seed of the built-in task, the batch order and the model state.")
     optim: OptimConfig = documented(
         doc="The optimizer; bind `OptimConfig.*` (configs/sft_tiny.gin does).", factory=OptimConfig
     )
+
+
+def file_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
+    """(train, val): `train_file`'s rows after / before `n_val`."""
+    assert cfg.train_file is not None
+    lines = Path(cfg.train_file).read_text().splitlines()
+    rows = [json.loads(x) for x in lines if x.strip()]
+    if len(rows) <= cfg.n_val:
+        raise ConfigError(
+            f"SFTConfig.train_file {cfg.train_file!r} has {len(rows)} rows; it needs more than "
+            f"SFTConfig.n_val = {cfg.n_val} (the validation ones)"
+        )
+    return rows[cfg.n_val :], rows[: cfg.n_val]
 
 
 def builtin_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
@@ -206,13 +221,13 @@ def run_sft(cfg: SFTConfig | None = None) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(src)
     model = from_pretrained(src)
-    if cfg.train_file:
-        rows = [json.loads(x) for x in Path(cfg.train_file).read_text().splitlines() if x.strip()]
-        train, val = rows[cfg.n_val :], rows[: cfg.n_val]
-    else:
-        train, val = builtin_examples(cfg)
+    train, val = file_examples(cfg) if cfg.train_file else builtin_examples(cfg)
     train_ids, train_mask = pack(train, tokenizer, cfg.seq_len)
-    val_ids, val_mask = pack(val, tokenizer, cfg.seq_len)
+    val_batch, val_tokens = None, 0.0
+    if val:
+        val_ids, val_mask = pack(val, tokenizer, cfg.seq_len)
+        val_batch = {"ids": jnp.asarray(val_ids), "mask": jnp.asarray(val_mask)}
+        val_tokens = float(val_mask[:, 1:].sum())
     graphdef, params = nnx.split(model)
     tx = make_optimizer(cfg.optim, cfg.steps)
     state = TrainState.create(params, tx, jax.random.key(cfg.seed))
@@ -233,9 +248,9 @@ def run_sft(cfg: SFTConfig | None = None) -> dict[str, float]:
         }
         state, m = step_fn(state, batch)
         record = {"step": step, **{k: float(v) for k, v in m.items()}}
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            vb = {"ids": jnp.asarray(val_ids), "mask": jnp.asarray(val_mask)}
-            record["val/loss"] = float(eval_fn(state.params, vb, float(val_mask[:, 1:].sum())))
+        due = step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)
+        if val_batch is not None and due:
+            record["val/loss"] = float(eval_fn(state.params, val_batch, val_tokens))
             record["timing/elapsed_s"] = time.perf_counter() - t0
             log.info(
                 "step %d loss %.4f val/loss %.4f (%.0fs)",
@@ -247,5 +262,8 @@ def run_sft(cfg: SFTConfig | None = None) -> dict[str, float]:
     metrics_file.close()
     model = nnx.merge(graphdef, state.params)
     save_pretrained(model, out / "hf", tokenizer=tokenizer)
-    log.info("saved %s (perplexity %.3f)", out / "hf", math.exp(history.get("val/loss", 0.0)))
+    if "val/loss" in history:
+        log.info("saved %s (validation perplexity %.3f)", out / "hf", math.exp(history["val/loss"]))
+    else:
+        log.info("saved %s (no validation: SFTConfig.n_val = 0)", out / "hf")
     return history

@@ -263,7 +263,15 @@ def test_export_writes_the_checkpointed_policy(tmp_path, three_step_run):
     from jaxrl_llm.models import from_pretrained
 
     run = three_step_run
-    assert export_policy(run, tmp_path / "hf") == 3
+    # The trainer's save in progress, as a live run has it: export reads beside it and leaves
+    # it alone (a writer's checkpoint manager would delete it, failing the trainer's save).
+    in_flight = run / "checkpoints" / "4.orbax-checkpoint-tmp"
+    (in_flight / "state").mkdir(parents=True)
+    try:
+        assert export_policy(run, tmp_path / "hf") == 3
+        assert (in_flight / "state").is_dir()
+    finally:
+        shutil.rmtree(in_flight)
     exported = nnx.state(from_pretrained(tmp_path / "hf"))
     saved = Checkpointer(run / "checkpoints").restore_raw(3)["policy"]["params"]
     for path, var in nnx.to_flat_state(exported):

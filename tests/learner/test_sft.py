@@ -89,3 +89,27 @@ def test_sft_reduces_validation_loss(tmp_path):
     assert last["val/loss"] < first["val/loss"] - 0.5
     assert (tmp_path / "sft" / "hf" / "model.safetensors").is_file()
     assert (tmp_path / "sft" / "hf" / "tokenizer.json").is_file()
+
+
+def test_no_validation_and_last_step_only_validation_run(tmp_path):
+    """`n_val = 0` trains without validation and `eval_every = 0` validates at the last step
+    only (both passed the config check and then crashed: a modulo by zero, an empty pack)."""
+    import json
+
+    base = dict(out_dir=str(tmp_path / "sft"), n_train=16, levels=(1,), steps=2, batch_size=4,
+                seq_len=160)  # fmt: skip
+    got = run_sft(SFTConfig(**base, n_val=0, eval_every=1))
+    assert "val/loss" not in got and got["step"] == 2
+    run_sft(SFTConfig(**base, n_val=4, eval_every=0))
+    lines = (tmp_path / "sft" / "sft_metrics.jsonl").read_text().splitlines()
+    assert ["val/loss" in json.loads(x) for x in lines] == [False, True]
+
+
+def test_a_train_file_no_longer_than_n_val_is_refused(tmp_path):
+    from jaxrl_llm.config_checks import ConfigError
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"prompt": "1+1", "response": "2"}\n' * 3)
+    cfg = SFTConfig(out_dir=str(tmp_path / "sft"), train_file=str(data), n_val=3, steps=1)
+    with pytest.raises(ConfigError, match=r"has 3 rows; it needs more than SFTConfig.n_val = 3"):
+        run_sft(cfg)
