@@ -19,9 +19,14 @@ prompts) fit comfortably; the whole source is read at start-up.
 
 The iterator's state (``PromptIterator.get_state``) is a small JSON-serialisable dict: Grain's
 ``next_index`` plus a fingerprint of the data and pipeline settings, so restoring it onto
-different data fails loudly instead of silently training on other prompts. Save it with the
-checkpoint (Orbax: ``ocp.args.JsonSave(state)``); it is the same on every host, so host 0's
-copy restores all of them.
+different data fails loudly instead of silently training on other prompts. The fingerprint
+hashes each prepared prompt's id, token ids (its text, template and tokenizer) and answer,
+in order, with the settings that order them: ids alone miss other rows under the same ids
+(rows without an id are named ``<file name>:<line>``). States saved before it covered the
+content (no ``fingerprint_version``) hold a hash of the ids and settings only; they are
+still accepted when that hash matches, with a warning, so older checkpoints resume. Save it
+with the checkpoint (Orbax: ``ocp.args.JsonSave(state)``); it is the same on every host, so
+host 0's copy restores all of them.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ from jaxrl_llm.data.templates import TEMPLATES, render_prompt
 log = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
+# 2: ids, token ids and answers (`PromptPipeline._fingerprint`); absent: ids only (before
+# 2026-12-05, `PromptPipeline.ids_fingerprint`).
+_FINGERPRINT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,19 +246,26 @@ class PromptPipeline:
         ds = ds.batch(self.local_batch_size, drop_remainder=config.drop_remainder, batch_fn=list)
         self.dataset = ds.map_with_index(self._make_batch)
 
-    def _fingerprint(self) -> str:
+    def _settings(self) -> list[Any]:
         c = self.config
-        key = {
-            "ids": [p.example["id"] for p in self.prompts],
-            "settings": [
-                c.shuffle,
-                c.seed,
-                c.global_batch_size,
-                c.num_epochs,
-                c.drop_remainder,
-                self.process_count,
-            ],
-        }
+        return [
+            c.shuffle, c.seed, c.global_batch_size, c.num_epochs, c.drop_remainder,
+            self.process_count,
+        ]  # fmt: skip
+
+    def _fingerprint(self) -> str:
+        """The settings, then each prepared prompt's id and answer (JSON) and its token ids
+        (int32 bytes, after their count: no two prompts' fields run into each other)."""
+        h = hashlib.sha256(json.dumps(self._settings()).encode())
+        for p in self.prompts:
+            h.update(json.dumps([p.example["id"], p.example["answer"]], default=str).encode())
+            tokens = np.asarray(p.input_ids, np.int32)
+            h.update(len(tokens).to_bytes(8, "little") + tokens.tobytes())
+        return h.hexdigest()[:16]
+
+    def ids_fingerprint(self) -> str:
+        """The fingerprint of states saved before it covered the content: ids and settings."""
+        key = {"ids": [p.example["id"] for p in self.prompts], "settings": self._settings()}
         return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
     def _make_batch(self, index: int, prompts: list[PreparedPrompt]) -> PromptBatch:
@@ -304,17 +319,29 @@ class PromptIterator:
         return {
             "version": _STATE_VERSION,
             "fingerprint": self._pipeline.fingerprint,
+            "fingerprint_version": _FINGERPRINT_VERSION,
             "grain": self._it.get_state(),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continues from ``state``; raises ``ValueError`` if it belongs to other data/settings."""
-        if state.get("version") != _STATE_VERSION or "grain" not in state:
+        """Continues from ``state``; raises ``ValueError`` if it belongs to other data/settings.
+        A state without ``fingerprint_version`` (saved before the fingerprint covered the
+        prompts' content) is checked against the ids and settings only, with a warning."""
+        kind = state.get("fingerprint_version")
+        if state.get("version") != _STATE_VERSION or "grain" not in state or kind not in (
+            None, _FINGERPRINT_VERSION,
+        ):  # fmt: skip
             raise ValueError(f"not a prompt iterator state: {state!r:.200}")
-        if state.get("fingerprint") != self._pipeline.fingerprint:
+        want = self._pipeline.fingerprint if kind else self._pipeline.ids_fingerprint()
+        if state.get("fingerprint") != want:
             raise ValueError(
                 "the data iterator state was saved for different prompts or pipeline settings "
-                f"(fingerprint {state.get('fingerprint')} != {self._pipeline.fingerprint})"
+                f"(fingerprint {state.get('fingerprint')} != {want})"
+            )
+        if kind is None:
+            log.warning(
+                "the data iterator state predates content fingerprints: only the prompt ids "
+                "and pipeline settings were checked, not the prompts' text or answers"
             )
         self._it.set_state(state["grain"])
 

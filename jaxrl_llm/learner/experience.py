@@ -154,29 +154,31 @@ def sequence_values(critic, input_ids: jax.Array, packing: Packing | None = None
 
 
 def advantage_fn(algo, group_size: int):
-    """`(rewards, loss_mask, old, ref logprobs, values) -> (adv, returns, token rewards)`.
+    """`(rewards, trained_mask, old, ref logprobs, values) -> (adv, returns, token rewards)`.
 
-    `rewards` [B]: outcome scores, each on its row's last trained token; [B, T]: rewards
-    already on their tokens (`turn_token_rewards`), kept where trained. With
-    `kl_in_reward_coef > 0` the per-token KL to the reference is subtracted (verl
-    `apply_kl_penalty`).
+    `trained_mask` [B, T]: the tokens a sample trains, before the overlong filter (a
+    truncated sample's score still counts in its group's baseline; the filter applies to the
+    loss only, `make_experience_fn`). `rewards` [B]: outcome scores, each on its row's last
+    trained token; [B, T]: rewards already on their tokens (`turn_token_rewards`), kept
+    where trained. With `kl_in_reward_coef > 0` the per-token KL to the reference is
+    subtracted (verl `apply_kl_penalty`).
     """
     estimator = resolve_declared(
         "advantage", algo.estimator, group_size=group_size, norm_by_std=algo.norm_by_std,
         gamma=algo.gamma, lam=algo.lam,
     )  # fmt: skip
 
-    def fn(rewards, loss_mask, old_logprobs, ref_logprobs, values):
+    def fn(rewards, trained_mask, old_logprobs, ref_logprobs, values):
         if rewards.ndim == 1:
-            token_rewards = outcome_token_rewards(rewards, loss_mask)
+            token_rewards = outcome_token_rewards(rewards, trained_mask)
         else:
-            token_rewards = rewards * loss_mask
+            token_rewards = rewards * trained_mask
         if algo.kl_in_reward_coef > 0:
             token_rewards = kl_shaped_rewards(
-                token_rewards, old_logprobs, ref_logprobs, loss_mask,
+                token_rewards, old_logprobs, ref_logprobs, trained_mask,
                 kl_coef=algo.kl_in_reward_coef, kind=algo.kl_in_reward_kind,
             )  # fmt: skip
-        adv, returns = estimator(token_rewards, loss_mask, values=values)
+        adv, returns = estimator(token_rewards, trained_mask, values=values)
         return adv, returns, token_rewards
 
     return fn
@@ -189,19 +191,25 @@ def make_experience_fn(
     """The jitted experience pass:
 
         fn(params, ref_params | None, critic_params | None, input_ids, response_mask,
-           loss_mask, rewards, rollout_logprobs, packing | None)
+           trained_mask, rewards, rollout_logprobs, packing | None, sample_mask=None)
             -> (TrainBatch, sequence rewards [B], metrics)
 
     All arrays [B, T] unless noted, in and out on the mesh; `rewards` are the scores [B] or
     rewards on tokens [B, T] (`advantage_fn`). Per micro-batch (`lax.map`) one
     body runs the policy (old logprobs; skipped with `old_logprobs=False`, the on-policy
     shortcut, leaving zeros), the reference and the critic, each only where the run has it;
-    logprobs are computed on the positions of `response_mask` (model tokens) or `loss_mask`
-    (trained tokens: tool output too with `mask_tool_output=False`). Missing parts of the
-    batch are zeros. A trained tool token was not sampled, so it has no rollout logprob: the
-    batch's `rollout_logprobs` there are the old ones (a TIS weight of 1), and the rollout
-    mismatch metric reads model tokens only. `packing` ([B / mb, ...], `learner.packing`):
-    the forwards run on packed rows.
+    logprobs are computed on the positions of `response_mask` (model tokens) or
+    `trained_mask` (trained tokens: tool output too with `mask_tool_output=False`). Missing
+    parts of the batch are zeros. A trained tool token was not sampled, so it has no rollout
+    logprob: the batch's `rollout_logprobs` there are the old ones (a TIS weight of 1), and
+    the rollout mismatch metric reads model tokens only. `packing` ([B / mb, ...],
+    `learner.packing`): the forwards run on packed rows.
+
+    `sample_mask` [B] (None: all 1): 0 on the samples the loss leaves out (the overlong
+    filter, DAPO). Rewards, values, advantages and returns are computed over `trained_mask`
+    as if nothing were filtered, so a filtered sample's score still counts in its group's
+    baseline; only the batch's `loss_mask` (`trained_mask * sample_mask`), which the
+    policy and critic losses read, and the metrics of the trained tokens leave it out.
     """
     if not old_logprobs and algo.kl_in_reward_coef > 0:
         raise ValueError("a KL penalty in the reward needs the old logprobs (old_logprobs=True)")
@@ -225,20 +233,23 @@ def make_experience_fn(
         return old, ref, values
 
     @jax.jit
-    def fn(params, ref_params, critic_params, input_ids, response_mask, loss_mask, rewards,
-           rollout_logprobs, packing=None):  # fmt: skip
+    def fn(params, ref_params, critic_params, input_ids, response_mask, trained_mask, rewards,
+           rollout_logprobs, packing=None, sample_mask=None):  # fmt: skip
         B, T = input_ids.shape
         mb = min(micro_batch, B)
         split = lambda x: x.reshape(B // mb, mb, T)
         one = lambda x: forwards(params, ref_params, critic_params, *x)
-        logprob_mask = jnp.maximum(response_mask, loss_mask)
+        logprob_mask = jnp.maximum(response_mask, trained_mask)
         outs = jax.lax.map(one, (split(input_ids), split(logprob_mask), packing))
-        zeros = jnp.zeros((B, T), compute_dtype(loss_mask))  # float64 in a reference run
+        zeros = jnp.zeros((B, T), compute_dtype(trained_mask))  # float64 in a reference run
         old, ref, values = (zeros if x is None else x.reshape(B, T) for x in outs)
         adv, returns, token_rewards = advantages(
-            rewards, loss_mask, old, ref, None if outs[2] is None else values
+            rewards, trained_mask, old, ref, None if outs[2] is None else values
         )
-        behaviour = jnp.where((loss_mask > 0) & (response_mask == 0), old, rollout_logprobs)
+        loss_mask = trained_mask
+        if sample_mask is not None:
+            loss_mask = trained_mask * sample_mask[:, None].astype(trained_mask.dtype)
+        behaviour = jnp.where((trained_mask > 0) & (response_mask == 0), old, rollout_logprobs)
         batch = TrainBatch(
             input_ids=input_ids, loss_mask=loss_mask, old_logprobs=old, ref_logprobs=ref,
             advantages=adv, returns=returns, old_values=values, rollout_logprobs=behaviour,

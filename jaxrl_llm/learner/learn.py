@@ -5,6 +5,7 @@ the step's device metrics fetched in one transfer (`fetch`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -24,6 +25,7 @@ from jaxrl_llm.learner.packing import (
 from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.run import Learner
 from jaxrl_llm.learner.state import TrainState
+from jaxrl_llm.learner.steps import extreme
 from jaxrl_llm.metrics.progress import bar
 from jaxrl_llm.sharding import hosts
 from jaxrl_llm.types import Experience, Rollout
@@ -42,11 +44,12 @@ def make_experience(
     state, mesh = learner.state, learner.mesh
     B = len(samples.completions)
     packing = _packing(cfg, mesh, seqs.length, min(cfg.algo.micro_batch_size, B))
-    loss_mask = seqs.response_mask
+    trained_mask = seqs.response_mask
     if not cfg.algo.mask_tool_output:  # the ablation: tool output trained too
-        loss_mask = loss_mask + seqs.tool_mask
-    if cfg.algo.overlong_filter:
-        loss_mask = loss_mask * (~seqs.truncated)[:, None]
+        trained_mask = trained_mask + seqs.tool_mask
+    # The overlong filter (DAPO) leaves truncated samples out of the loss only: their scores
+    # still place rewards and count in their group's baseline.
+    keep = ~seqs.truncated if cfg.algo.overlong_filter else np.ones(B, bool)
     rows = lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape))
     critic = state.critic.params if state.critic is not None else None
     # An environment's per-turn rewards go on their turns' tokens; else each score on the
@@ -55,8 +58,9 @@ def make_experience(
     rewards = turn_token_rewards(samples.completions, cfg.seq_len) if per_turn else samples.scores
     batch, sequence_rewards, metrics = learner.experience_fn(
         learner.policy_params(), learner.ref_params, critic,
-        rows(seqs.input_ids), rows(seqs.response_mask), rows(loss_mask),
+        rows(seqs.input_ids), rows(seqs.response_mask), rows(trained_mask),
         rows(rewards), rows(seqs.rollout_logprobs), _put_packing(mesh, packing),
+        sample_mask=rows(keep.astype(np.float32)),
     )  # fmt: skip
     exp = Experience(
         rollout=samples,
@@ -149,16 +153,21 @@ def _append(out: dict[str, list[jax.Array]], metrics: dict[str, jax.Array]) -> N
         out.setdefault(k, []).append(v)
 
 
-@jax.jit
-def _means(values: list[list[jax.Array]]) -> jax.Array:
-    return jnp.stack([jnp.mean(jnp.stack(v).astype(jnp.float32)) for v in values])
+@functools.partial(jax.jit, static_argnums=1)
+def _reduced(values: list[list[jax.Array]], kinds: tuple[str | None, ...]) -> jax.Array:
+    reduce = {"max": jnp.max, "min": jnp.min, None: jnp.mean}
+    return jnp.stack(
+        [reduce[kind](jnp.stack(v).astype(jnp.float32)) for v, kind in zip(values, kinds)]
+    )
 
 
 def fetch(device: dict[str, list[jax.Array]]) -> dict[str, float]:
-    """Each metric's mean over its values (one per update, or one), all stacked on the
-    device first: a step's metrics come to the host in one transfer."""
+    """Each metric over its values (one per update, or one): the max of a `.../max`, the
+    min of a `.../min` (`steps.extreme`), else the mean; all reduced on the device first, so
+    a step's metrics come to the host in one transfer."""
     keys = list(device)
-    values = hosts.to_host(_means([device[k] for k in keys]))
+    kinds = tuple(extreme(k) for k in keys)
+    values = hosts.to_host(_reduced([device[k] for k in keys], kinds))
     return {k: float(v) for k, v in zip(keys, values, strict=True)}
 
 

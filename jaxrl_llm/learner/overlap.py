@@ -37,7 +37,10 @@ first prompt (not its state at save time: the producer may have drawn ahead). A 
 trains the saved batches first (`ready`) and samples from step s + k + 1 on, with the
 checkpoint's weights, as the uninterrupted run does: it equals that run to the digit, and
 every prompt of the data order is trained once. Only a batch being sampled with the
-checkpoint's own weights is lost at a stop, and it is sampled again identically.
+checkpoint's own weights is lost at a stop, and it is sampled again identically. A producer
+that failed on a later step (a reward error on step s + k + 1) does not stop a checkpoint
+that has its batches: it is saved, as the synchronous loop saves step s before sampling
+the next, and the error reaches the trainer at that step's `take`.
 
 Partial rollouts (`RLConfig.partial_rollouts`, `partial=True`): a step starts with the
 newest weights computed (at least those the bound asks), and whenever newer ones are
@@ -164,11 +167,15 @@ class RolloutProducer:
 
     def _wait_sampled(self, steps: range) -> None:
         """Until the batches of `steps` are sampled (not yet taken), or raise the producer's
-        error."""
+        error if it stopped before one of them. An error on a later step is left to that
+        step's `take`: a checkpoint or validation that has what it needs goes ahead, as in
+        the synchronous loop, where that step's sampling comes after them."""
         with self._cond:
-            while not all(t in self._done for t in steps) and self._error is None:
+            sampled = lambda: all(t in self._done for t in steps)
+            while not sampled() and self._error is None:
                 self._cond.wait()
-            if self._error is not None:
+            if not sampled():
+                assert self._error is not None  # the wait ends on one or the other
                 raise self._error
 
     def checkpoint(self, step: int) -> tuple[Any, dict[int, Batch]]:

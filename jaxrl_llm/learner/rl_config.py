@@ -178,7 +178,9 @@ class AlgoConfig:
     )
     is_floor: float = documented(0.0, "Lower bound of the 'mask' mode's weights.")
     overlong_filter: bool = documented(
-        False, "Leave responses cut at the token budget out of the loss."
+        False,
+        "Leave responses cut at the token budget out of the loss (DAPO); their scores still "
+        "count in their group's advantage baseline.",
     )
     # Tool output is not the policy's action, so Search-R1 and ToRL mask it from the loss.
     mask_tool_output: bool = documented(

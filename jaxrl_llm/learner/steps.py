@@ -19,6 +19,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_llm.algorithms import aggregate_loss, kl_penalty, loss_normalizer, value_loss
+from jaxrl_llm.algorithms.masked import masked_max, masked_min, safe_divide
 from jaxrl_llm.algorithms.off_policy import importance_weights
 from jaxrl_llm.algorithms.registry import resolve_declared
 from jaxrl_llm.learner.experience import logprob_diff_metrics, policy_logprobs, sequence_values
@@ -99,7 +100,8 @@ def make_policy_step(
         return total, (metrics, jax.lax.stop_gradient(logp) if on_policy else None)
 
     summed = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
-    return _make_update(loss_fn, tx, agg, "actor", summed)
+    token_means = ("is/weight/mean", "is/clipped_frac")  # over the trained tokens
+    return _make_update(loss_fn, tx, agg, "actor", summed, token_means)
 
 
 def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo):
@@ -118,15 +120,16 @@ def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
     return _make_update(loss_fn, tx, agg, "critic", ("critic/vf_loss",))
 
 
-def _make_update(loss_fn, tx, agg: str, role: str, summed: tuple[str, ...]):
+def _make_update(
+    loss_fn, tx, agg: str, role: str, summed: tuple[str, ...], token_means: tuple[str, ...] = ()
+):  # fmt: skip
     """The jitted step both roles share: a global normaliser over the whole mini-batch,
     gradients accumulated over its micro-batches, one optimiser update (skipped if not
-    finite). `loss_fn -> (loss, (metrics, logprobs | None))`. Metrics in `summed` are loss
-    terms already normalised globally, so their micro-batch sums are exact; the others
-    (ratios such as clip fractions) are averaged over micro-batches, as verl does. Logprobs,
-    when given (on-policy), are compared with the rollout's over the trained tokens.
-    `packing` ([M, ...], `learner.packing`): the forwards run on packed rows. `frozen`:
-    params the loss reads but does not train (LoRA's base; not donated)."""
+    finite). `loss_fn -> (loss, (metrics, logprobs | None))`; its metrics are reduced over
+    the micro-batches by `reduce_micro_batches`. Logprobs, when given (on-policy), are
+    compared with the rollout's over the trained tokens. `packing` ([M, ...],
+    `learner.packing`): the forwards run on packed rows. `frozen`: params the loss reads but
+    does not train (LoRA's base; not donated)."""
 
     def step(
         state: TrainState, batch: TrainBatch, packing: Packing | None = None, frozen: Any = None
@@ -136,7 +139,8 @@ def _make_update(loss_fn, tx, agg: str, role: str, summed: tuple[str, ...]):
         loss, grads, (metrics, logprobs) = accumulate_gradients(
             lambda p, xs: loss_fn(p, *xs, normalizer, frozen), state.params, (batch, packing)
         )
-        metrics = {k: v.sum(0) if k in summed else v.mean(0) for k, v in metrics.items()}
+        tokens = batch.loss_mask.sum((1, 2))  # [M]
+        metrics = reduce_micro_batches(metrics, tokens, summed, token_means)
         if logprobs is not None:
             mask = batch.loss_mask
             metrics.update(logprob_diff_metrics(logprobs, batch.rollout_logprobs, mask))
@@ -149,6 +153,39 @@ def _make_update(loss_fn, tx, agg: str, role: str, summed: tuple[str, ...]):
         }
 
     return UpdateStep(step)
+
+
+def extreme(name: str) -> str | None:
+    """How a metric named `.../max` or `.../min` is reduced over micro-batches and updates
+    ("max", "min": it is an extreme over the tokens or samples it describes); else None."""
+    last = name.rsplit("/", 1)[-1]
+    return last if last in ("max", "min") else None
+
+
+def reduce_micro_batches(
+    metrics: dict[str, jax.Array], tokens: jax.Array, summed: tuple[str, ...],
+    token_means: tuple[str, ...],
+) -> dict[str, jax.Array]:  # fmt: skip
+    """Each metric [M] (one value per micro-batch, `tokens` [M] trained tokens in each) to
+    the mini-batch's value. `summed`: loss terms already normalised globally, so their sum
+    is exact. `.../max`, `.../min` (`extreme`): the extreme over the micro-batches with a
+    trained token. `token_means`: means over the trained tokens, weighted by each
+    micro-batch's count (so an empty micro-batch does not pull them toward 0). The others
+    (ratios such as clip fractions): the mean over micro-batches, as verl does."""
+    has = tokens > 0
+    out = {}
+    for k, v in metrics.items():
+        if k in summed:
+            out[k] = v.sum(0)
+        elif extreme(k) == "max":
+            out[k] = masked_max(v, has)
+        elif extreme(k) == "min":
+            out[k] = masked_min(v, has)
+        elif k in token_means:
+            out[k] = safe_divide((v * tokens.astype(v.dtype)).sum(0), tokens.sum().astype(v.dtype))
+        else:
+            out[k] = v.mean(0)
+    return out
 
 
 def to_micro_batches(batch: TrainBatch[Leaf], idx: Any, micro_batch_size: int) -> TrainBatch[Leaf]:

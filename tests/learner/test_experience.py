@@ -24,11 +24,11 @@ def _rows(seed=0):
     ids, response = random_rows(rng, B, T, CFG.vocab_size)
     row = next(b for b in range(B) if response[b].sum() >= 3)
     response[row, np.flatnonzero(response[row])[1]] = 0  # tool output inside a response
-    loss = response.copy()
-    loss[3] = 0  # a truncated sample under the overlong filter
+    keep = np.ones(B, np.float32)
+    keep[3] = 0  # a truncated sample under the overlong filter
     scores = rng.integers(0, 2, B).astype(np.float32)
     rollout = (rng.normal(size=(B, T)) * 0.1 - 3.0).astype(np.float32) * response
-    return tuple(map(jnp.asarray, (ids, response, loss, scores, rollout)))
+    return tuple(map(jnp.asarray, (ids, response, keep, scores, rollout)))
 
 
 def _full_logprobs(model, ids):
@@ -89,14 +89,16 @@ def test_experience_pass_equals_separate_forwards(models, old_logprobs):
     policy, ref, critic = models
     graphdef, params = nnx.split(policy)
     critic_graphdef, critic_params = nnx.split(critic)
-    ids, response, loss, scores, rollout = _rows()
+    ids, response, keep, scores, rollout = _rows()
+    loss = response * keep[:, None]  # the overlong filter: out of the loss only
     algo = ALGO if old_logprobs else AlgoConfig(estimator="gae")  # no KL in the reward
     fn = make_experience_fn(
         graphdef, critic_graphdef, algo, temperature=TEMP, group_size=G, micro_batch=4,
         old_logprobs=old_logprobs,
     )  # fmt: skip
-    args = (ids, response, loss, scores, rollout)
-    batch, seq_rewards, metrics = fn(params, nnx.split(ref)[1], critic_params, *args)
+    args = (ids, response, response, scores, rollout)
+    batch, seq_rewards, metrics = fn(params, nnx.split(ref)[1], critic_params, *args,
+                                     sample_mask=keep)  # fmt: skip
 
     old, ref_lp = _full_logprobs(policy, ids), _full_logprobs(ref, ids)
     values = shift_right(critic(ids[:, :-1]))
@@ -111,12 +113,13 @@ def test_experience_pass_equals_separate_forwards(models, old_logprobs):
     for name, x in (("input_ids", ids), ("loss_mask", loss), ("rollout_logprobs", rollout)):
         np.testing.assert_array_equal(getattr(batch, name), x, err_msg=name)
 
-    # Advantages, returns and rewards are `advantage_fn` of the forwards checked above: compare
-    # with it in float64 on the pass's own forwards, within the float32 rounding of its sums.
-    # Returns cancel: V + A with |V| up to ~13 gives |returns| ~ 1e-3, so no fixed atol fits.
+    # Advantages, returns and rewards are `advantage_fn` of the forwards checked above, over
+    # every trained token (the filtered sample's too): compare with it in float64 on the
+    # pass's own forwards, within the float32 rounding of its sums. Returns cancel: V + A
+    # with |V| up to ~13 gives |returns| ~ 1e-3, so no fixed atol fits.
     inputs = (batch.old_logprobs, batch.ref_logprobs, batch.old_values)
-    adv, returns, token_rewards = _advantages_f64(algo, scores, loss, *inputs)
-    tols = _advantage_tolerances(algo, loss, *inputs, adv, returns, token_rewards)
+    adv, returns, token_rewards = _advantages_f64(algo, scores, response, *inputs)
+    tols = _advantage_tolerances(algo, response, *inputs, adv, returns, token_rewards)
     got = (batch.advantages, batch.returns, seq_rewards)
     for name, g, want, tol in zip(("advantages", "returns", "rewards"), got,
                                   (adv, returns, token_rewards.sum(-1)), tols):  # fmt: skip
@@ -150,15 +153,15 @@ def test_experience_pass_without_reference_or_critic(models):
     """GRPO's pass: the policy forward only; reference logprobs and values are zeros."""
     policy = models[0]
     graphdef, params = nnx.split(policy)
-    ids, response, loss, scores, rollout = _rows(1)
+    ids, response, _, scores, rollout = _rows(1)
     fn = make_experience_fn(
         graphdef, None, AlgoConfig(), temperature=TEMP, group_size=G, micro_batch=B
     )
-    batch, _, metrics = fn(params, None, None, ids, response, loss, scores, rollout)
+    batch, _, metrics = fn(params, None, None, ids, response, response, scores, rollout)
     old = _full_logprobs(policy, ids)
     np.testing.assert_allclose(batch.old_logprobs, old * response, rtol=1e-5, atol=1e-6)
     assert not np.any(np.asarray(batch.ref_logprobs)) and not np.any(np.asarray(batch.old_values))
-    adv, _, _ = advantage_fn(AlgoConfig(), G)(scores, loss, old, old, None)
+    adv, _, _ = advantage_fn(AlgoConfig(), G)(scores, response, old, old, None)
     np.testing.assert_allclose(batch.advantages, adv, rtol=1e-5, atol=1e-6)
     assert "critic/values/mean" not in metrics
 
@@ -168,7 +171,7 @@ def test_rewards_on_tokens_equal_outcome_scores_placed_there(estimator):
     """`advantage_fn` takes scores [B] (each on its row's last trained token) or rewards
     already on tokens [B, T]; the same placement gives the same advantages, and a reward on
     an untrained token is dropped. Per-turn rewards reach GAE as its token rewards."""
-    _, _, loss, scores, _ = _rows()
+    _, loss, _, scores, _ = _rows()
     rng = np.random.default_rng(1)
     old, ref, values = (jnp.asarray(rng.normal(size=(B, T)), jnp.float32) for _ in range(3))
     algo = AlgoConfig(estimator=estimator, kl_in_reward_coef=0.05)
@@ -186,6 +189,32 @@ def test_rewards_on_tokens_equal_outcome_scores_placed_there(estimator):
         got = fn(turns, loss, old, ref, values)
         np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(adv))
         np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(returns))
+
+
+def test_overlong_filter_leaves_truncated_samples_out_of_the_loss_only(models):
+    """DAPO's overlong filter: a truncated sample's score still counts in its group's
+    baseline (GRPO's mean and std over all G scores); only the loss mask and the metrics of
+    the trained tokens leave the sample out. Group [1, 1, 0, -1], the last truncated: the
+    others' advantages are those of the whole group, not of [1, 1, 0, 0]."""
+    graphdef, params = nnx.split(models[0])
+    n, g = 4, 4
+    ids, response, _, _, rollout = (x[:n] for x in _rows())
+    scores = jnp.asarray([1.0, 1.0, 0.0, -1.0])
+    keep = jnp.asarray([1.0, 1.0, 1.0, 0.0])
+    fn = make_experience_fn(graphdef, None, AlgoConfig(), temperature=TEMP, group_size=g,
+                            micro_batch=n)  # fmt: skip
+    batch, seq_rewards, metrics = fn(params, None, None, ids, response, response, scores,
+                                     rollout, sample_mask=keep)  # fmt: skip
+    want = np.asarray(alg.grpo_advantages(scores, g))  # [0.783, 0.783, -0.261, -1.305]
+    on = np.asarray(response) > 0
+    adv = np.asarray(batch.advantages)
+    for b in range(n):
+        np.testing.assert_allclose(adv[b, on[b]], want[b], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(batch.loss_mask, np.asarray(response * keep[:, None]))
+    np.testing.assert_allclose(seq_rewards, scores, atol=1e-6)  # the real scores
+    trained = np.asarray(batch.loss_mask) > 0
+    np.testing.assert_allclose(metrics["critic/advantages/mean"], adv[trained].mean(), rtol=1e-5)
+    np.testing.assert_allclose(metrics["critic/advantages/min"], adv[trained].min(), rtol=1e-6)
 
 
 def test_kl_in_the_reward_needs_the_old_logprobs(models):

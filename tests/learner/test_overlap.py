@@ -151,6 +151,28 @@ def test_an_error_while_sampling_reaches_the_trainer_as_itself():
     t.producer.close()
 
 
+def test_a_checkpoint_is_saved_when_a_later_step_has_failed():
+    """k = 1: step 2's batch is sampled; once update 1 is published the producer samples
+    step 3, whose reward fails. A checkpoint after step 1 has all it needs (step 2's batch,
+    the data state before step 3's prompts) and is saved, as the synchronous loop saves step
+    1 before step 2's sampling fails; so does a validation. The error comes at step 3's
+    `take`."""
+    t = _Trainer(1, steps=5, fail_at=3)
+    t.producer.start({"w": jnp.zeros(2)}, None)
+    t.producer.take(1)
+    t.publish(1)
+    t.producer._thread.join()  # the producer has failed on step 3 and stopped
+    data, ahead = t.producer.checkpoint(1)
+    assert data == {"drawn": 2}  # step 3's prompts come next
+    assert {s: b[0].policy_version for s, b in ahead.items()} == {2: 1}
+    with t.producer.paused(1):
+        pass
+    assert t.producer.take(2)[0] is ahead[2][0]
+    with pytest.raises(ValueError, match="reward failed at step 3"):
+        t.producer.take(3)
+    t.producer.close()
+
+
 def test_close_stops_a_producer_waiting_for_weights():
     t = _Trainer(1, steps=5)
     t.producer.start({"w": jnp.zeros(2)}, None)

@@ -296,3 +296,36 @@ def test_the_backward_copies_no_activation_gradient_transposed(monkeypatch, flat
         if dims[0] in outs and math.prod(dims[1:]) == rows * (t - 1):  # positions forwarded
             made.append(f"{m.group(1)} {dims}")
     assert bool(made) != flat_rows, made
+
+
+def test_importance_weight_metrics_are_over_the_mini_batch_tokens():
+    """`is/weight/max` is the max over the mini-batch's trained tokens and `is/weight/mean`,
+    `is/clipped_frac` their means, however the micro-batches split them: not a mean of
+    per-micro-batch values, which a micro-batch without a trained token pulls toward 0."""
+    batch = _batch(2)
+    mask = np.asarray(batch.loss_mask).copy()
+    mask[6:] = 0  # the last micro-batch of 2 rows trains no token
+    roll = np.asarray(batch.old_logprobs).copy()
+    row, col = 0, int(np.flatnonzero(mask[0])[0])
+    roll[row, col] -= np.log(2.5)  # one weight above the cap, in the first micro-batch
+    batch = dataclasses.replace(batch, loss_mask=jnp.asarray(mask),
+                                rollout_logprobs=jnp.asarray(roll))  # fmt: skip
+    _, want = alg.importance_weights(batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask,
+                                     cap=2.0)  # fmt: skip
+    _, got = _run_policy(init_model(CFG, seed=2), batch, 2)
+    for k in ("is/weight/max", "is/weight/mean", "is/clipped_frac"):
+        np.testing.assert_allclose(float(got[k]), float(want[k]), rtol=1e-6, err_msg=k)
+    assert float(got["is/weight/max"]) > 2.0  # the raw weight, before truncation
+
+
+def test_fetch_takes_the_max_and_min_over_updates():
+    """A step's `.../max` metric is the largest of its updates', a `.../min` the smallest,
+    the others their mean."""
+    from jaxrl_llm.learner.learn import fetch
+
+    values = lambda *xs: [jnp.asarray(x, jnp.float32) for x in xs]
+    got = fetch({
+        "is/weight/max": values(1.75, 1.25), "critic/advantages/min": values(-2.0, -3.0),
+        "is/weight/mean": values(1.0, 0.5),
+    })  # fmt: skip
+    assert got == {"is/weight/max": 1.75, "critic/advantages/min": -3.0, "is/weight/mean": 0.75}
