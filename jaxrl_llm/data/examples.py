@@ -9,16 +9,23 @@ The normalized example holds:
 
 - ``id`` (str): the row's id field, or ``"<file name>:<line>"`` when it has none (so the same
   file always yields the same ids; LIMR's scores and selections rely on that).
-- ``prompt`` (str): the question. When the data holds chat messages (a list of
-  ``{"role", "content"}``), ``prompt`` is the last user message and ``messages`` holds the list.
+- ``prompt`` (str): the question. When the prompt field holds chat messages (a list of
+  ``{"role", "content"}``), ``prompt`` is the last user message and ``messages`` holds the
+  conversation up to and including the last turn that is not the assistant's: trailing
+  assistant turns (a worked solution, as in NuminaMath-CoT's and OpenR1-Math's ``messages``)
+  are dropped, so the policy is never shown them.
 - ``answer`` (str, or list of str for datasets with several accepted answers); integers and
-  floats are converted with ``str``.
-- every other top-level field of the row, unchanged (passthrough).
+  floats are converted with ``str``; a blank answer or list entry is malformed.
+- every other top-level field of the row, unchanged (passthrough), except a raw ``messages``
+  column: ``messages`` is set only from the prompt field, so a dataset's ``messages`` beside
+  its ``problem`` (often the problem *and its solution*) never becomes the prompt. To prompt
+  with such a column, name it: ``FieldMap(prompt=("messages",))``
+  (``DataConfig.prompt_key = "messages"``).
 
-Malformed rows (unparseable, missing prompt or answer, wrong types, duplicate id) are skipped,
-counted and logged with their file and line, or, with ``strict=True``, raise
-``MalformedRowError`` naming the line. All of it happens when the pipeline is built, so a bad
-row can never stop a run midway.
+Malformed rows (unparseable, missing or blank prompt or answer, prompt messages with no user
+turn, wrong types, duplicate id) are skipped, counted and logged with their file and line,
+or, with ``strict=True``, raise ``MalformedRowError`` naming the line. All of it happens
+when the pipeline is built, so a bad row can never stop a run midway.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -136,20 +143,29 @@ def _normalize_prompt(value: Any) -> tuple[str, list[dict[str, str]] | None]:
             raise ValueError("empty prompt")
         return value, None
     if isinstance(value, list) and value:
-        messages = []
-        for message in value:
-            if not (
-                isinstance(message, dict)
-                and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)
-            ):
-                raise ValueError("prompt messages must be {'role': str, 'content': str}")
-            messages.append({"role": message["role"], "content": message["content"]})
+        messages = _prompt_turns(value)
         question = last_user_message(messages)
         if not question or not question.strip():
             raise ValueError("prompt messages have no non-empty user message")
         return question, messages
-    raise ValueError(f"prompt must be a string or chat messages, got {type(value).__name__}")
+    raise ValueError(f"prompt must be a string or chat messages, got {value!r:.60}")
+
+
+def _prompt_turns(value: list[Any]) -> list[dict[str, str]]:
+    """Chat messages as the policy's prompt: checked, and cut after the last turn that is not
+    the assistant's (trailing assistant turns answer the question: a reference solution)."""
+    messages = []
+    for message in value:
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise ValueError("prompt messages must be {'role': str, 'content': str}")
+        messages.append({"role": message["role"], "content": message["content"]})
+    while messages and messages[-1]["role"] == "assistant":
+        messages.pop()
+    return messages
 
 
 def last_user_message(messages: Any) -> str | None:
@@ -165,14 +181,54 @@ def last_user_message(messages: Any) -> str | None:
     return users[-1] if users else None
 
 
+def row_conversation(row: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The conversation before the response in a row to score (`jaxrl-llm score`, `jaxrl-llm
+    rm`'s pairs, a reward model's input): the row's `messages` when present, else its `prompt`
+    (a string as one user message, or chat messages). One rule for all three, so a row that
+    passes the commands' checks is the row a reward model reads. Each of the two present must
+    be non-empty (a string with text, a non-empty list of `{"role", "content": str}`); a
+    `ValueError` says which is not."""
+    messages, prompt = row.get("messages"), row.get("prompt")
+    if messages is None and prompt is None:
+        raise ValueError(f"no 'prompt' or 'messages' (fields: {sorted(row)})")
+    # `prompt` is checked even where `messages` wins: a malformed column is a malformed row.
+    chat = [] if prompt is None else _scored_turns(prompt, "the prompt", text_ok=True)
+    if messages is not None:
+        chat = _scored_turns(messages, "'messages'", text_ok=False)
+    return chat
+
+
+def _scored_turns(value: Any, name: str, *, text_ok: bool) -> list[dict[str, str]]:
+    if text_ok and isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"{name} is empty")
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not all(
+        isinstance(m, Mapping) and isinstance(m.get("content"), str) for m in value
+    ):
+        raise ValueError(
+            f"{name} must be {'a string or ' * text_ok}a list of "
+            "{'role': str, 'content': str} messages"
+        )
+    if not value:
+        raise ValueError(f"{name} is an empty list: it holds the conversation before the response")
+    return [{"role": str(m.get("role", "user")), "content": m["content"]} for m in value]
+
+
 def _normalize_answer(value: Any) -> str | list[str]:
+    """The answer as text, or a list of accepted answers; blank ones are refused (a reward
+    would score every sample of the row wrong, as for an empty prompt)."""
     text = _as_text(value)
     if text is not None:
+        if not text.strip():
+            raise ValueError("empty answer")
         return text
     if isinstance(value, list) and value:
         texts = [_as_text(v) for v in value]
         if all(t is not None for t in texts):
-            return texts
+            if not all(t.strip() for t in texts if t is not None):
+                raise ValueError(f"empty answer in the list of answers {value!r:.60}")
+            return [t for t in texts if t is not None]
     raise ValueError(f"answer must be a string, a number or a list of them, got {value!r:.60}")
 
 
@@ -180,7 +236,13 @@ def normalize_row(row: dict[str, Any], fields: FieldMap, *, default_id: str) -> 
     """Maps one raw row to a normalized example; raises ``ValueError`` saying what is wrong."""
     prompt_key, prompt_value = _first_field(row, fields.prompt)
     if prompt_key is None:
-        raise ValueError(f"no prompt field (looked for {', '.join(fields.prompt)})")
+        hint = ""
+        if "messages" in row:
+            hint = (
+                "; a 'messages' column is the prompt only when named as the prompt field "
+                "(DataConfig.prompt_key = 'messages')"
+            )
+        raise ValueError(f"no prompt field (looked for {', '.join(fields.prompt)}){hint}")
     answer_key, answer_value = _first_field(row, fields.answer)
     if answer_key is None:
         raise ValueError(f"no answer field (looked for {', '.join(fields.answer)})")
@@ -194,7 +256,9 @@ def normalize_row(row: dict[str, Any], fields: FieldMap, *, default_id: str) -> 
     prompt, messages = _normalize_prompt(prompt_value)
     answer = _normalize_answer(answer_value)
 
+    # `messages` comes only from the prompt field: a raw column would become the prompt.
     consumed = {key for key in (prompt_key, answer_key, id_key) if key and "." not in key}
+    consumed.add("messages")
     example = {k: v for k, v in row.items() if k not in consumed}
     example.update(id=example_id, prompt=prompt, answer=answer)
     if messages is not None:

@@ -5,9 +5,11 @@ A row (jsonl, json, parquet or arrow) holds one prompt and two responses to it:
     {"prompt": "What is 2 + 3?", "chosen": "2 + 3 = 5 ...", "rejected": "2 + 3 = 6 ..."}
 
 `prompt` is a string (one user message) or chat messages `[{"role", "content"}, ...]`;
-`messages` may stand instead of it, as in `jaxrl-llm score`'s rows. `chosen` is the preferred
-response, `rejected` the other. Every other field is kept and ignored. A malformed row stops
-the read with one line naming its file and row (`BadPreferenceRow`).
+`messages` may stand instead of it, as in `jaxrl-llm score`'s rows (when both are given,
+`messages` is the conversation scored: `data.examples.row_conversation`, the rule reward
+models apply too). Neither may be empty. `chosen` is the preferred response, `rejected` the
+other. Every other field is kept and ignored. A malformed row stops the read with one line
+naming its file and row (`BadPreferenceRow`).
 
 `builtin_preferences` makes pairs from the built-in arithmetic task: the task's worked
 solution is chosen; the same solution whose boxed answer is replaced by a wrong number is
@@ -22,12 +24,13 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.data.examples import row_conversation
 from jaxrl_llm.data.sources import SourceConfig, read_records, require_source
 from jaxrl_llm.data.tasks import arithmetic
 
 PAIR_FIELDS = {
     "prompt": "the question: a str, or chat messages [{'role', 'content'}, ...]",
-    "messages": "the conversation before the response, instead of prompt",
+    "messages": "the conversation before the response, instead of prompt (wins over it)",
     "chosen": "the preferred response (str)",
     "rejected": "the other response (str)",
 }
@@ -37,12 +40,6 @@ class BadPreferenceRow(ConfigError):
     """A preference row that cannot be trained on: its file, row and what is wrong."""
 
 
-def _is_messages(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(m, Mapping) and isinstance(m.get("content"), str) for m in value
-    )
-
-
 def check_pair(row: Any, where: str) -> dict[str, Any]:
     """`row` unchanged when it is a preference pair, else `BadPreferenceRow` naming `where`."""
     if not isinstance(row, Mapping):
@@ -50,14 +47,10 @@ def check_pair(row: Any, where: str) -> dict[str, Any]:
     for name in ("chosen", "rejected"):
         if not isinstance(row.get(name), str):
             raise BadPreferenceRow(f"{where}: no '{name}' string (fields: {sorted(row)})")
-    prompt = row.get("messages") if row.get("messages") is not None else row.get("prompt")
-    if prompt is None:
-        raise BadPreferenceRow(f"{where}: no 'prompt' or 'messages' (fields: {sorted(row)})")
-    if not (isinstance(prompt, str) or _is_messages(prompt)):
-        raise BadPreferenceRow(
-            f"{where}: the prompt must be a string or a list of "
-            "{'role': str, 'content': str} messages"
-        )
+    try:
+        row_conversation(row)
+    except ValueError as e:
+        raise BadPreferenceRow(f"{where}: {e}") from None
     return dict(row)
 
 

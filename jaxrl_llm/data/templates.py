@@ -2,7 +2,9 @@
 
 Templates (``TEMPLATES``):
 
-- ``raw``: the prompt as it is (or the data's own chat messages).
+- ``raw``: the prompt as it is (or, when the row's prompt field holds chat messages, those
+  messages up to the last non-assistant turn; a separate ``messages`` column is never used:
+  ``data/examples.py``).
 - ``chat``: ``raw`` passed through the tokenizer's chat template
   (``tokenizer.apply_chat_template(..., add_generation_prompt=True)``).
 - ``torl``: ToRL's tool-integrated-reasoning instruction as the system message and the
@@ -63,7 +65,8 @@ def prompt_messages(
     """The chat messages for ``example`` under ``template``.
 
     Args:
-      example: a normalized example (``prompt``; optionally ``messages`` from the data).
+      example: a normalized example (``prompt``; optionally ``messages``, set from the
+        prompt field's chat messages by ``data/examples.py``).
       template: one of ``TEMPLATES``.
       system_prompt: a system message to put first (for ``torl``, replaces ToRL's).
     """

@@ -1,18 +1,24 @@
 """Finding the final answer in a model's response (and in a dataset's gold answer).
 
 `extract_answer` tries, in order, the strategies named in `fallbacks`:
-  "boxed"       the content of the last \\boxed{...} (or \\fbox{...}), nested braces included;
-                also the brace-less form "\\boxed 5";
-  "gsm8k"       what follows the last "#### " on its line (GSM8K's format), thousands
-                separators dropped ("#### 1,200" -> "1200");
+  "boxed"       the content of the last \\boxed{...} (or \\fbox{...}), nested braces included
+                (\\{, \\} and a LaTeX line break \\\\ neither open nor close one; a trailing
+                line break is dropped: "\\boxed{5\\\\}" -> "5"); also the
+                brace-less form "\\boxed 5" (trailing punctuation dropped: "\\boxed 5." -> "5");
+                an empty last box (\\boxed{}) is no answer;
+  "gsm8k"       what follows the last "####" that starts a line and is followed by an answer
+                (a digit, sign, ".", "$", "\\" or "("; a numbered heading such as "#### 1. Setup"
+                excluded), so a markdown heading ("#### Step 2", "#### Final Answer") is not
+                read as one; thousands separators dropped ("#### 1,200" -> "1200");
   "answer_is"   the last "the (final) answer is X" / "Answer: X" (to the end of its sentence
-                or line);
+                or line), with surrounding "$" and markdown bold "**" removed;
   "answer_tag"  the content of the last <answer>...</answer>;
   "last_number" the last integer, decimal or simple fraction in the text.
 The default, `DEFAULT_FALLBACKS`, is the three explicit final-answer markers (boxed, ####,
 "the answer is"); "last_number" is never on by default: it rewards answers the prompt did
-not ask for. `gold_answer` reads a dataset's answer field the same way, so a GSM8K solution
-("... #### 72") or a MATH solution ("... \\boxed{72}") compares as "72".
+not ask for. `gold_answer` reads a dataset's answer field the same way, \\boxed{} first, so
+a GSM8K solution ("... #### 72") or a MATH solution ("... \\boxed{72}", markdown "####"
+headings and all) compares as "72".
 """
 
 from __future__ import annotations
@@ -22,12 +28,18 @@ from collections.abc import Sequence
 
 FALLBACKS = ("boxed", "gsm8k", "answer_is", "answer_tag", "last_number")
 DEFAULT_FALLBACKS = ("boxed", "gsm8k", "answer_is")
-_GSM8K = re.compile(r"####[ \t]*([^\n]*?)[ \t]*$", re.MULTILINE)
+# GSM8K's marker: "#### 72" on its own line. The content must start like an answer and not
+# like a numbered heading, so that markdown's level-4 headings are not taken for it.
+_GSM8K = re.compile(
+    r"^[ \t]*####[ \t]*(?!\d+[.)][ \t]+[A-Za-z])([-+$\\(.\d][^\n]*?)[ \t]*$", re.MULTILINE
+)
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*(\{)?")
 _ANSWER_IS = re.compile(
     r"(?:final answer|answer)\s*(?:is|:)\s*:?\s*(.+?)(?:\.\s|\.$|\n|$)", re.IGNORECASE
 )
+_TRAILING_LINE_BREAKS = re.compile(r"(?:\s*\\\\)+\s*$")  # "5 \\" in a box: layout, not answer
+_ANSWER_WRAPPING = re.compile(r"^[\s$*]+|[\s$*]+$")  # "$x$", "**x**" (markdown bold)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
@@ -36,20 +48,33 @@ def last_boxed(text: str) -> str | None:
     for match in reversed(list(_BOXED.finditer(text))):
         if match.group(1) is None:  # "\boxed 5": up to the next space or "$"
             rest = re.match(r"([^\s$]+)", text[match.end() :])
-            if rest:
-                return rest.group(1)
+            answer = rest.group(1).rstrip(".,;:!?") if rest else ""
+            if answer:
+                return answer
             continue
-        depth, start = 1, match.end()
-        for i in range(start, len(text)):
-            char = text[i]
-            if char == "\\":  # skip escaped braces such as \{ and \}
-                continue
-            if char == "{" and text[i - 1] != "\\":
-                depth += 1
-            elif char == "}" and text[i - 1] != "\\":
-                depth -= 1
-                if depth == 0:
-                    return text[start:i].strip()
+        content = _braced(text, match.end())
+        if content is not None:
+            return _TRAILING_LINE_BREAKS.sub("", content)
+    return None
+
+
+def _braced(text: str, start: int) -> str | None:
+    """`text` from `start` to the "}" closing a group opened just before it, stripped; None
+    if unclosed. A backslash and the character after it (\\{, \\}, a line break \\\\)
+    never open or close a group."""
+    depth, i = 1, start
+    while i < len(text):
+        char = text[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i].strip()
+        i += 1
     return None
 
 
@@ -60,7 +85,8 @@ def last_tag(text: str, tag: str) -> str | None:
 
 
 def last_gsm8k(text: str) -> str | None:
-    """What follows the last "####" on its line, thousands separators dropped; None if none."""
+    """What follows the last GSM8K marker ("####" starting a line and followed by an answer,
+    not a markdown heading), thousands separators dropped; None if none."""
     matches = [m for m in _GSM8K.findall(text) if m.strip()]
     return _THOUSANDS.sub("", matches[-1]).strip().rstrip(".") if matches else None
 
@@ -74,7 +100,7 @@ def extract_answer(text: str, fallbacks: Sequence[str] = DEFAULT_FALLBACKS) -> s
             answer = last_gsm8k(text)
         elif name == "answer_is":
             matches = _ANSWER_IS.findall(text)
-            answer = matches[-1].strip().strip("$").strip() if matches else None
+            answer = _ANSWER_WRAPPING.sub("", matches[-1]) if matches else None
         elif name == "answer_tag":
             answer = last_tag(text, "answer")
         elif name == "last_number":
@@ -88,10 +114,11 @@ def extract_answer(text: str, fallbacks: Sequence[str] = DEFAULT_FALLBACKS) -> s
 
 
 def gold_answer(ground_truth: str) -> str:
-    """A dataset's answer field as a bare answer: the part after GSM8K's "####" or inside the
-    last \\boxed{} of a worked solution; any other text unchanged."""
-    if "####" in ground_truth:
-        return last_gsm8k(ground_truth) or ground_truth
+    """A dataset's answer field as a bare answer: the content of the last \\boxed{} of a
+    worked solution, else the part after GSM8K's "####"; any other text unchanged. \\boxed
+    comes first because a worked solution's markdown may use "####" headings."""
     if "\\boxed" in ground_truth or "\\fbox" in ground_truth:
-        return last_boxed(ground_truth) or ground_truth
-    return ground_truth
+        boxed = last_boxed(ground_truth)
+        if boxed:
+            return boxed
+    return last_gsm8k(ground_truth) or ground_truth

@@ -193,6 +193,8 @@ def question_text(example: Mapping[str, Any]) -> str:
 def judge_message(config: JudgeConfig, example: Mapping[str, Any], response: str) -> str:
     """The judge's user message for one response to `example`."""
     reference = example.get(config.reference_field, "") if config.reference_field else ""
+    if isinstance(reference, list | tuple):  # several accepted answers (data/examples.py)
+        reference = " or ".join(str(r) for r in reference)
     return config.template.format(
         question=question_text(example), reference=str(reference), response=response
     )

@@ -42,6 +42,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from jaxrl_llm.data.examples import row_conversation
 from jaxrl_llm.data.packing import first_fit_rows
 from jaxrl_llm.models.hf_io import (
     CheckpointError,
@@ -101,19 +102,16 @@ def load_reward_model(
 
 def conversation(example: Mapping[str, Any], response: str) -> list[dict[str, str]]:
     """The chat an RM scores: the row's `messages` (or its `prompt`: a string as one user
-    message, or a list of messages), then `response` as the assistant's turn."""
-    prompt = example.get("messages") or example.get("prompt")
-    if isinstance(prompt, str):
-        prompt = [{"role": "user", "content": prompt}]
-    if not isinstance(prompt, list) or not all(
-        isinstance(m, Mapping) and isinstance(m.get("content"), str) for m in prompt
-    ):
+    message, or a list of messages), then `response` as the assistant's turn. The rule is
+    `data.examples.row_conversation`, the one `jaxrl-llm score` and `rm` check rows with."""
+    try:
+        chat = row_conversation(example)
+    except ValueError as e:
         raise ValueError(
-            "a reward model reads the row's 'prompt' (a string or chat messages) or "
-            f"'messages' ([{{'role', 'content'}}, ...]); the row has {sorted(example)}"
-        )
-    messages = [{"role": str(m.get("role", "user")), "content": m["content"]} for m in prompt]
-    return [*messages, {"role": "assistant", "content": response}]
+            "a reward model reads the row's 'messages', else its 'prompt' (a string or chat "
+            f"messages): {e}"
+        ) from None
+    return [*chat, {"role": "assistant", "content": response}]
 
 
 def conversation_tokens(tokenizer, chats: Sequence[list[dict[str, str]]]) -> list[list[int]]:

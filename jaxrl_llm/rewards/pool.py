@@ -11,7 +11,9 @@ into a false timeout.
 
 A reward that raises scores `timeout_value` too, and is reported, never hidden: each failed
 sample is in `last_failures` (a `ScoreFailure`), the first traceback of each exception type is
-logged once per pool, and `check_errors` stops a run when more than `max_error_frac` of a
+logged once per pool (so is an exception on the parent's side of a sample, e.g. an example
+that cannot be pickled to the worker: an "error" too, after which that worker is replaced
+and scores the rest), and `check_errors` stops a run when more than `max_error_frac` of a
 batch raised (a reward bug must not silently train on constant scores).
 
 A reward that reports its parts (`registry.Reward`, `registry.CombinedReward`: `part_names`
@@ -43,8 +45,9 @@ STARTUP_TIMEOUT_S = 120.0
 
 @dataclasses.dataclass(frozen=True)
 class ScoreFailure:
-    """Why a sample has no score. kind: "timeout", "error" (the reward raised; `error_type`
-    and `traceback` from the worker) or "worker_died" (e.g. killed for memory)."""
+    """Why a sample has no score. kind: "timeout", "error" (the reward raised, or the pool
+    failed to hand the sample over, e.g. an unpicklable example; `error_type` and `traceback`
+    from where it was raised) or "worker_died" (e.g. killed for memory)."""
 
     kind: str
     message: str = ""
@@ -89,8 +92,13 @@ def _serve(conn, reward_fn: Callable[[str, Any], float]) -> None:
             else:
                 conn.send(("ok", (float(reward_fn(response, example)), {})))
         except Exception as e:  # a reward bug must not kill the worker: report it
-            kind = f"{type(e).__module__}.{type(e).__qualname__}"
-            conn.send(("error", (kind, f"{type(e).__name__}: {e}", traceback.format_exc())))
+            conn.send(("error", _error_value(e)))
+
+
+def _error_value(e: Exception) -> tuple[str, str, str]:
+    """(error type, message, traceback) of `e`, being handled: an "error" status's value."""
+    kind = f"{type(e).__module__}.{type(e).__qualname__}"
+    return kind, f"{type(e).__name__}: {e}", traceback.format_exc()
 
 
 class _Worker:
@@ -208,7 +216,13 @@ class RewardPool:
                         i = tasks.get_nowait()
                     except queue.Empty:
                         return
-                    status, value = worker.score(responses[i], examples[i], self.timeout_s)
+                    try:
+                        status, value = worker.score(responses[i], examples[i], self.timeout_s)
+                    except Exception as e:  # e.g. the example cannot be pickled to the worker
+                        error_type, message, trace = _error_value(e)
+                        failures[i] = ScoreFailure("error", message, error_type, trace)
+                        worker.restart()  # its pipe's state is unknown: start afresh
+                        continue
                     if status == "ok":
                         scores[i], parts[i] = value
                     elif status == "error":

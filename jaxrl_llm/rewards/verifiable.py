@@ -67,7 +67,7 @@ def _normalise_latex(text: str) -> str:
 
 def math_reward(
     response: str,
-    ground_truth: str,
+    ground_truth: str | Sequence[str],
     *,
     correct: float = 1.0,
     incorrect: float = -1.0,
@@ -80,13 +80,17 @@ def math_reward(
     The answer is found by `fallbacks` (default: the last \\boxed{}, then GSM8K's "####",
     then "the answer is"; see `rewards/extraction.py`); no answer scores `incorrect`. The
     ground truth may be a bare answer or a worked solution ending in "#### 72" or
-    \\boxed{72} (`extraction.gold_answer`). Defaults are ToRL's +1/-1.
+    \\boxed{72} (`extraction.gold_answer`), or a list (or tuple) of such accepted answers,
+    as the data pipeline keeps them: the answer is correct when it equals any of them (an
+    empty list accepts none). Defaults are ToRL's +1/-1.
     `code_failure_penalty` is added when any ```output block in the response shows a failed
     run (ToRL: -0.5; off by default); detection is `tools.python_tool.any_code_failed`.
     """
     answer = extract_answer(response, fallbacks)
-    gold = gold_answer(str(ground_truth))
-    ok = answer is not None and answers_equivalent(answer, gold, timeout_s=timeout_s)
+    golds = list(ground_truth) if isinstance(ground_truth, list | tuple) else [ground_truth]
+    ok = answer is not None and any(
+        answers_equivalent(answer, gold_answer(str(gold)), timeout_s=timeout_s) for gold in golds
+    )
     reward = correct if ok else incorrect
     if code_failure_penalty and any_code_failed(response):
         reward += code_failure_penalty

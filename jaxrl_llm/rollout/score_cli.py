@@ -8,11 +8,13 @@
 The reward is any `RewardConfig.name`: a registered name, `package.module:function`,
 `rm:<folder>` or `judge:<folder>`; without `--reward`, the gin-configured `RewardConfig`
 (e.g. its `weights`).
-A row (jsonl, json, parquet or arrow; `ROW_FIELDS`) needs `response` and a prompt: `prompt`
-(a string or chat messages) or `messages` (`[{"role", "content"}, ...]`); every other field
-(`answer`, the ground truth the rule rewards read, and any column a reward of yours reads)
-reaches the reward as the data row. A malformed row stops the command before anything is
-scored, with one line naming its file and row. Output, in row order:
+A row (jsonl, json, parquet or arrow; `ROW_FIELDS`) needs `response` and a non-empty prompt:
+`prompt` (a string or chat messages) or `messages` (`[{"role", "content"}, ...]`; the
+conversation a reward model reads when both are given: `data.examples.row_conversation`,
+the rule `jaxrl-llm rm` applies too); every other field (`answer`, the ground truth the rule
+rewards read, and any column a reward of yours reads) reaches the reward as the data row.
+A malformed row stops the command before anything is scored, with one line naming its file
+and row. Output, in row order:
 `{"row": 3, "id": ..., "score": 0.75}` (`id` when the row has one; `parts`, each reward's
 unweighted score, when several are combined; `verdicts`, each judge's text; `error` when
 the reward raised or timed out on it, the score then being `RewardConfig.incorrect`, and
@@ -29,7 +31,7 @@ from typing import Any
 
 from jaxrl_llm.config import add_gin_arguments, parse_gin
 from jaxrl_llm.config_checks import ConfigError
-from jaxrl_llm.data.examples import last_user_message
+from jaxrl_llm.data.examples import last_user_message, row_conversation
 from jaxrl_llm.data.sources import SourceConfig, read_records, require_source
 
 ROW_FIELDS = {
@@ -64,22 +66,12 @@ def check_row(row: Any, where: str) -> dict[str, Any]:
         raise BadScoreRow(f"{where}: expected a JSON object, got {type(row).__name__}")
     if not isinstance(row.get("response"), str):
         raise BadScoreRow(f"{where}: no 'response' string (fields: {sorted(row)})")
-    prompt, messages = row.get("prompt"), row.get("messages")
-    if prompt is None and messages is None:
-        raise BadScoreRow(f"{where}: no 'prompt' or 'messages' (fields: {sorted(row)})")
-    for name, value in (("prompt", prompt), ("messages", messages)):
-        if value is None or (name == "prompt" and isinstance(value, str)):
-            continue
-        if not isinstance(value, list) or not all(
-            isinstance(m, Mapping) and isinstance(m.get("content"), str) for m in value
-        ):
-            raise BadScoreRow(
-                f"{where}: '{name}' must be {'a string or ' * (name == 'prompt')}a list of "
-                "{'role': str, 'content': str} messages"
-            )
+    try:
+        chat = row_conversation(row)  # the rule `rm` and reward models apply
+    except ValueError as e:
+        raise BadScoreRow(f"{where}: {e}") from None
     out = dict(row)
-    if not isinstance(prompt, str):
-        chat = messages if messages is not None else prompt or []
+    if not isinstance(row.get("prompt"), str):
         out["prompt"] = last_user_message(chat) or ""
         out.setdefault("messages", chat)
     return out

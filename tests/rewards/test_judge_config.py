@@ -86,3 +86,12 @@ def test_metric_names_shorten_judges_like_reward_models():
         "math": "math",
     }
     assert metric_names(["judge:/m/grader"]) == {"judge:/m/grader": "judge:grader"}
+
+
+def test_a_list_of_accepted_answers_reaches_the_judge_as_text():
+    template = "Q: {question}\nRef: {reference}\nA: {response}"
+    config = JudgeConfig(template=template)
+    row = {"prompt": "2*6?", "answer": ["12", "12.0"]}  # as the data pipeline keeps a list
+    assert judge_message(config, row, "12") == "Q: 2*6?\nRef: 12 or 12.0\nA: 12"
+    row = {"prompt": "2*6?", "answer": 12}
+    assert judge_message(config, row, "12") == "Q: 2*6?\nRef: 12\nA: 12"

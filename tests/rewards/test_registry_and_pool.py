@@ -113,6 +113,19 @@ def test_pool_reports_reward_errors():
         assert "Traceback" in failure.traceback and "extract_answer" in failure.traceback
 
 
+def test_pool_records_a_sample_it_cannot_send_and_scores_the_rest():
+    # A row that cannot be pickled to the worker fails in the parent, not in the worker.
+    rows = [{"answer": "1"}, {"answer": "2", "extra": lambda: 0}, {"answer": "3"}]
+    responses = [r"\boxed{1}", r"\boxed{2}", r"\boxed{3}"]
+    reward = build_reward("math", correct=1.0, incorrect=0.0)
+    with RewardPool(reward, num_workers=1, timeout_s=30.0, timeout_value=-5.0) as pool:
+        assert pool.score(responses, rows) == [1.0, -5.0, 1.0]
+        failure = pool.last_failures[1]
+        assert list(pool.last_failures) == [1] and failure.kind == "error"
+        assert "pickle" in failure.message.lower() and "Traceback" in failure.traceback
+        assert pool.score(responses[:1], rows[:1]) == [1.0]  # the worker still scores
+
+
 def test_math_reward_is_usable_from_threads():
     out = []
     thread = threading.Thread(target=lambda: out.append(get_reward("math")(r"\boxed{3}", "3")))

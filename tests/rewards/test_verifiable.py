@@ -124,3 +124,56 @@ def test_format_reward_styles():
     assert format_reward("<answer>x</answer><answer>y</answer>!", style="search_r1") == 0.0
     with pytest.raises(ValueError, match="unknown format style"):
         format_reward("x", style="xml")
+
+
+def test_a_markdown_heading_is_not_the_gsm8k_marker():
+    # "#### Step 2" is a heading: a worked solution's gold answer is its \boxed{}.
+    solution = "#### Step 1: Set up\nLet x be it.\n#### Step 2: Solve\n2x = 144, so $\\boxed{72}$."
+    assert gold_answer(solution) == "72"
+    assert math_reward(r"\boxed{72}", solution, correct=1.0, incorrect=0.0) == 1.0
+    # In a response, a heading is skipped and "the answer is" / "Answer:" is read instead.
+    for response in (
+        "#### Step 1: add\n3 + 4 = 7\n#### Step 2: conclude\nThe answer is 7.",
+        "Let me solve it.\n\n#### Final Answer\nThe answer is 7.",
+        "#### Solution\n3+4 = 7.\n\nAnswer: 7",
+    ):
+        assert extract_answer(response) == "7", response
+    # GSM8K's own answer lines still read: signs, thousands separators, currency.
+    assert extract_answer("so 1,234 in all.\n#### 1,234") == "1234"
+    assert extract_answer("she lost 5.\n#### -5") == "-5"
+    assert gold_answer("it costs $12.\n#### $12") == "$12"
+    assert math_reward(r"\boxed{12}", "it costs $12.\n#### $12", correct=1.0, incorrect=0.0) == 1.0
+    assert gold_answer("#### .5") == ".5"
+    assert extract_answer("#### Step 1\n#### 8") == "8"
+
+
+def test_the_answer_is_in_markdown_bold():
+    assert extract_answer("The answer is **7**.") == "7"
+    assert extract_answer("**The final answer is $-3$**") == "-3"
+    assert math_reward("The answer is **7**.", "7", correct=1.0, incorrect=0.0) == 1.0
+
+
+def test_last_boxed_latex_line_break_and_brace_less_punctuation():
+    assert last_boxed(r"\boxed{5\\}") == "5"  # a LaTeX line break, not an escaped brace
+    assert last_boxed(r"\boxed{a \\ }") == "a"
+    assert math_reward(r"\boxed{5\\}", "5", correct=1.0, incorrect=0.0) == 1.0
+    assert last_boxed(r"\boxed{\begin{pmatrix} 1 \\ 2 \\\end{pmatrix}}") == (
+        r"\begin{pmatrix} 1 \\ 2 \\\end{pmatrix}"
+    )
+    assert last_boxed(r"\boxed{\{1,2\}}") == r"\{1,2\}"  # escaped braces still skipped
+    assert last_boxed(r"so \boxed 5.") == "5"
+    assert last_boxed(r"so \boxed 5, done") == "5"
+    assert last_boxed(r"\boxed 3.5.") == "3.5"
+    assert math_reward(r"\boxed 5.", "5", correct=1.0, incorrect=0.0) == 1.0
+
+
+def test_math_reward_with_a_list_of_accepted_answers():
+    # The data pipeline keeps a list of accepted answers as a list (data/examples.py).
+    right = [(r"\boxed{2}", ["2", "3"]), (r"\boxed{3}", ["2", "3"]), (r"\boxed{0.5}", ["1/2"])]
+    right += [(r"\boxed{3}", ("3", "three")), (r"\boxed{4}", ["3", r"... so \boxed{4}"])]
+    for response, golds in right:
+        assert math_reward(response, golds, correct=1.0, incorrect=0.0) == 1.0, golds
+    wrong = [(r"\boxed{1}", ["12"]), (r"\boxed{1, 2}", ["1", "2"]), (r"\boxed{4}", [])]
+    wrong += [(r"\boxed{2}", ("#### 3", r"so \boxed{4}"))]
+    for response, golds in wrong:
+        assert math_reward(response, golds, correct=1.0, incorrect=0.0) == 0.0, golds
