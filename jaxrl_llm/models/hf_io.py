@@ -250,6 +250,8 @@ def from_pretrained(
         in_dims = None if quantize is None else quantize("/".join(map(str, var_path)))
         if in_dims is not None:
             scales[var_path] = quantize_variable(var, in_dims)
+    if cls is CausalLM and cfg.tie_word_embeddings:
+        _check_tied_head(files, path)
     unused = sorted(n for n in files if n not in used and not _IGNORED.match(n))
     if cls is ValueModel:
         unused = [n for n in unused if n != "lm_head.weight"]
@@ -260,6 +262,23 @@ def from_pretrained(
     for var_path, scale in scales.items():
         setattr(modules[var_path[:-1]], f"{var_path[-1]}_qscale", scale)
     return model
+
+
+def _check_tied_head(files: dict[str, Path], path: Path) -> None:
+    """A tied model (`tie_word_embeddings`) uses its embedding as the LM head; a checkpoint
+    that also holds an `lm_head.weight` must hold the same values. A different one is
+    refused: transformers 4.x and vLLM would use the embedding, transformers 5.x the file's
+    head, so no choice here computes what every reader of the folder does."""
+    head, embed = "lm_head.weight", "model.embed_tokens.weight"
+    if head not in files or embed not in files:
+        return
+    if not np.array_equal(_read_tensor(files[head], head), _read_tensor(files[embed], embed)):
+        raise CheckpointError(
+            f"{str(path)!r}: config.json ties the LM head to the embedding "
+            f"(tie_word_embeddings = true) but the checkpoint's {head} differs from {embed}; "
+            "transformers 4.x and vLLM would use the embedding, transformers 5.x the file's "
+            "head: set tie_word_embeddings to false to use lm_head.weight, or remove it"
+        )
 
 
 def extra_stop_ids(path: Path, eos_token_id) -> tuple[int, ...]:

@@ -152,3 +152,18 @@ def test_a_bad_tokenizer_is_named_before_loading(tmp_path, damage):
         load_tokenizer(tiny)
     # A critic's checkpoint is read without its tokenizer.
     assert resolve_checkpoint(str(tiny), "critic", tokenizer=False) == tiny
+
+
+def test_a_tied_checkpoint_with_a_different_lm_head_is_refused(tmp_path):
+    """The built-in model ties its head to the embedding; a file that also holds an
+    `lm_head.weight` loads when it is the same tensor and is refused when it differs
+    (transformers 4.x and vLLM would use the embedding, 5.x the file's head)."""
+    dst = tmp_path / "tied"
+    shutil.copytree(builtin_checkpoint(), dst)
+    weights = load_file(dst / "model.safetensors")
+    embed = weights["model.embed_tokens.weight"]
+    save_file({**weights, "lm_head.weight": embed.copy()}, dst / "model.safetensors")
+    from_pretrained(dst)
+    save_file({**weights, "lm_head.weight": -embed}, dst / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"lm_head\.weight differs from model\.embed"):
+        from_pretrained(dst)
