@@ -366,7 +366,7 @@ def save_pretrained(
         )
     (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     if cfg.stop_token_ids:  # where transformers' generate (and our loader) read them
-        generation = {"eos_token_id": list(cfg.eos_token_ids)}
+        generation: dict[str, list[int] | int] = {"eos_token_id": list(cfg.eos_token_ids)}
         if cfg.pad_token_id is not None:
             generation["pad_token_id"] = cfg.pad_token_id
         (path / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
