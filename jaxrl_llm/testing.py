@@ -391,6 +391,9 @@ class ScriptedEngine:
     def release_slot(self, slot) -> None:
         self.released.append(int(slot))
 
+    def release_prompt(self, prefix, row: int = 0) -> None:
+        pass  # no pages to return
+
     def append_tokens(self, params, state, slot, tokens, start, sampling, max_new):
         self.appended.append((slot, [int(t) for t in tokens], int(start)))
         state["turn"][slot] += 1

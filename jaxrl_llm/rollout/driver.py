@@ -11,6 +11,7 @@
 - Continuous batching: whenever a slot finishes, its pages go back to the pool and the slot
   is refilled before the next call, when the pool has the pages the next sample reserves
   (its prompt + token budget); otherwise the sample waits until finished ones free pages.
+  A prompt's shared pages go back with its last sample, not with the (multi-prompt) prefix.
 - Prompts are padded to power-of-two buckets (`Engine.prefill_bucket`), so the number of
   compiles is bounded by the number of buckets, whatever lengths arrive.
 - `steps_per_call` decode steps run inside one jitted scan between host checks. The host
@@ -32,7 +33,8 @@
   Other slots keep decoding while a tool runs.
 - Partial rollouts (`refresh`): before each device call the driver asks for newer weights;
   the samples still decoding continue with them on the KV they have, later samples start
-  with them, and each token records the version that sampled it (`token_versions`).
+  with them (prompts prefilled before the swap whose samples wait for a slot are
+  prefilled again), and each token records the version that sampled it (`token_versions`).
 - `max_new_tokens` bounds the whole response, inserted tokens included (as verl's
   response length); a response that hits it or the cache ends with reason "length".
   `max_turn_tokens` bounds each model turn: a turn that reaches it ends the sample there,
@@ -46,9 +48,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-import dataclasses
 import functools
-import itertools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,10 +56,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrl_llm.rollout.call_state import CallState, Refresh
 from jaxrl_llm.rollout.completions import LiveSample
 from jaxrl_llm.rollout.completions import pad_completions as pad_completions  # importable here
 from jaxrl_llm.rollout.engine import Engine
-from jaxrl_llm.rollout.records import DecodeState, Prefix, StepRecords
+from jaxrl_llm.rollout.records import DecodeState, StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_seed
 from jaxrl_llm.tools.protocol import ToolCallback, ask, hands_over, text_for_tool, turn_rules
 from jaxrl_llm.types import FINISH_REASONS as FINISH_REASONS  # importable from here too
@@ -68,49 +69,7 @@ from jaxrl_llm.types import Completion
 log = logging.getLogger(__name__)
 
 _Running = dict[int, tuple[LiveSample, int]]  # slot -> (its sample, the sample's epoch)
-# Partial rollouts: newer (params, version) to continue with, or None (`generate`'s `refresh`).
-Refresh = Callable[[], tuple[Any, int] | None]
 DEFAULT_SAMPLING = SamplingParams()
-
-
-@dataclasses.dataclass
-class _Call:
-    """Host state of one `generate` call."""
-
-    ids: list[np.ndarray]
-    sampling: list[SamplingParams]
-    seed_index: list[int]
-    tool: ToolCallback | None
-    slots: list[LiveSample | None]
-    free: collections.deque[int]  # slots
-    queue: collections.deque[int]  # prompts not prefilled yet
-    pending: dict[int, cf.Future[str | None]] = dataclasses.field(default_factory=dict)
-    results: dict[tuple[int, int], Completion] = dataclasses.field(default_factory=dict)
-    # Prefilled prompts with samples still to insert: (prompt, prefix, row, samples to go).
-    ready: collections.deque[tuple[int, Prefix, int, collections.deque[int]]] = dataclasses.field(
-        default_factory=collections.deque
-    )
-    pool: cf.ThreadPoolExecutor | None = None
-    on_finish: Callable[[int, Completion], object] | None = None
-    refresh: Refresh | None = None
-    version: int = 0  # of the params the next call samples with (tracked with `refresh`)
-
-    def finish(self, s: LiveSample, completion: Completion) -> None:
-        """Record a finished sample and pass it to `on_finish`."""
-        key = (s.prompt_index, s.sample_index)
-        self.results[key] = completion
-        self.report(key)
-
-    def report(self, key: tuple[int, int]) -> None:
-        """`on_finish(index in the prompt-major output, completion)` of a finished sample."""
-        if self.on_finish is not None:
-            prompt, sample = key
-            self.on_finish(self.first_sample[prompt] + sample, self.results[key])
-
-    @functools.cached_property
-    def first_sample(self) -> list[int]:
-        """Each prompt's first sample's index in the prompt-major output."""
-        return [0, *itertools.accumulate(sp.n for sp in self.sampling)][:-1]
 
 
 class RolloutDriver:
@@ -236,7 +195,7 @@ class RolloutDriver:
         tool: ToolCallback | None,
         on_long_prompt: str,
         prompt_indices: Sequence[int] | None,
-    ) -> _Call:
+    ) -> CallState:
         """Check and encode `generate`'s arguments; prompts that cannot be generated end
         here ("prompt_too_long") or raise, before any compute."""
         if on_long_prompt not in ("raise", "skip"):
@@ -256,14 +215,14 @@ class RolloutDriver:
         batch = self.engine.batch
         queue = collections.deque(i for i in range(len(ids)) if i not in problems)
         free = collections.deque(range(batch))
-        call = _Call(ids, list(sampling), seed_index, tool, [None] * batch, free, queue)
+        call = CallState(ids, list(sampling), seed_index, tool, [None] * batch, free, queue)
         for i, msg in problems.items():
             for j in range(sampling[i].n):
                 s = LiveSample(i, j, ids[i], sampling[i], 0, error=msg)
                 call.results[(i, j)] = self._completion(s, "prompt_too_long")
         return call
 
-    def _swap(self, params: Any, call: _Call) -> Any:
+    def _swap(self, params: Any, call: CallState) -> Any:
         """The newer weights `call.refresh` hands over, if any; else `params` (also when no
         sample is left to decode: the push would be wasted)."""
         left = call.queue or call.ready or any(s is not None for s in call.slots)
@@ -272,9 +231,22 @@ class RolloutDriver:
             return params
         params, call.version = newer
         self.stats["weight_swaps"] += 1
-        return self.engine.place_params(params)
+        params = self.engine.place_params(params)
+        self._reprefill(params, call)
+        return params
 
-    def _wait_for_tools(self, call: _Call) -> bool:
+    def _reprefill(self, params: Any, call: CallState) -> None:
+        """Prefill the prompts waiting in `call.ready` again with the new `params` (their
+        samples still to insert kept), so that every sample admitted after a swap starts
+        from the new weights' prompt KV; the old prefixes' pages go back to the pool."""
+        waiting = [(i, todo) for i, _, _, todo in call.ready]
+        for _, prefix, row, _ in call.ready:
+            self.engine.release_prompt(prefix, row)
+        call.ready.clear()
+        if waiting:  # at most `prefill_batch` prompts: one prefill holds them all
+            self._prefill(params, call, waiting)
+
+    def _wait_for_tools(self, call: CallState) -> bool:
         """Nothing is decoding: wait for a running tool (True) or end the call (False)."""
         if call.pending:
             cf.wait(list(call.pending.values()), return_when=cf.FIRST_COMPLETED)
@@ -286,7 +258,7 @@ class RolloutDriver:
             )
         return False
 
-    def _admit(self, params: Any, state: DecodeState, call: _Call) -> DecodeState:
+    def _admit(self, params: Any, state: DecodeState, call: CallState) -> DecodeState:
         """Fill free slots with the next samples while the KV pool has their pages."""
         eng = self.engine
         while call.free and (call.queue or call.ready):
@@ -300,8 +272,6 @@ class RolloutDriver:
                 break  # the pool is full: running samples will free pages
             call.free.remove(slot)
             j = todo.popleft()
-            if not todo:
-                call.ready.popleft()
             seed = sample_seed(sp.seed, call.seed_index[i], j)
             tracked = [] if call.refresh is not None else None
             call.slots[slot] = LiveSample(i, j, call.ids[i], sp, seed, versions=tracked)
@@ -309,22 +279,32 @@ class RolloutDriver:
                 prefix, state, slot, SlotSampling.one(sp, seed), sp.max_new_tokens, row
             )
             self.stats["inserts"] += 1
+            if not todo:  # its pages go with its samples, not with the (shared) prefix
+                call.ready.popleft()
+                eng.release_prompt(prefix, row)
         return state
 
-    def _prefill_next(self, params: Any, call: _Call) -> None:
+    def _prefill_next(self, params: Any, call: CallState) -> None:
         """Prefill the next prompts in one call: as many as the free slots take (n samples
         each), at most `prefill_batch`."""
         first = call.queue[0]
         count = min(len(call.queue), self.prefill_batch,
                     max(1, -(-len(call.free) // call.sampling[first].n)))  # fmt: skip
         prompts = [call.queue.popleft() for _ in range(count)]
-        prefix = self.engine.prefill_many(params, [call.ids[i] for i in prompts])
+        self._prefill(
+            params, call, [(i, collections.deque(range(call.sampling[i].n))) for i in prompts]
+        )
+
+    def _prefill(
+        self, params: Any, call: CallState, prompts: list[tuple[int, collections.deque[int]]]
+    ) -> None:
+        """Prefill `prompts` (prompt, its samples to insert) in one call, onto `call.ready`."""
+        prefix = self.engine.prefill_many(params, [call.ids[i] for i, _ in prompts])
         self.stats["prefills"] += 1
-        for row, i in enumerate(prompts):
-            call.ready.append((i, prefix, row, collections.deque(range(call.sampling[i].n))))
+        call.ready.extend((i, prefix, row, todo) for row, (i, todo) in enumerate(prompts))
 
     def _process(
-        self, state: DecodeState, call: _Call, rec: StepRecords, running: _Running, version: int
+        self, state: DecodeState, call: CallState, rec: StepRecords, running: _Running, version: int
     ) -> DecodeState:
         """Absorb one call's records (sampled by policy `version`) into the samples that were
         running when it was dispatched and are unchanged since (`epoch`: a sample stopped or
@@ -389,7 +369,7 @@ class RolloutDriver:
             return None
         return ("eos" if s.tokens and s.tokens[-1] in self.eos_ids else "length"), None
 
-    def _resume_tools(self, params: Any, state: DecodeState, call: _Call) -> DecodeState:
+    def _resume_tools(self, params: Any, state: DecodeState, call: CallState) -> DecodeState:
         """Append finished tool outputs to their samples and resume them, or finish them."""
         eng = self.engine
         for b in [b for b, f in call.pending.items() if f.done()]:
@@ -428,7 +408,7 @@ class RolloutDriver:
             self._free_slot(b, call)
         return state
 
-    def _free_slot(self, b: int, call: _Call) -> None:
+    def _free_slot(self, b: int, call: CallState) -> None:
         self.engine.release_slot(b)
         call.slots[b] = None
         call.free.append(b)

@@ -17,7 +17,8 @@ the row's last cached token, how many tokens the row holds, the sampling paramet
 token budget, and an active flag. A decode step reads only the pages its rows use. The
 host side (`rollout.pages.SlotPages`) reserves a sample's pages at insert, shares a
 prompt's full pages among the samples inserted from one prefix, and frees them on
-`release_slot`; `can_insert` says whether the pool has room (callers queue otherwise).
+`release_slot` (a prompt's full pages once `release_prompt` says no more of its samples
+come); `can_insert` says whether the pool has room (callers queue otherwise).
 When the slots split over the sampling mesh's batch axes (D devices), the pool splits with
 them into D page ranges: a slot takes pages only from its device's range and a decode step
 runs per device (`models.paged.write_and_decode`), so each device holds 1/D of the cache.
@@ -64,8 +65,8 @@ class Engine(engine_api.Engine):
 
     Extra methods used by `rollout.driver`: `insert_slot` (per-slot sampling and budget),
     `generate_steps` (k steps per call), `append_tokens` (tool output into a live slot),
-    `deactivate`, `place_params`, `can_insert`, `release_slot`. `trace_counts` counts
-    traces (= compiles) per function.
+    `deactivate`, `place_params`, `can_insert`, `release_prompt`, `release_slot`.
+    `trace_counts` counts traces (= compiles) per function.
 
     `page_size` tokens per page; `num_pages` in the pool (default: every slot can hold a
     full-length sequence, the memory of a dense cache; fewer trade concurrency for memory);
@@ -269,7 +270,7 @@ class Engine(engine_api.Engine):
         p = self.default_sampling
         budget = self.cache_length  # the Driver enforces its own max_tokens (all pages fit)
         state = self.insert_slot(prefix, decode_state, slot, SlotSampling.one(p, p.seed), budget)
-        self.pages.unshare((prefix, 0))  # one insert per prefix: its pages go with the slot
+        self.release_prompt(prefix)  # one insert per prefix: its pages go with the slot
         return state
 
     def generate(
@@ -355,6 +356,11 @@ class Engine(engine_api.Engine):
         in `slot` (pages come from the slot's shard of the pool)."""
         length = self._prefix_length(prefix, row)
         return self.pages.fits((prefix, row), length, int(max_new), int(slot))
+
+    def release_prompt(self, prefix: Prefix, row: int = 0) -> None:
+        """No more samples will be inserted from `prefix`'s prompt `row`: its full pages go
+        back to the pool with the last slot that uses them (`SlotPages.unshare`)."""
+        self.pages.unshare((prefix, int(row)))
 
     def release_slot(self, slot: int) -> None:
         """Free a finished slot's pages (host bookkeeping only; its row is inactive)."""

@@ -22,6 +22,13 @@ What it fixes, and why:
    tokenizers are SentencePiece and tiktoken only. Its stop tokens are the checkpoint's
    EOS ids only: JetStream's default adds the pad id, but a pad id may be a real token
    (id 0 is a byte in the shipped tokenizer).
+   Its `pad` hands JetStream's `pad_tokens` the engine's own prompt widths
+   (`prefill_buckets`: 16, 32, ... below the max prefill length, then that length):
+   `pad_tokens`' default buckets are 16, 32, ... 32768 and it requires the max prefill
+   length to be one of them (`prefill_lengths.index(...)`), so any other (40, or an
+   engine's default cache - 1) raised in the Driver's prefill thread, which SIGKILLs the
+   server. Bucketed widths, not the prompt's own length, keep the engine's prefill compiles
+   as few as `Engine.prefill_bucket`'s.
 """
 
 from __future__ import annotations
@@ -81,7 +88,7 @@ from jetstream.engine import (  # noqa: E402  (after token_utils is made lazy)
     tokenizer_pb2,
 )
 
-__all__ = ["HFTokenizer", "engine_api", "patch_orchestrator", "tokenizer_pb2"]
+__all__ = ["HFTokenizer", "engine_api", "patch_orchestrator", "prefill_buckets", "tokenizer_pb2"]
 
 
 def _delete_pytree(tree: Any) -> None:
@@ -112,6 +119,15 @@ def patch_orchestrator():
     return orchestrator
 
 
+def prefill_buckets(max_prefill_length: int) -> list[int]:
+    """The prompt widths `Engine.prefill_bucket` pads to: powers of two from 16 below
+    `max_prefill_length`, then `max_prefill_length` itself."""
+    widths = [16]
+    while widths[-1] < max_prefill_length:
+        widths.append(widths[-1] * 2)
+    return [w for w in widths if w < max_prefill_length] + [int(max_prefill_length)]
+
+
 class HFTokenizer(tokenizer_api.Tokenizer):
     """JetStream tokenizer protocol over a Hugging Face tokenizer (fast or slow)."""
 
@@ -132,16 +148,23 @@ class HFTokenizer(tokenizer_api.Tokenizer):
         return self.pad(ids, is_bos=is_bos, **kwargs)
 
     def pad(self, ids, *, is_bos: bool = True, **kwargs) -> tuple[Any, int]:
+        """`ids` (with the BOS first when `is_bos` and there is one) padded to the smallest
+        of `prefill_lengths` that holds them (default: `prefill_buckets` of
+        `max_prefill_length`), and their true length."""
         ids = np.asarray(ids, np.int32)
         if is_bos and self.bos_id is not None:
             ids = np.concatenate([[self.bos_id], ids]).astype(np.int32)
+        longest = kwargs.get("max_prefill_length")
+        lengths = kwargs.get("prefill_lengths")
+        if lengths is None and longest is not None:
+            lengths = prefill_buckets(longest)
         return token_utils.pad_tokens(
             ids,
             0,  # bos_id: not read with is_bos=False (the BOS, if any, is in `ids` already)
             self.pad_id,
             is_bos=False,
-            prefill_lengths=kwargs.get("prefill_lengths"),
-            max_prefill_length=kwargs.get("max_prefill_length"),
+            prefill_lengths=lengths,
+            max_prefill_length=longest,
             jax_padding=kwargs.get("jax_padding", True),
         )
 

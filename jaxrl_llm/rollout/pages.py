@@ -114,10 +114,14 @@ class SlotPages:
             self.allocators[shard].release(pages)
 
     def unshare(self, prompt: Prompt) -> None:
-        """Drop the prefix's own hold on a prompt's full pages now (a prompt inserted once,
-        as JetStream's server does, need not keep them until the prefix is collected)."""
-        for shard in range(self.shards):
-            pages = self._shared.pop((*_key(prompt), shard), None)
+        """Drop the prefix's own hold on a prompt's full pages now, when no more samples
+        will be inserted from it (JetStream's server inserts a prompt once; the driver after
+        its last sample, or when a weight swap makes it prefill the prompt again): the pages
+        then go back with the last slot that uses them, not when the prefix is collected,
+        which a prefix of several prompts is only after its last prompt's last insert."""
+        with self._lock:  # popped here, `_forget` cannot release them again
+            held = {s: self._shared.pop((*_key(prompt), s), None) for s in range(self.shards)}
+        for shard, pages in held.items():
             if pages is not None:
                 self.allocators[shard].release(pages)
 

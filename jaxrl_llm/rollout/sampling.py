@@ -129,7 +129,9 @@ def filter_mask(scaled: Array, top_k: Array, top_p: Array) -> Array:
     """Boolean [B, V]: tokens kept by top-k then top-p (at least the top token is kept).
 
     Works in sorted order and scatters back, so ties at the threshold are resolved by
-    rank (exactly k tokens survive top-k) rather than by value.
+    rank (exactly k tokens survive top-k) rather than by value. A row with top_k = 0 and
+    top_p = 1 keeps every token, so a slot's distribution does not depend on whether
+    another slot of the batch asked for a filter.
     """
     B, V = scaled.shape
     order = jnp.argsort(-scaled, axis=-1)  # stable: equal logits keep vocab order
@@ -139,7 +141,8 @@ def filter_mask(scaled: Array, top_k: Array, top_p: Array) -> Array:
     keep = rank < k
     probs = jax.nn.softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep &= (mass_before < top_p[:, None]) | (rank == 0)
+    # top_p >= 1 filters nothing: the float32 cumulative sum can reach 1 before the tail.
+    keep &= (mass_before < top_p[:, None]) | (rank == 0) | (top_p[:, None] >= 1.0)
     rows = jnp.arange(B)[:, None]
     return jnp.zeros((B, V), jnp.bool_).at[rows, order].set(keep)
 

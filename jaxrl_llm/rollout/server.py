@@ -5,8 +5,11 @@ text or token-id content streams samples back; `HealthCheck` reports liveness.
 
 What we add around JetStream's pieces, and why:
 - Requests are validated before they reach the Driver: its worker threads SIGKILL the
-  whole process on any exception, so an empty prompt or an out-of-vocabulary id must be
-  answered with INVALID_ARGUMENT instead of crashing the server.
+  whole process on any exception, so an empty prompt, an out-of-vocabulary id or a prompt
+  longer than the engine's max prefill length (counting the BOS the Driver prepends, where
+  the tokenizer has one) must be answered with INVALID_ARGUMENT instead of crashing the
+  server. Any max prefill length works: prompts are padded to the engine's own buckets
+  (`jetstream_compat.prefill_buckets`), not JetStream's fixed list.
 - Token-id content is padded by our tokenizer (JetStream's `pad_tokens` prepends the BOS
   id unconditionally, which is None for Qwen).
 - Params are read through a `ParamsRef` at every call: attached to a training run
@@ -80,8 +83,11 @@ class _Orchestrator(orchestrator.LLMOrchestrator):
                 return f"token ids must be in [0, {vocab})"
         if not ids:
             return "empty prompt"
-        if len(ids) > self._engine.max_prefill_length:
-            return f"prompt of {len(ids)} tokens exceeds {self._engine.max_prefill_length}"
+        # The Driver prepends the BOS, where the tokenizer has one, unless the request
+        # continues a session (JetStream's `is_bos = not history_path`).
+        length = len(ids) + (self._tokenizer.bos_id is not None and not request.session_cache)
+        if length > self._engine.max_prefill_length:
+            return f"prompt of {length} tokens exceeds {self._engine.max_prefill_length}"
         return None
 
     async def Decode(self, request, context=None):

@@ -96,6 +96,29 @@ def test_pool_pressure_queues_instead_of_failing(tiny_model):
         _generate(tiny_pool)
 
 
+@pytest.mark.slow  # 2 engines' compiles
+def test_a_prompts_pages_go_back_once_its_last_sample_is_inserted(tiny_model):
+    """Two prompts prefilled together, each of 3 full pages, on a pool of 6 pages of which
+    one sample takes 4: the first prompt's shared pages go back to the pool when its last
+    sample has been inserted and has finished, not when the prefix (which still serves the
+    second prompt) is collected, so the second prompt gets its pages; the results equal a
+    roomy pool's and every page is free after."""
+    from jaxrl_llm.rollout import RolloutDriver, SamplingParams
+
+    rng = np.random.RandomState(0)
+    prompts = [list(rng.randint(6, 128, 48)) for _ in range(2)]
+    sp = SamplingParams(temperature=1.0, max_new_tokens=16, n=2, seed=1)
+    kw = {"max_concurrent_decodes": 4, "max_cache_length": 64, "max_prefill_length": 48,
+          "page_size": 16}  # fmt: skip
+    roomy = RolloutDriver(_engine(tiny_model, **kw), steps_per_call=4).generate(prompts, sp)
+    small = _engine(tiny_model, num_pages=6, **kw)
+    tight = RolloutDriver(small, steps_per_call=4).generate(prompts, sp)
+    for a, b in zip(roomy, tight, strict=True):
+        np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    gc.collect()
+    assert small.pages.num_free == small.num_pages and not small.pages.refs().any()
+
+
 class _Prefix:
     pass
 

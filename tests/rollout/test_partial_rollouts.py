@@ -1,6 +1,7 @@
 """Partial rollouts in the driver: newer weights handed over mid-generation (`refresh`) are
 used from the next device call on, by the samples still decoding (on their KV) and by every
-sample admitted after; each token is tagged with the version that sampled it."""
+sample admitted after (from a prompt KV the new weights computed, also when its prompt was
+prefilled before the swap); each token is tagged with the version that sampled it."""
 
 import jax
 import numpy as np
@@ -13,13 +14,14 @@ from tests.rollout.reference import exact_logprobs
 
 RNG = np.random.RandomState(1)
 PROMPTS = [list(RNG.randint(6, 128, n)) for n in (4, 9, 6, 2, 12, 7)]
-# n = 1 and one prompt per prefill: a sample's prompt is prefilled when it is admitted, so a
-# sample admitted after the swap is the new weights' from its first KV entry on.
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
+# n = 3 on 4 slots, two prompts per prefill: a prompt's later samples wait, prefilled, for a
+# slot, and a swap falls between its samples' inserts (its prompt must be prefilled again).
+GROUPS = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3, n=3)
 
 
-def _driver(engine):
-    return RolloutDriver(engine, steps_per_call=2, prefill_batch=1)
+def _driver(engine, prefill_batch=1):
+    return RolloutDriver(engine, steps_per_call=2, prefill_batch=prefill_batch)
 
 
 def _swap_at(params, version: int, at: int):
@@ -63,19 +65,26 @@ def test_a_relabelled_swap_changes_nothing_but_the_tags(tiny_engine):
 
 
 @pytest.mark.slow  # 8 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
-@pytest.mark.parametrize("at", [2, 4])
-def test_new_weights_take_over_running_samples_and_later_ones(tiny_model, tiny_engine, at):
+@pytest.mark.parametrize(
+    ("at", "sampling", "prefill_batch"),
+    [(2, SAMPLING, 1), (4, SAMPLING, 1), (2, GROUPS, 8), (5, GROUPS, 8)],
+    ids=["n1-at2", "n1-at4", "groups-at2", "groups-at5"],
+)
+def test_new_weights_take_over_running_samples_and_later_ones(
+    tiny_model, tiny_engine, at, sampling, prefill_batch
+):
     """Different weights at the `at`-th host check: a sample's tokens before the swap are
     those of a run with the old weights only, a sample admitted after it is that of a run
     with the new weights only (tokens equal, logprobs as accurate as that run's against the
-    new model's float64 values), and the tokens after a mid-sample swap are not the old
-    weights' (the new ones are in use)."""
+    new model's float64 values: its prompt KV is the new weights' too), and the tokens after
+    a mid-sample swap are not the old weights' (the new ones are in use)."""
     new_model = _perturbed(tiny_model)
     new = tiny_engine.place_params(nnx.state(new_model))
-    old_run = _driver(tiny_engine).generate(PROMPTS, SAMPLING, params=tiny_engine.load_params())
-    new_run = _driver(tiny_engine).generate(PROMPTS, SAMPLING, params=new)
-    driver = _driver(tiny_engine)
-    mixed = driver.generate(PROMPTS, SAMPLING, refresh=_swap_at(new, 8, at=at), version=7)
+    old_params = tiny_engine.load_params()
+    old_run = _driver(tiny_engine, prefill_batch).generate(PROMPTS, sampling, params=old_params)
+    new_run = _driver(tiny_engine, prefill_batch).generate(PROMPTS, sampling, params=new)
+    driver = _driver(tiny_engine, prefill_batch)
+    mixed = driver.generate(PROMPTS, sampling, refresh=_swap_at(new, 8, at=at), version=7)
     assert driver.stats["weight_swaps"] == 1
     later, moved = [], 0
     for old, fresh, got in zip(old_run, new_run, mixed, strict=True):

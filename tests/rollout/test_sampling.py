@@ -97,6 +97,18 @@ def test_filter_mask_ties_keep_exactly_k():
     assert int(mask.sum()) == 5
 
 
+def test_no_top_p_keeps_the_tail_float32_cannot_add():
+    """top_p = 1 filters nothing, also where the mass before a tail token rounds to 1 in
+    float32 (a top token of probability 1 - 1e-12): a slot without a filter keeps every
+    token and a top-k-only slot exactly k, whether or not a neighbour asked for top-p (the
+    batch goes through the filter when any slot asks)."""
+    logits = jnp.asarray([[0.0] + [-30.0] * (V - 1)] * 3)
+    mask = np.asarray(filter_mask(logits, jnp.asarray([0, 5, 0]), jnp.asarray([1.0, 1.0, 0.9])))
+    assert mask[0].all()
+    assert mask[1].sum() == 5
+    np.testing.assert_array_equal(np.flatnonzero(mask[2]), [0])  # top-p still filters
+
+
 def test_seed_reproduces_and_small_temperature_approaches_greedy():
     logits = jax.random.normal(jax.random.key(2), (2, V))
     s = _slots([1.0, 1.0], [0, 0], [1.0, 1.0], [11, 12])

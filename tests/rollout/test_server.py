@@ -13,10 +13,9 @@ import pytest
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 
 
-@pytest.fixture(scope="module")
-def server():
-    cmd = [sys.executable, "-m", "jaxrl_llm.cli", "serve", "--port", "0", "--slots", "4",
-           "--max-cache-length", "64", "--max-prefill-length", "32"]  # fmt: skip
+def _serve(cmd):
+    """Start a server subprocess (`cmd` prints "READY host:port"); yields (stub, process,
+    its output lines) and stops it with SIGINT after."""
     env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
@@ -47,6 +46,15 @@ def server():
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    # 40: not one of JetStream's prefill buckets (16, 32, 64, ...), which its `pad_tokens`
+    # requires of the max prefill length unless given buckets that include it.
+    cmd = [sys.executable, "-m", "jaxrl_llm.cli", "serve", "--port", "0", "--slots", "4",
+           "--max-cache-length", "64", "--max-prefill-length", "40"]  # fmt: skip
+    yield from _serve(cmd)
 
 
 def _text(max_tokens, text):
@@ -102,3 +110,36 @@ def test_round_trip_concurrent_malformed_and_clean_shutdown(server):
     assert proc.wait(timeout=60) == 0, "".join(lines[-30:])
     assert any(ln.startswith("STOPPED") for ln in lines)
     assert time.time() - t0 < 60
+
+
+@pytest.fixture
+def bos_server():
+    yield from _serve([sys.executable, "-m", "tests.rollout.bos_server_worker"])
+
+
+@pytest.mark.slow  # measured: a server subprocess, 19 s with its start (2 CPU cores)
+def test_validation_counts_the_bos_the_server_prepends(bos_server):
+    """A tokenizer with a BOS token (as Llama's; `bos_server_worker.py`), max prefill 40:
+    a prompt of 40 tokens is refused (with the BOS it would be 41), one of 39 is served,
+    and the server lives on (a prompt past the limit used to reach the Driver's threads,
+    whose failure SIGKILLs the process)."""
+    stub, proc, lines = bos_server
+    for n, refused in ((40, True), (39, False), (12, False)):
+        tokens = jetstream_pb2.DecodeRequest.TokenContent(token_ids=list(range(40, 40 + n)))
+        request = jetstream_pb2.DecodeRequest(token_content=tokens, max_tokens=3)
+        if refused:
+            with pytest.raises(grpc.RpcError) as err:
+                _collect(stub, request)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+            assert "41 tokens" in str(err.value.details())
+        else:
+            _, ids = _collect(stub, request)
+            assert 1 <= len(ids) <= 3
+    text = _collect(stub, _text(3, "x" * 39))[1]  # text content: the same count
+    assert 1 <= len(text) <= 3
+    with pytest.raises(grpc.RpcError) as err:
+        _collect(stub, _text(3, "x" * 40))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert stub.HealthCheck(jetstream_pb2.HealthCheckRequest(), timeout=30).is_live
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0, "".join(lines[-30:])
