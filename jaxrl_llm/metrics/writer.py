@@ -2,7 +2,9 @@
 optionally, Weights & Biases.
 
 Only process 0 writes. Names follow verl (`actor/pg_loss`, `critic/score/mean`,
-`response_length/mean`, `val/test_score`, `timing/*`), so dashboards carry over.
+`response_length/mean`, `val/test_score`, `timing/*`), so dashboards carry over. A NaN or
+infinite value reaches TensorBoard and W&B as that float (a diverging loss shows there);
+metrics.jsonl, strict JSON, holds it as the string "nan", "inf" or "-inf".
 
 The run directory may be a `gs://` (or `s3://`) path (`etils.epath`): object stores cannot
 append, so there metrics.jsonl is rewritten whole at each step (a few KB per step), and so
@@ -95,11 +97,12 @@ class MetricsWriter:
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.active:
             return
-        record: dict[str, Any] = {"step": int(step)}
-        for k, v in sorted(metrics.items()):
-            f = _scalar(v)
-            if f is not None:
-                record[k] = f if math.isfinite(f) else str(f)
+        values = {k: f for k in sorted(metrics) if (f := _scalar(metrics[k])) is not None}
+        # Strict JSON has no NaN or inf: metrics.jsonl holds them as "nan" / "inf" strings;
+        # TensorBoard and W&B get the float, so a diverging run shows there too.
+        record = {"step": int(step)} | {
+            k: f if math.isfinite(f) else str(f) for k, f in values.items()
+        }
         line = json.dumps(record) + "\n"
         if self._file is not None:
             self._file.write(line)
@@ -108,12 +111,11 @@ class MetricsWriter:
             self._lines.append(line)
             self.path.write_text("".join(self._lines))
         if self._tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, float):
-                    self._tb.add_scalar(k, v, step)
+            for k, f in values.items():
+                self._tb.add_scalar(k, f, step)
             self._tb.flush()
         if self._wandb is not None:
-            self._wandb.log({k: v for k, v in record.items() if k != "step"}, step=int(step))
+            self._wandb.log(values, step=int(step))
 
     def close(self) -> None:
         if self.active:

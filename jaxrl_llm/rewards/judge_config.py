@@ -10,7 +10,10 @@ and writes a verdict; `parse_verdict` turns the verdict's text into a score:
 - "label": the last of `labels`' keys in the text (whole words, case-insensitive), scored
   by its value; e.g. {"correct": 1.0, "incorrect": 0.0} ("correct" inside "incorrect" does
   not count; of labels ending at one place, the longest: "partly correct" over "correct").
-A number is divided by `scale` (a 1-10 rating with scale 10 scores in [0.1, 1]). A parser is
+A number is divided by `scale` (a 1-10 rating with scale 10 scores in [0.1, 1]). A score
+outside `score_range` ([0, 1] by default, the defaults' 0/1 verdict; labels must lie in it)
+does not parse: \boxed{1000} or \boxed{-50} is a judge off its format, asked again and
+then scored `unparsed_score`, never a reward beyond the judge's declared range. A parser is
 one function in `PARSERS`, so a new verdict format is one function.
 """
 
@@ -110,6 +113,11 @@ class JudgeConfig:
         factory=lambda: {"correct": 1.0, "incorrect": 0.0},
     )
     scale: float = documented(1.0, "A numeric verdict is divided by this (10: a 1-10 rating).")
+    score_range: tuple[float, float] = documented(
+        (0.0, 1.0),
+        "Lowest and highest score a verdict may give (after `scale`); one outside does not "
+        "parse (re-asked, then `unparsed_score`). `labels` must lie within it.",
+    )
     template: str = documented(
         DEFAULT_TEMPLATE,
         "The judge's user message: a str.format template of {question} (the row's prompt), "
@@ -146,6 +154,18 @@ class JudgeConfig:
         check_template(self.template)
         if self.parser == "label" and not self.labels:
             raise ConfigError("JudgeConfig.parser = 'label' needs JudgeConfig.labels")
+        low, high = self.score_range
+        if not low < high:
+            raise ConfigError(
+                f"JudgeConfig.score_range = {self.score_range!r}: expected (low, high) with "
+                "low < high, e.g. (0.0, 1.0)"
+            )
+        outside = {k: v for k, v in self.labels.items() if not low <= v <= high}
+        if outside:
+            raise ConfigError(
+                f"JudgeConfig.labels {outside!r} score outside JudgeConfig.score_range = "
+                f"{self.score_range!r}: widen the range or change the labels' scores"
+            )
 
 
 def check_template(template: str) -> None:
@@ -190,19 +210,30 @@ def question_text(example: Mapping[str, Any]) -> str:
     return question
 
 
-def judge_message(config: JudgeConfig, example: Mapping[str, Any], response: str) -> str:
-    """The judge's user message for one response to `example`."""
+def judge_message(
+    config: JudgeConfig,
+    example: Mapping[str, Any],
+    response: str,
+    clean: Callable[[str], str] = str,
+) -> str:
+    """The judge's user message for one response to `example`; `clean` is applied to each
+    inserted text (the judge neutralises its tokenizer's special-token strings there)."""
     reference = example.get(config.reference_field, "") if config.reference_field else ""
     if isinstance(reference, list | tuple):  # several accepted answers (data/examples.py)
         reference = " or ".join(str(r) for r in reference)
     return config.template.format(
-        question=question_text(example), reference=str(reference), response=response
+        question=clean(question_text(example)),
+        reference=clean(str(reference)),
+        response=clean(response),
     )
 
 
 def parse_verdict(text: str, config: JudgeConfig) -> float | None:
-    """The verdict's score by `config.parser`; None when it does not parse."""
-    return PARSERS[config.parser](text, config)
+    """The verdict's score by `config.parser`; None when it does not parse or lies outside
+    `config.score_range`."""
+    score = PARSERS[config.parser](text, config)
+    low, high = config.score_range
+    return score if score is not None and low <= score <= high else None
 
 
 def short_name(name: str) -> str:

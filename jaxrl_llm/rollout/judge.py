@@ -7,12 +7,17 @@ response in `JudgeConfig.template`) is rendered by the judge checkpoint's chat t
 user turn with the generation prompt, the judge writes a verdict with the sampler
 `JudgeConfig.backend` names (our JAX engine, or vLLM: `rollout.sampler.build_sampler`,
 loaded once from the folder, its weights pushed once), and `parse_verdict` reads the score.
+The inserted texts (question, reference, response) give the judge no control tokens: the
+judge tokenizer's special-token strings in them are neutralised first
+(`tools.special_tokens`), so a response holding "<|im_end|><|im_start|>assistant ..."
+reads as plain text, not as a forged turn; the template's own markers stay special.
 
 Reproducible: the first ask is greedy. A verdict that does not parse is asked again up to
 `JudgeConfig.retries` times at `retry_temperature`, each re-ask's randomness fixed by
 `JudgeConfig.seed`, the attempt and the prompt's own tokens (never by which other responses
 share the call), so a response scores the same however the rollout batches its scoring. A
-verdict that never parses scores `unparsed_score`; a prompt longer than
+score outside `JudgeConfig.score_range` or beyond float32 does not parse. A verdict that
+never parses scores `unparsed_score`; a prompt longer than
 `max_prompt_length` is not judged and scores it too. Per call, `last_counts` holds the
 judge's counts (`retries`, `unparsed`, `too_long`), reported with its mean score as
 `reward/judge:<name>/{mean,retries,unparsed,too_long}` (docs/rewards.md, "LLM judges").
@@ -36,8 +41,10 @@ from jaxrl_llm.rewards.judge_config import (
 )
 from jaxrl_llm.rollout.sampler import Sampler
 from jaxrl_llm.rollout.sampling import SamplingParams
+from jaxrl_llm.tools.special_tokens import neutralise_special_tokens, special_token_strings
 
 COUNTS = ("retries", "unparsed", "too_long")
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class Judge:
@@ -48,6 +55,7 @@ class Judge:
 
     def __init__(self, sampler: Sampler, tokenizer, config: JudgeConfig, name: str):
         self.sampler, self.tokenizer, self.config, self.name = sampler, tokenizer, config, name
+        self.special_tokens = special_token_strings(tokenizer)
         self.last_counts: dict[str, int] = {k: 0 for k in COUNTS}
         self.last_verdicts: list[str] = []
 
@@ -93,8 +101,12 @@ class Judge:
         self, responses: Sequence[str], examples: Sequence[Mapping[str, Any]]
     ) -> list[np.ndarray]:
         """The judge's prompt tokens [P] (int32) for each response."""
+
+        def clean(text: str) -> str:
+            return neutralise_special_tokens(text, self.special_tokens)
+
         chats = [
-            [{"role": "user", "content": judge_message(self.config, e, r)}]
+            [{"role": "user", "content": judge_message(self.config, e, r, clean)}]
             for r, e in zip(responses, examples, strict=True)
         ]
         if getattr(self.tokenizer, "chat_template", None):
@@ -127,7 +139,8 @@ class Judge:
             for i, text in zip(todo, texts, strict=True):
                 verdicts[i] = text
                 parsed = parse_verdict(text, cfg)
-                if parsed is not None and np.isfinite(parsed):
+                # Finite as the float32 the reward is: 1e39 parses in float64 but is inf.
+                if parsed is not None and abs(parsed) <= FLOAT32_MAX:
                     scores[i] = parsed
             todo = [i for i in todo if np.isnan(scores[i])]
         counts["unparsed"] = len(todo)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_llm.tools.protocol import Tool, turn_rules
+from jaxrl_llm.tools.special_tokens import special_token_strings
 
 NO_TOOL = "none"
 CORPUS = "SearchConfig.corpus"  # the one setting a built-in tool requires
@@ -33,8 +34,10 @@ class BuiltinTool:
     """A built-in tool: how to build it and what it needs from `RolloutConfig`.
 
     `build` takes, as keywords, the settings it declares (`corpus`: the search corpus, from
-    `SearchConfig.corpus` or the built-in task's) and returns the tool (None: no tool); its
-    other settings it reads from its own gin config. `requires` maps the settings that must be
+    `SearchConfig.corpus` or the built-in task's; `tokenizer`: the policy's, whose
+    special-token strings the tool neutralises in the text it returns, `tools.special_tokens`)
+    and returns the tool (None: no tool); its other settings it reads from its own gin
+    config. `requires` maps the settings that must be
     set (not None or empty), by their gin names, to what they hold, for the error that names
     a missing one.
     """
@@ -48,16 +51,17 @@ def _no_tool() -> None:
     return None
 
 
-def _python_tool() -> Tool:
+def _python_tool(*, tokenizer=None) -> Tool:
     from jaxrl_llm.tools.python_tool import PythonTool
 
-    return PythonTool()
+    return PythonTool(special_tokens=special_token_strings(tokenizer))
 
 
-def _search_tool(*, corpus: str | Path) -> Tool:
+def _search_tool(*, corpus: str | Path, tokenizer=None) -> Tool:
     from jaxrl_llm.tools.search import SearchConfig, make_search_tool
 
-    return make_search_tool(corpus, k=SearchConfig().k)
+    specials = special_token_strings(tokenizer)
+    return make_search_tool(corpus, k=SearchConfig().k, special_tokens=specials)
 
 
 BUILTIN_TOOLS: dict[str, BuiltinTool] = {
@@ -110,8 +114,9 @@ def tool_settings(corpus: str | Path | None = None) -> dict[str, Any]:
 
 def build_tool(name: str, *, corpus: str | Path | None = None, tokenizer=None) -> Tool | None:
     """The tool `name` refers to (None for "none"). `corpus`: the built-in task's search
-    corpus, used when `SearchConfig.corpus` is unset; `tokenizer`: the policy's, for a plug-in
-    factory that takes it."""
+    corpus, used when `SearchConfig.corpus` is unset; `tokenizer`: the policy's, for a
+    built-in (which neutralises its special-token strings in program output and passages)
+    or a plug-in factory that takes it."""
     spec = builtin_tool(name)
     if spec is None:
         return _plugin_tool(name, tokenizer)
@@ -119,8 +124,9 @@ def build_tool(name: str, *, corpus: str | Path | None = None, tokenizer=None) -
     problem = missing_requirement(name, settings)
     if problem:
         raise ValueError(problem)
+    offered = {"corpus": settings[CORPUS], "tokenizer": tokenizer}
     declared = inspect.signature(spec.build).parameters
-    return spec.build(**({"corpus": settings[CORPUS]} if "corpus" in declared else {}))
+    return spec.build(**{k: v for k, v in offered.items() if k in declared})
 
 
 def resolve_import_path(spec: str, setting: str) -> Callable[..., Any]:

@@ -8,16 +8,25 @@ Format (ToRL, Li et al. 2025): the model writes
 
 and generation stops at "```output" (the stop string stays in the response, so the policy
 is trained to ask for the tool); the tool appends the rest of the block, "\\n{result}\\n```\\n".
-`result` is stdout for a clean run. For a failed run it is the stdout followed by the last
-line of stderr (e.g. "ZeroDivisionError: division by zero"); a timeout reads
-"TimeoutError: ...". Each part is truncated ToRL-style: beyond 256 characters keep the first
-128, "...", and the last 128.
+`result` is stdout for a clean run. For a failed run it is the stdout followed by an error
+line: the last line of stderr when it reads as one (e.g. "ZeroDivisionError: division by
+zero"), else that line (if any) and "Error: exit code N" (`sys.exit(3)`, a signal, a
+message of the program's own on stderr); a timeout reads "TimeoutError: ...". Each part is
+truncated ToRL-style: beyond 256 characters keep the first 128, "...", and the last 128.
 
-`any_code_failed(response)` reads those output blocks back for the reward's code penalty:
-a block failed when it holds a "Traceback (most recent call last)" line or its last line
-looks like "SomethingError: ..." / "SomethingException" / "SystemExit"/"KeyboardInterrupt".
-So a program that itself prints a line such as "ValueError: x" last counts as failed; the
-rollout, which sees `ExecResult.ok`, can use that instead when it records per-call results.
+The program's text cannot end its own block: every run of three or more backticks in
+`result` gets a zero-width space (U+200B) between its backticks, so the block's only
+"```" is the tool's closing fence. With the policy's tokenizer (`build_tool` passes it),
+the tokenizer's special-token strings in `result` are broken the same way
+(`tools.special_tokens`), so a program printing "<|im_end|>" adds no end-of-turn token.
+
+`any_code_failed(response)` reads those output blocks back for the reward's code penalty
+(a reward sees only text): a block failed when it holds a "Traceback (most recent call
+last)" line or its last line looks like "SomethingError: ..." / "Error: ..." /
+"SomethingException" / "SystemExit" / "KeyboardInterrupt", which the tool guarantees for
+every failed run. So a clean program that itself prints such a line last also counts as
+failed (it can only lose reward that way); the rollout, which sees `ExecResult.ok`, can use
+that instead when it records per-call results.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from collections.abc import Sequence
 
 from jaxrl_llm.tools.sandbox import resolve_backend, run_python
 from jaxrl_llm.tools.sandbox_types import ExecResult, SandboxConfig
+from jaxrl_llm.tools.special_tokens import ZERO_WIDTH_SPACE, neutralise_special_tokens
 
 CODE_START = "```python"
 OUTPUT_START = "```output"
@@ -36,8 +46,9 @@ _BLOCK = re.compile(r"```python[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _OUTPUT_BLOCK = re.compile(r"```output[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _TRACEBACK = re.compile(r"^Traceback \(most recent call last\)", re.MULTILINE)
 _ERROR_LAST_LINE = re.compile(
-    r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:.*)?$|^\[sandbox\]"
+    r"^(?:[A-Za-z_][\w.]*)?(Error|Exception|Exit|Interrupt)\b(:.*)?$|^\[sandbox\]"
 )
+_FENCE_RUN = re.compile(r"`{3,}")
 
 
 def truncate_middle(text: str, limit: int = 256, keep: int = 128) -> str:
@@ -53,24 +64,46 @@ def last_code_block(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-def format_result(result: ExecResult, *, limit: int = 256, keep: int = 128) -> str:
-    """The text placed inside the output block (see the module docstring)."""
-    stdout = truncate_middle(result.stdout.strip("\n"), limit, keep)
-    if result.ok:
-        return stdout
+def neutralise_fences(text: str) -> str:
+    """`text` with a zero-width space between the backticks of each run of three or more,
+    so that it holds no "```" to end the output block it is shown in."""
+    return _FENCE_RUN.sub(lambda m: ZERO_WIDTH_SPACE.join(m[0]), text)
+
+
+def error_line(result: ExecResult, *, limit: int = 256, keep: int = 128) -> str:
+    """The line(s) ending a failed run's output; the last always matches `_ERROR_LAST_LINE`
+    (so `is_error_output` sees the failure however the run failed)."""
     if result.timed_out:
-        error = "TimeoutError: code execution timed out"
-    elif result.sandbox_error is not None:
-        error = "SandboxError: " + result.sandbox_error.splitlines()[-1]
-    else:
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        error = lines[-1].strip() if lines else f"Error: exit code {result.exit_code}"
-    error = truncate_middle(error, limit, keep)
-    return f"{stdout}\n{error}" if stdout else error
+        return "TimeoutError: code execution timed out"
+    if result.sandbox_error is not None:
+        lines = result.sandbox_error.splitlines() or [""]
+        return truncate_middle("SandboxError: " + lines[-1], limit, keep)
+    lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+    last = truncate_middle(lines[-1], limit, keep) if lines else ""
+    if _ERROR_LAST_LINE.match(last):
+        return last
+    status = f"Error: exit code {result.exit_code}"
+    return f"{last}\n{status}" if last else status
 
 
-def format_observation(result: ExecResult, *, limit: int = 256, keep: int = 128) -> str:
-    return f"{OUTPUT_START}\n{format_result(result, limit=limit, keep=keep)}\n{_FENCE}\n"
+def format_result(
+    result: ExecResult, *, limit: int = 256, keep: int = 128, special_tokens: Sequence[str] = ()
+) -> str:
+    """The text placed inside the output block (see the module docstring); the strings of
+    `special_tokens` in it are neutralised (`tools.special_tokens`)."""
+    text = truncate_middle(result.stdout.strip("\n"), limit, keep)
+    if not result.ok:
+        error = error_line(result, limit=limit, keep=keep)
+        text = f"{text}\n{error}" if text else error
+    return neutralise_fences(neutralise_special_tokens(text, special_tokens))
+
+
+def format_observation(
+    result: ExecResult, *, limit: int = 256, keep: int = 128, special_tokens: Sequence[str] = ()
+) -> str:
+    """The whole output block: "```output\\n{format_result}\\n```\\n"."""
+    body = format_result(result, limit=limit, keep=keep, special_tokens=special_tokens)
+    return f"{OUTPUT_START}\n{body}\n{_FENCE}\n"
 
 
 def output_blocks(response: str) -> list[str]:
@@ -99,6 +132,9 @@ class PythonTool:
     """
 
     config: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
+    # The policy tokenizer's special-token strings (`special_tokens.special_token_strings`),
+    # neutralised in the program's output; `build_tool` fills them in.
+    special_tokens: tuple[str, ...] = ()
     limit: int = 256
     keep: int = 128
     name: str = "python"
@@ -120,7 +156,10 @@ class PythonTool:
         return last_code_block(text[start:])
 
     def _observation(self, result: ExecResult) -> str:
-        return format_observation(result, limit=self.limit, keep=self.keep)[len(OUTPUT_START) :]
+        block = format_observation(
+            result, limit=self.limit, keep=self.keep, special_tokens=self.special_tokens
+        )
+        return block[len(OUTPUT_START) :]
 
     def __call__(self, text: str) -> str | None:
         code = self.pending_code(text)

@@ -24,9 +24,12 @@ What the "bwrap" backend guards (one test each in tests/tools/test_sandbox_adver
     run ends (or is killed) the kernel kills every process left in the namespace. Run by
     root, bubblewrap keeps no capabilities for the code, which runs as a per-run unprivileged
     uid (`uid_base` + slot), so RLIMIT_NPROC is enforced (the kernel exempts uid 0 from it)
-    and one run's fork bomb does not starve another's. Run by another user, bubblewrap puts
-    the code in a new user namespace, where RLIMIT_NPROC is counted per namespace.
-  - Resources: rlimits on CPU seconds (timeout + 1), address space (`memory_mb`), tasks
+    and one run's fork bomb does not starve another's, in this process or another on the
+    host (a slot is claimed host-wide with a lock file, `tools/sandbox_uids.py`). Run by
+    another user, bubblewrap puts the code in a new user namespace, where RLIMIT_NPROC is
+    counted per namespace.
+  - Resources: rlimits on CPU seconds (timeout + 1), address space (`memory_mb` for each
+    process: a run's processes together may map `max_processes` x `memory_mb`), tasks
     (`max_processes`), file size (`max_file_mb`), open files, no core dumps; a wall-clock
     timeout that SIGKILLs the whole process group; stdout/stderr are read while the code runs
     and only `max_output_bytes` of each are kept (head and tail); beyond `kill_output_bytes`
@@ -65,10 +68,10 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 
 from jaxrl_llm.tools import sandbox_fusion
 from jaxrl_llm.tools.sandbox_types import CappedBuffer, ExecResult, SandboxConfig
+from jaxrl_llm.tools.sandbox_uids import claim_slot, lock_directory
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +83,8 @@ def run_python(
     memory_mb: int | None = None,
     config: SandboxConfig | None = None,
 ) -> ExecResult:
-    """Runs `code` as a Python program and returns its output; never raises for bad code.
+    """Runs `code` as a Python program and returns its output; never raises for bad code
+    (a character UTF-8 cannot encode, such as a lone surrogate, is fed as "?").
 
     Safe to call from many threads at once (see `tools/executor.py` for a pool). Raises
     `SandboxUnavailable` (without running anything) when the configured backend cannot
@@ -96,8 +100,7 @@ def run_python(
     if backend == "sandbox_fusion":
         return sandbox_fusion.run_code(code, config=config)
     mode = _bwrap_mode(config) if backend == "bwrap" else None
-    with _UID_SLOTS.slot() as slot:
-        return _run_local(code, config, mode=mode, slot=slot)
+    return _run_in_slot(code, config, mode)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -244,6 +247,20 @@ def _bwrap_argv(config: SandboxConfig, mode: str) -> list[str]:
     return [*argv, "--"]
 
 
+def _run_in_slot(code: str, config: SandboxConfig, mode: str | None) -> ExecResult:
+    """`_run_local` in a uid slot no other run on the host holds (`sandbox_uids`) when the
+    code runs as a per-run uid ('privileged' mode); slot 0, unclaimed, otherwise."""
+    if mode != "privileged":
+        return _run_local(code, config, mode=mode, slot=0)
+    with contextlib.ExitStack() as stack:
+        try:
+            slot = stack.enter_context(claim_slot(lock_directory(config.uid_base)))
+        except OSError as e:
+            error = f"cannot claim a sandbox uid: {e}"
+            return ExecResult("", "", None, False, backend="bwrap", sandbox_error=error)
+        return _run_local(code, config, mode=mode, slot=slot)
+
+
 def _run_local(code: str, config: SandboxConfig, *, mode: str | None, slot: int) -> ExecResult:
     run_as_uid = config.uid_base + slot if mode == "privileged" else None
     launcher_cfg = {
@@ -276,7 +293,8 @@ def _run_local(code: str, config: SandboxConfig, *, mode: str | None, slot: int)
         _remove_tree(workdir)
         return ExecResult("", "", None, False, backend=mode or "subprocess", sandbox_error=str(e))
     try:
-        out, err, timed_out, truncated = _communicate_capped(proc, code.encode(), config)
+        source = code.encode(errors="replace")
+        out, err, timed_out, truncated = _communicate_capped(proc, source, config)
     finally:
         _kill_group(proc)
         proc.wait()
@@ -358,26 +376,6 @@ def _remove_tree(path: str | None) -> None:
         subprocess.run(["rm", "-rf", "--one-file-system", path], check=False)
 
 
-class _UidSlots:
-    """Hands out the smallest free slot index to each concurrent run (per-run uids)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._used: set[int] = set()
-
-    @contextlib.contextmanager
-    def slot(self) -> Iterator[int]:
-        with self._lock:
-            index = next(i for i in range(len(self._used) + 1) if i not in self._used)
-            self._used.add(index)
-        try:
-            yield index
-        finally:
-            with self._lock:
-                self._used.discard(index)
-
-
-_UID_SLOTS = _UidSlots()
 _PROBE_LOCK = threading.Lock()
 _PROBE: dict[str, str | None] = {}
 _PROBE_ERROR = ["bubblewrap not probed"]
@@ -406,7 +404,7 @@ def _probe_bwrap(config: SandboxConfig) -> str | None:
     probe_config = dataclasses.replace(config, timeout_s=20.0, memory_mb=512)
     errors = []
     for mode in modes:
-        result = _run_local("print(6 * 7)", probe_config, mode=mode, slot=0)
+        result = _run_in_slot("print(6 * 7)", probe_config, mode)
         if result.stdout.strip() == "42" and result.exit_code == 0:
             return mode
         errors.append(f"{mode}: exit {result.exit_code}: {result.stderr.strip()[-300:]}")

@@ -20,8 +20,11 @@ SITE_PACKAGES = "site-packages"
 class ExecResult:
     """What one run of code produced.
 
-    exit_code: the process's status; negative means killed by that signal (-9 on timeout or
-      output overflow), None when the sandbox itself failed (see `sandbox_error`).
+    exit_code: the process's status, None when the sandbox itself failed (see
+      `sandbox_error`). -9 when the sandbox killed the run (timeout, output overflow). A
+      signal inside the run (a segfault, os.abort(), SIGKILL) reads as 128 + the signal
+      under bwrap (139, 134, 137: bubblewrap's init reports it so) and as minus the signal
+      under "subprocess"; a SandboxFusion server reports its own codes.
     """
 
     stdout: str
@@ -52,7 +55,11 @@ class SandboxConfig:
     timeout_s: float = documented(
         10.0, "Wall-clock seconds a run may take before its whole process group is killed."
     )
-    memory_mb: int = documented(1024, "Address-space limit of the code's processes, in MiB.")
+    memory_mb: int = documented(
+        1024,
+        "Address-space limit (RLIMIT_AS) of each of the code's processes, in MiB; a run may "
+        "hold up to `max_processes` times as much. SandboxFusion gets it as memory_limit_MB.",
+    )
     backend: str = documented(
         "auto",
         "How code runs: 'bwrap' (bubblewrap namespaces), 'subprocess' (rlimits only, weaker: "
@@ -78,7 +85,8 @@ class SandboxConfig:
     )
     uid_base: int = documented(
         1_000_000,
-        "First of the per-run user ids when bubblewrap runs as root (uid_base + slot).",
+        "First of the per-run user ids when bubblewrap runs as root (uid_base + slot; a slot "
+        "is claimed host-wide, across processes, by a lock file in the temp directory).",
     )
     sandbox_fusion_url: str = documented(
         "http://127.0.0.1:8080", "Address of the SandboxFusion server (backend 'sandbox_fusion')."

@@ -34,6 +34,7 @@ from pathlib import Path
 import gin
 
 from jaxrl_llm.config_checks import Ge, checked_fields, documented
+from jaxrl_llm.tools.special_tokens import neutralise_special_tokens
 
 SEARCH_START, SEARCH_END = "<search>", "</search>"
 ANSWER_END = "</answer>"
@@ -162,9 +163,11 @@ def format_passages(docs: Sequence[Document]) -> str:
     return "".join(f"Doc {i}(Title: {d.title}) {d.text}\n" for i, d in enumerate(docs, 1))
 
 
-def information_block(docs: Sequence[Document]) -> str:
-    """The observation appended after "</search>" (Search-R1's `execute_predictions`)."""
-    return f"\n\n<information>{format_passages(docs).strip()}</information>\n\n"
+def information_block(docs: Sequence[Document], special_tokens: Sequence[str] = ()) -> str:
+    """The observation appended after "</search>" (Search-R1's `execute_predictions`); the
+    strings of `special_tokens` in the passages are neutralised (`tools.special_tokens`)."""
+    passages = neutralise_special_tokens(format_passages(docs).strip(), special_tokens)
+    return f"\n\n<information>{passages}</information>\n\n"
 
 
 def pending_query(text: str) -> str | None:
@@ -193,6 +196,9 @@ class SearchTool:
 
     retriever: BM25Retriever
     k: int = 3
+    # The policy tokenizer's special-token strings, neutralised in the passages (a corpus
+    # is outside text); `build_tool` fills them in.
+    special_tokens: tuple[str, ...] = ()
     name: str = "search"
     stop_strings: tuple[str, ...] = (SEARCH_END, ANSWER_END)
 
@@ -202,10 +208,17 @@ class SearchTool:
         query = pending_query(text)
         if query is None:
             return INVALID_ACTION
-        return information_block(self.retriever.search(query, self.k))
+        return information_block(self.retriever.search(query, self.k), self.special_tokens)
 
 
-def make_search_tool(corpus_path: str | os.PathLike | Path, k: int = 3, **bm25) -> SearchTool:
+def make_search_tool(
+    corpus_path: str | os.PathLike | Path,
+    k: int = 3,
+    special_tokens: Sequence[str] = (),
+    **bm25,
+) -> SearchTool:
     """A `SearchTool` over the jsonl corpus at `corpus_path` returning the top `k` passages
-    (Search-R1's default topk is 3). `bm25`: `BM25Retriever` options (k1, b, stopwords)."""
-    return SearchTool(BM25Retriever.from_jsonl(corpus_path, **bm25), k=int(k))
+    (Search-R1's default topk is 3), neutralising `special_tokens` in them. `bm25`:
+    `BM25Retriever` options (k1, b, stopwords)."""
+    retriever = BM25Retriever.from_jsonl(corpus_path, **bm25)
+    return SearchTool(retriever, k=int(k), special_tokens=tuple(special_tokens))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 
@@ -48,7 +49,8 @@ def test_wandb_gets_each_record_when_a_project_is_set(tmp_path, fake_wandb):
     writer.close()
     [init] = fake_wandb.inits
     assert (init["project"], init["entity"], init["name"]) == ("rl", "me", "run")
-    assert fake_wandb.logs == [({"actor/pg_loss": 0.5}, 1), ({"actor/pg_loss": "nan"}, 2)]
+    assert fake_wandb.logs[0] == ({"actor/pg_loss": 0.5}, 1)
+    assert math.isnan(fake_wandb.logs[1][0]["actor/pg_loss"]) and fake_wandb.logs[1][1] == 2
     assert fake_wandb.finished == 1
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
 
@@ -91,3 +93,32 @@ def test_the_gin_binding_reaches_the_writer(tmp_path, fake_wandb):
 def test_a_wrong_type_is_named():
     with pytest.raises(ConfigError, match=r"MetricsConfig.wandb_project = 3: expected str"):
         MetricsConfig(wandb_project=3)  # type: ignore[arg-type]
+
+
+def test_non_finite_values_reach_tensorboard_and_wandb(tmp_path, fake_wandb, monkeypatch):
+    """A NaN loss is what a dashboard must show: TensorBoard and W&B get the float at its
+    step; only metrics.jsonl (strict JSON) holds it as a string."""
+    import jaxrl_llm.metrics.writer as writer_module
+
+    scalars: list[tuple[str, float, int]] = []
+
+    class RecordingSummary:
+        def add_scalar(self, tag, value, step):
+            scalars.append((tag, value, step))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(writer_module, "summary_writer", lambda run_dir: RecordingSummary())
+    writer = MetricsWriter(tmp_path, config=MetricsConfig(wandb_project="p"))
+    for step, value in enumerate([0.5, float("nan"), float("inf"), 0.25], 1):
+        writer.write(step, {"actor/pg_loss": value})
+    writer.close()
+    assert [step for _, _, step in scalars] == [1, 2, 3, 4]
+    assert math.isnan(scalars[1][1]) and scalars[2][1] == math.inf
+    assert math.isnan(fake_wandb.logs[1][0]["actor/pg_loss"])
+    assert fake_wandb.logs[2][0]["actor/pg_loss"] == math.inf
+    assert [r["actor/pg_loss"] for r in read_metrics(tmp_path)] == [0.5, "nan", "inf", 0.25]

@@ -5,7 +5,7 @@ import pytest
 
 from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.rewards.config import RewardConfig, check_rewards
-from jaxrl_llm.rewards.judge_config import JudgeConfig, judge_message, parse_verdict
+from jaxrl_llm.rewards.judge_config import PARSERS, JudgeConfig, judge_message, parse_verdict
 from jaxrl_llm.rewards.model_config import metric_names
 
 LABELS = {"correct": 1.0, "incorrect": 0.0, "partly correct": 0.5}
@@ -30,7 +30,7 @@ LABELS = {"correct": 1.0, "incorrect": 0.0, "partly correct": 0.5}
     ],
 )
 def test_verdict_parsers(parser, text, score):
-    assert parse_verdict(text, JudgeConfig(parser=parser, labels=LABELS)) == score
+    assert PARSERS[parser](text, JudgeConfig(parser=parser, labels=LABELS)) == score
 
 
 def test_scale_divides_a_numeric_verdict():
@@ -95,3 +95,29 @@ def test_a_list_of_accepted_answers_reaches_the_judge_as_text():
     assert judge_message(config, row, "12") == "Q: 2*6?\nRef: 12 or 12.0\nA: 12"
     row = {"prompt": "2*6?", "answer": 12}
     assert judge_message(config, row, "12") == "Q: 2*6?\nRef: 12\nA: 12"
+
+
+@pytest.mark.parametrize(
+    ("text", "config", "score"),
+    [
+        (r"\boxed{1}", {}, 1.0),
+        (r"\boxed{1.5}", {}, None),  # the default verdict is 0 or 1
+        (r"\boxed{-0.5}", {}, None),
+        ("Score: 11/10", {"parser": "number", "scale": 10.0}, None),
+        ("Score: -3", {"parser": "number", "score_range": (-5.0, 5.0)}, -3.0),
+    ],
+)
+def test_a_verdict_outside_the_score_range_does_not_parse(text, config, score):
+    assert parse_verdict(text, JudgeConfig(**config)) == score
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"score_range": (1.0, 0.0)}, "score_range"),
+        ({"labels": {"correct": 2.0, "incorrect": 0.0}}, "outside"),
+    ],
+)
+def test_score_range_is_checked(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        JudgeConfig(**kwargs)

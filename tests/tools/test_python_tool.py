@@ -15,7 +15,7 @@ from jaxrl_llm.tools import (
     run_python_many,
     truncate_middle,
 )
-from jaxrl_llm.tools.python_tool import format_result, last_code_block
+from jaxrl_llm.tools.python_tool import format_result, is_error_output, last_code_block
 
 pytestmark = pytest.mark.filterwarnings("ignore:SANDBOX IS WEAK")
 
@@ -88,3 +88,48 @@ def test_runs_in_parallel_without_blocking():
         future = executor.submit("import time; time.sleep(0.5); print('done')")
         assert time.monotonic() - submitted < 0.1 and not future.done()
         assert future.result().stdout == "done\n"
+
+
+def _tool_turn(tool: PythonTool, code: str) -> str:
+    """A response with one tool turn on `code`, then a final answer."""
+    response = "Let me compute.\n```python\n" + code + "\n```\n```output"
+    observation = tool(response)
+    assert observation is not None
+    return response + observation + "So \\boxed{3}."
+
+
+@pytest.mark.parametrize("fence", ["`" * 3, "`" * 4, "`" * 6, "``` ```"])
+def test_program_output_cannot_close_its_output_block(fence):
+    """A program that prints a fence before failing still shows as failed: no run of three
+    backticks of its output reaches the response, so the tool's own fence ends the block."""
+    tool = PythonTool(SandboxConfig(timeout_s=5))
+    full = _tool_turn(tool, f"print({fence!r})\n1/0")
+    assert any_code_failed(full)
+    assert tool.response_metrics([full]) == {"env/code_success_rate": 0.0}
+    observation = full[full.index("```output") + len("```output") : full.index("So \\boxed")]
+    assert observation.count("```") == 1 and observation.endswith("\n```\n")
+    error = ExecResult(fence + "\n", f"ValueError: {fence}\n", 1, False)
+    assert "```" not in format_result(error) and any_code_failed(format_observation(error))
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import sys\nsys.exit(3)",
+        "import os\nos.kill(os.getpid(), 9)",
+        "import ctypes\nctypes.string_at(0)",
+        "import os\nos.abort()",
+        "import sys\nsys.exit('done')",  # a last stderr line that names no error
+        "import os, sys\nprint('all good', file=sys.stderr)\nos._exit(1)",
+    ],
+    ids=["exit3", "sigkill", "segfault", "abort", "exit-message", "stderr-then-exit"],
+)
+def test_a_failed_run_always_reads_as_failed(code):
+    """However a run fails (exit status, signal, a stderr line of its own), its output block
+    ends with a line `is_error_output` recognises, so the code penalty applies."""
+    tool = PythonTool(SandboxConfig(timeout_s=5))
+    full = _tool_turn(tool, code)
+    assert any_code_failed(full), full
+    assert tool.response_metrics([full]) == {"env/code_success_rate": 0.0}
+    assert format_result(ExecResult("", "", 3, False)) == "Error: exit code 3"
+    assert is_error_output("Error: exit code 139")

@@ -34,6 +34,12 @@ def test_syntax_error_and_sys_exit():
     assert run_python("exit()").exit_code == 0
 
 
+def test_a_lone_surrogate_in_the_code_runs_replaced():
+    """Code is fed as UTF-8; a character UTF-8 cannot hold becomes "?" (never an exception)."""
+    result = run_python("print('\ud800')")
+    assert result.ok and result.stdout == "?\n", result
+
+
 def test_stdin_is_empty_and_the_code_file_is_in_cwd():
     result = run_python("import os\nprint(repr(input.__name__))\nprint(os.listdir('.'))")
     assert "main.py" in result.stdout
