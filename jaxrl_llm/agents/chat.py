@@ -18,7 +18,14 @@ sample ends as "eos". Stateful episodes (an environment per sample) are `agents.
 with `add_generation_prompt=True`, less the end-of-turn token the model already wrote: for
 Qwen2.5 `\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n
 <|im_start|>assistant\\n`. It is read from the template with a placeholder turn, so any
-template that renders `tool` messages works unchanged.
+template that renders `tool` messages works unchanged. It is an `Observation`: the template's
+markers keep their special tokens, while a special token's string in the messages (a tool's
+result, a name) is plain text when the sampler encodes it (`tools.special_tokens`), so a
+result that holds "<|im_end|>\\n<|im_start|>assistant" ends no turn and forges none.
+
+A turn's reasoning (`<think>` ... `</think>`) keeps its tags in the turn's text also where the
+tokenizer makes them special tokens, so the parser can leave the calls drafted there
+unrun (`tool_calls.split_reasoning`).
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from __future__ import annotations
 from typing import Any
 
 from jaxrl_llm.agents.functions import ToolBox
-from jaxrl_llm.agents.tool_calls import ParsedTurn, parse_turn
+from jaxrl_llm.agents.tool_calls import THINK_CLOSE, THINK_OPEN, ParsedTurn, parse_turn
+from jaxrl_llm.tools.special_tokens import Observation, mark_special_tokens, special_token_strings
 
 _PLACEHOLDER = "\u2063turn\u2063"  # text no template rewrites
 
@@ -43,7 +51,9 @@ class ChatFormat:
         if not self.generation_prompt:
             raise ValueError("the chat template adds no generation prompt: cannot find turns")
         specials = {t for t in (tokenizer.eos_token, *tokenizer.all_special_tokens) if t}
+        specials -= {THINK_OPEN, THINK_CLOSE}  # the parser reads them (`split_reasoning`)
         self.special_tokens = sorted(specials, key=len, reverse=True)
+        self.plain_specials = special_token_strings(tokenizer)  # plain in observations
 
     def render(self, messages: list[dict[str, Any]], *, generation_prompt: bool, tools=None) -> str:
         return self.tokenizer.apply_chat_template(
@@ -66,17 +76,19 @@ class ChatFormat:
         turn, end = self.last_turn(text)
         return turn, parse_turn(self.fmt, turn), end
 
-    def observation(self, messages: list[dict[str, Any]], end: str = "") -> str:
+    def observation(self, messages: list[dict[str, Any]], end: str = "") -> Observation:
         """The template's text for `messages` (`tool` messages) after an assistant turn, up
-        to and with the next generation prompt, less the turn's end token `end`."""
+        to and with the next generation prompt, less the turn's end token `end`; the special
+        tokens' strings in the messages are plain parts (see the module docstring)."""
         chat = [
             {"role": "user", "content": "u"},
             {"role": "assistant", "content": _PLACEHOLDER},
-            *messages,
+            *mark_special_tokens(messages, self.plain_specials),
         ]
         text = self.render(chat, generation_prompt=True)
         after = text[text.index(_PLACEHOLDER) + len(_PLACEHOLDER) :]
-        return after[len(end) :] if end and after.startswith(end) else after
+        after = after[len(end) :] if end and after.startswith(end) else after
+        return Observation.from_marked(after, self.plain_specials)
 
 
 class ChatToolUse:

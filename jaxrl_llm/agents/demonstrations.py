@@ -8,7 +8,8 @@ and loss mask an RL episode of the same conversation has.
 `tool` messages that answer it (none after the last). The tokens are exactly what
 `agents.Episodes` produces on a sampler: the prompt rendered with `tools=` and the
 generation prompt, each model turn followed by the end-of-turn token (the tokenizer's EOS),
-each observation rendered by the template after it (`ChatFormat.observation`). The mask is 1
+each observation rendered by the template after it (`ChatFormat.observation`) and encoded
+as the samplers encode it (the tools' text plain, the template's markers special). The mask is 1
 on the model's tokens (its turns and their end tokens) and 0 on the prompt and observations,
 as RL masks them, so supervised fine-tuning on demonstrations trains what RL will sample.
 """
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxrl_llm.agents.chat import ChatFormat
+from jaxrl_llm.tools.special_tokens import encode_observation
 
 
 def encode_episode(
@@ -48,7 +50,8 @@ def encode_episode(
         while j < len(messages) and messages[j]["role"] == "tool":
             j += 1
         if j > i + 1:
-            observation = encode(chat.observation(list(messages[i + 1 : j]), end))
+            rendered = chat.observation(list(messages[i + 1 : j]), end)
+            observation = encode_observation(tokenizer, rendered)  # as the samplers append it
             ids += observation
             mask += [0] * len(observation)
         i = j

@@ -22,7 +22,9 @@ the response and are trained), and may set the tool turn rules `turn_ends_on_eos
 `sees_special_tokens` (`tools.protocol.turn_rules`). Their turns are read differently:
 `Turn.text` is the sample's whole response so far (observations included, as a raw-text tool
 reads it), nothing is parsed for them (`Turn.calls` is empty: the environment reads its own
-format), and a `str` observation is appended as it is, not rendered by the template. A
+format), and a `str` observation is appended as it is, as plain text (a special token's
+string in it is ordinary characters; markup of the environment's own is an
+`tools.special_tokens.Observation`), not rendered by the template. A
 `reset` that returns no messages keeps the data pipeline's prompt for the row (`DataConfig`:
 template, system prompt, chat template), token for token; such an environment has no tool
 schemas. An environment that sets `uses_run_reward = True` leaves scoring to the run's
@@ -65,7 +67,8 @@ class Turn:
 @dataclasses.dataclass(frozen=True)
 class StepResult:
     """What an environment answers to a turn: `observations` are messages (rendered by the
-    chat template) or, in a text format, the text to append as it is."""
+    chat template; their strings are plain text, the template's markers special) or, in a
+    text format, the text to append as it is (plain text unless an `Observation`)."""
 
     observations: Messages | str = dataclasses.field(default_factory=list)
     reward: float = 0.0

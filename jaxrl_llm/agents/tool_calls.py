@@ -1,6 +1,6 @@
 """Tool calls read from a model turn, in the format its checkpoint was trained to write.
 
-    turn = parse_turn("qwen", text)      # -> ParsedTurn(content, calls, malformed)
+    turn = parse_turn("qwen", text)      # -> ParsedTurn(content, calls, malformed, reasoning)
 
 A parser is one function `text -> ParsedTurn`, registered by name (`register_parser`), so a
 new format is one function. Built-in:
@@ -13,6 +13,18 @@ new format is one function. Built-in:
   `{"name": ..., "parameters": {...}}` (Meta's docs; "arguments" is taken too), optionally
   after `<|python_tag|>`; several calls are separated by ";" or whitespace. A turn that
   does not start with "{" is plain content (no call).
+
+Reasoning is not a place for calls, in every format: `parse_turn` hands the parser the
+turn without its reasoning (`split_reasoning`), as vLLM separates reasoning content (its
+reasoning parser) before its tool parser reads what follows. Reasoning is each
+`<think>` ... `</think>` block; a `<think>` never closed, to the turn's end (the turn ended,
+or was cut, while the model thought); and, before the turn's first `<think>`, the text up
+to a `</think>` (the block a template opens in its generation prompt: Qwen3-Thinking-2507,
+DeepSeek-R1). So a `<tool_call>` drafted while thinking is not run; one after `</think>`
+is. The rule is the same for every format, since the tags are the reasoning models' own,
+whatever format they call tools in (DeepSeek-R1's Qwen and Llama distillations, Qwen3);
+a turn without the tags is unchanged. Other reasoning markup (gpt-oss's channels) is not
+read as reasoning.
 
 `arguments` may arrive as an object or as a JSON string of one (OpenAI's wire form); both
 become a dict. What cannot be read as a call (bad JSON, no name, arguments not an object, an
@@ -48,11 +60,13 @@ class MalformedCall:
 
 @dataclasses.dataclass(frozen=True)
 class ParsedTurn:
-    """A model turn: its text outside the calls, its calls in order, and what was malformed."""
+    """A model turn: its text outside the calls and the reasoning, its calls in order, what
+    was malformed, and its reasoning (the think blocks' text, joined by newlines)."""
 
     content: str
     calls: tuple[ToolCall, ...] = ()
     malformed: tuple[MalformedCall, ...] = ()
+    reasoning: str = ""
 
 
 class HasCalls(Protocol):
@@ -81,7 +95,7 @@ def register_parser(*names: str) -> Callable[[Parser], Parser]:
 
 
 def parse_turn(fmt: str, text: str) -> ParsedTurn:
-    """The calls in `text` as format `fmt` writes them."""
+    """The calls in `text` as format `fmt` writes them, outside its reasoning."""
     try:
         parser = PARSERS[fmt]
     except KeyError:
@@ -89,7 +103,35 @@ def parse_turn(fmt: str, text: str) -> ParsedTurn:
             f"tool-call format {fmt!r}: expected one of {', '.join(sorted(PARSERS))} "
             "(add one with jaxrl_llm.agents.register_parser)"
         ) from None
-    return parser(text)
+    reasoning, rest = split_reasoning(text)
+    if not reasoning:
+        return parser(rest)
+    return dataclasses.replace(parser(rest), reasoning="\n".join(r.strip() for r in reasoning))
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def split_reasoning(text: str) -> tuple[list[str], str]:
+    """(The reasoning blocks of a turn, the turn without them), as the module docstring
+    says: each `<think>` ... `</think>`, an unclosed `<think>` to the end, and the text up
+    to a `</think>` that comes before any `<think>`. Tags that open or close nothing (a
+    second `</think>`) stay in the rest."""
+    blocks: list[str] = []
+    head, closed, tail = text.partition(THINK_CLOSE)
+    if closed and THINK_OPEN not in head:  # opened by the template's generation prompt
+        blocks.append(head)
+        text = tail
+    rest: list[str] = []
+    while True:
+        before, opened, after = text.partition(THINK_OPEN)
+        rest.append(before)
+        if not opened:
+            return blocks, "".join(rest)
+        inside, closed, text = after.partition(THINK_CLOSE)
+        blocks.append(inside)
+        if not closed:
+            return blocks, "".join(rest)
 
 
 # What Python's json raises on text it cannot read: a `JSONDecodeError` (a `ValueError`) for

@@ -7,7 +7,8 @@ A `Tool` (`tools/protocol.py`: ToRL's Python interpreter, Search-R1's retriever,
 reads the response so far and answers with the text to append, or None to end the sample.
 `ToolEnv` puts it behind the environment API (`agents/env.py`) in the text format: its turns
 end on the tool's stop strings (and on the end-of-turn token when the tool says so), each
-turn hands the tool the whole response so far, a `str` observation is appended as it is, the
+turn hands the tool the whole response so far, a `str` observation is appended as it is (as
+plain text: `tools.special_tokens.encode_observation`), the
 prompt is the data pipeline's (`reset` returns no messages), and the run's reward scores the
 finished response (`uses_run_reward`). So an episode has exactly the tokens, masks and
 rewards the tool alone gives through the sampler (`tests/agents/test_tool_env.py` checks it

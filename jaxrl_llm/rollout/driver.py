@@ -28,8 +28,10 @@
   included), ending at the stop string even when the token that completed it carries more
   text (`protocol.text_for_tool`). It returns the observation text, or None to end the
   sample. Another stop string (the run's own) ends the sample.
-  The observation's tokens are appended to the sample's cache row (`Engine.append_tokens`,
-  no re-prefill), marked 0 in `response_mask`, and sampling resumes in the same slot.
+  The observation's tokens (`special_tokens.encode_observation`: a tool's text is plain
+  text, special-token strings in it included; only a chat template's own markers are
+  special) are appended to the sample's cache row (`Engine.append_tokens`, no re-prefill),
+  marked 0 in `response_mask`, and sampling resumes in the same slot.
   Other slots keep decoding while a tool runs.
 - Partial rollouts (`refresh`): before each device call the driver asks for newer weights;
   the samples still decoding continue with them on the KV they have, later samples start
@@ -63,6 +65,7 @@ from jaxrl_llm.rollout.engine import Engine
 from jaxrl_llm.rollout.records import DecodeState, StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_seed
 from jaxrl_llm.tools.protocol import ToolCallback, ask, hands_over, text_for_tool, turn_rules
+from jaxrl_llm.tools.special_tokens import encode_observation
 from jaxrl_llm.types import FINISH_REASONS as FINISH_REASONS  # importable from here too
 from jaxrl_llm.types import Completion
 
@@ -414,7 +417,8 @@ class RolloutDriver:
         call.free.append(b)
 
     def encode_observation(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """The ids appended for a tool's observation, as the vLLM sampler appends them."""
+        return encode_observation(self.tokenizer, text)
 
 
 def generate(

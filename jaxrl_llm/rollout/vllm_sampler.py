@@ -21,9 +21,11 @@
 - **Tool turns.** A sample that stops on a tool's stop string hands its response text, ending
   at the stop string (`protocol.text_for_tool`), to the tool in a worker thread while vLLM
   goes on decoding the others (a stop string of the run's own ends the sample); the
-  observation's tokens are appended (response mask 0, logprob 0) and the sample continues
-  as a new request of prompt + response so far (a prefix-cache hit), with the budget left
-  and a fresh seed per turn: the same tokens, masks and budgets as `rollout/driver.py`.
+  observation's tokens (`special_tokens.encode_observation`, as the JAX driver encodes
+  them: a tool's text is plain text) are appended (response mask 0, logprob 0) and the
+  sample continues as a new request of prompt + response so far (a prefix-cache hit), with
+  the budget left and a fresh seed per turn: the same tokens, masks and budgets as
+  `rollout/driver.py`.
 - **Partial rollouts** (`refresh`, `RLConfig.partial_rollouts`): requests stream each step's
   new tokens; when newer weights arrive between two engine steps, the live requests are
   aborted, the weights pushed (the prefix cache emptied) and each sample re-submitted as
@@ -66,6 +68,7 @@ from jaxrl_llm.rollout.sampler import (
 from jaxrl_llm.rollout.sampling import SamplingParams, sample_seed
 from jaxrl_llm.rollout.vllm_engine import cpu_engine_args, import_vllm, load_weights, new_llm
 from jaxrl_llm.tools.protocol import ask, hands_over, text_for_tool, turn_rules
+from jaxrl_llm.tools.special_tokens import encode_observation
 from jaxrl_llm.types import Completion
 
 log = logging.getLogger(__name__)
@@ -342,7 +345,7 @@ class VllmSampler:
             if obs is None:
                 call.finish(s, s.completion(s.turn_end, self._text(s)))
                 continue
-            obs_ids = list(self.tokenizer(obs, add_special_tokens=False)["input_ids"])
+            obs_ids = encode_observation(self.tokenizer, obs)
             budget = s.params.max_new_tokens - len(s.tokens)
             fit = max(0, min(len(obs_ids), budget))
             s.insert(obs_ids[:fit], call.version)

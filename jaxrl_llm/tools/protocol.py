@@ -8,6 +8,10 @@ One tool turn, as the rollout driver runs it:
      string that is not the tool's (`RolloutConfig.stop`) ends the sample (`hands_over`).
   2. `observation = tool(text_so_far)`; None means "no call here": the sample is finished.
   3. The observation is tokenised, appended, and masked out of the policy loss and the KL.
+     It is plain text: a special token's string in it ("<|im_end|>") is ordinary characters,
+     never the control token (`special_tokens.encode_observation`, on every backend). A
+     tool that writes markup of its own (a chat template's turn markers) returns a
+     `special_tokens.Observation`, a `str` whose markup parts keep their special tokens.
   4. Generation continues, for at most the configured number of tool calls.
 A tool whose turns end with the model's end-of-turn token rather than a stop string (chat
 tool calling, `agents/chat.py`) sets `turn_ends_on_eos = True`: a sample that stops on EOS is
@@ -24,9 +28,10 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Tool(Protocol):
-    """A tool: the model's text so far in, the observation text to append out (or None).
-    Samplers call it from worker threads, several samples at once; `close()`, when it has
-    one, runs when the run ends or fails."""
+    """A tool: the model's text so far in, the observation text to append out (or None),
+    plain text unless it is an `Observation` with markup parts (step 3 above). Samplers call
+    it from worker threads, several samples at once; `close()`, when it has one, runs when
+    the run ends or fails."""
 
     name: str
     stop_strings: tuple[str, ...]
