@@ -15,7 +15,7 @@ LABELS = {"correct": 1.0, "incorrect": 0.0, "partly correct": 0.5}
     ("parser", "text", "score"),
     [
         ("number", "Reasoning... Score: 8", 8.0),
-        ("number", "Rating: 7/10", 7.0),  # a fraction reads as its numerator
+        ("number", "Rating: 7/10", None),  # over 10, not over `scale` (1): another scale
         ("number", "between 1 and 10, I give 1,000", 1000.0),
         ("number", "no digits at all", None),
         ("boxed", r"so \boxed{1} and that is all", 1.0),
@@ -24,7 +24,8 @@ LABELS = {"correct": 1.0, "incorrect": 0.0, "partly correct": 0.5}
         ("boxed", r"\boxed{maybe}", None),
         ("boxed", "1", None),  # no box
         ("label", "The answer is incorrect.", 0.0),  # "correct" inside "incorrect": not it
-        ("label", "incorrect at first, but CORRECT in the end", 1.0),  # the last label
+        ("label", "incorrect at first, but CORRECT in the end", None),  # they disagree
+        ("label", "Incorrect at first. Verdict: CORRECT.", 1.0),  # a verdict line decides
         ("label", "It is partly correct.", 0.5),
         ("label", "no verdict", None),
     ],
