@@ -106,40 +106,39 @@ def export_policy(
 ) -> int:
     """Write the policy of `run_dir`'s checkpoint `step` (latest if None) to `out`: HF
     safetensors (`fmt='merged'`; a LoRA run's adapters folded in) or, for a LoRA run, a
-    PEFT adapter folder (`fmt='peft'`)."""
+    PEFT adapter folder (`fmt='peft'`). A LoRA run's adapters go only onto the base they
+    trained on (`checkpoint.check_base`, by content: the base may have moved)."""
     from jaxrl_llm.assets import resolve_checkpoint
-    from jaxrl_llm.config import ConfigError, parse_gin
-    from jaxrl_llm.learner.checkpoint import Checkpointer
+    from jaxrl_llm.config import ConfigError
+    from jaxrl_llm.learner.checkpoint import base_identity, check_base
     from jaxrl_llm.learner.lora import split_trainable
-    from jaxrl_llm.learner.rl_config import RLConfig
     from jaxrl_llm.models import from_pretrained, load_tokenizer
     from jaxrl_llm.models.lora import merge_adapters
 
     run_dir = epath.Path(run_dir)
-    if not (run_dir / "config.gin").is_file():
-        what = "no config.gin in it" if run_dir.is_dir() else "no such folder"
-        raise ConfigError(
-            f"--run {str(run_dir)!r}: {what}; expected a jaxrl-llm run directory (the run_dir "
-            "of `jaxrl-llm train`, with config.gin and checkpoints/); fix the path"
-        )
-    parse_gin([], [(run_dir / "config.gin").read_text()])  # gin's own reader is local-only
-    cfg = RLConfig()
+    cfg = _run_config(run_dir)
     lora = cfg.policy.lora
     if fmt == "peft" and lora is None:
         raise ConfigError(f"--format peft: {run_dir} is not a LoRA run (PolicyConfig.lora = None)")
     field = f"{run_dir / 'config.gin'}: PolicyConfig.checkpoint"
     src = resolve_checkpoint(cfg.policy.checkpoint, field, tokenizer=fmt != "peft")
-    ckpt = Checkpointer(run_dir / "checkpoints", read_only=True)  # the run may be live
-    steps = ckpt.all_steps()
-    step = ckpt.latest_step() if step is None else step
-    if step is None or step not in steps:
+    ckpt, step = _open_step(run_dir, step)
+    try:
+        if lora is not None:  # the checkpoint holds adapters: they merge onto their own base
+            check_base(
+                ckpt.read_extra(step).get("base"),
+                base_identity(src, cfg.policy),
+                field=f"PolicyConfig.checkpoint in {run_dir / 'config.gin'}",
+                step_dir=str(ckpt.directory / str(step)),
+                loaded_as=False,  # the export merges into the float weights either way
+                fix="then export again",
+            )
+        model = from_pretrained(src, dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype)
+        graphdef, params, frozen, _ = split_trainable(model, lora, seed=cfg.seed, reference=False)
+        ckpt.check_fits(step, params, under="policy/params")
+        raw = _unwrap_variables(ckpt.restore_raw(step)["policy"]["params"])
+    finally:
         ckpt.close()
-        flag = f"--step {step}: no complete checkpoint" if step is not None else "no checkpoint"
-        fix = f"pass --step with one of {steps}" if steps else "export after the first save"
-        raise ConfigError(f"--run {str(run_dir)!r}: {flag} in {ckpt.directory}; {fix}")
-    model = from_pretrained(src, dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype)
-    graphdef, params, frozen, _ = split_trainable(model, lora, seed=cfg.seed, reference=False)
-    raw = _unwrap_variables(ckpt.restore_raw(step)["policy"]["params"])
     nnx.replace_by_pure_dict(params, jax.tree.map(np.asarray, raw))
     model = nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
     if fmt == "peft":
@@ -148,9 +147,40 @@ def export_policy(
         if lora is not None:
             model = merge_adapters(model)
         save_pretrained_to(model, out, tokenizer=load_tokenizer(src))
-    ckpt.close()
     log.info("exported %s step %d to %s", run_dir, step, out)
     return step
+
+
+def _run_config(run_dir: epath.Path) -> Any:
+    """The `RLConfig` of the run in `run_dir` (its config.gin)."""
+    from jaxrl_llm.config import ConfigError, parse_gin
+    from jaxrl_llm.learner.rl_config import RLConfig
+
+    if not (run_dir / "config.gin").is_file():
+        what = "no config.gin in it" if run_dir.is_dir() else "no such folder"
+        raise ConfigError(
+            f"--run {str(run_dir)!r}: {what}; expected a jaxrl-llm run directory (the run_dir "
+            "of `jaxrl-llm train`, with config.gin and checkpoints/); fix the path"
+        )
+    parse_gin([], [(run_dir / "config.gin").read_text()])  # gin's own reader is local-only
+    return RLConfig()
+
+
+def _open_step(run_dir: epath.Path, step: int | None) -> tuple[Any, int]:
+    """The run's checkpoints, read-only (the run may be live), and `step` (None: the
+    latest), which must be complete."""
+    from jaxrl_llm.config import ConfigError
+    from jaxrl_llm.learner.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(run_dir / "checkpoints", read_only=True)
+    steps = ckpt.all_steps()
+    step = ckpt.latest_step() if step is None else step
+    if step is None or step not in steps:
+        ckpt.close()
+        flag = f"--step {step}: no complete checkpoint" if step is not None else "no checkpoint"
+        fix = f"pass --step with one of {steps}" if steps else "export after the first save"
+        raise ConfigError(f"--run {str(run_dir)!r}: {flag} in {ckpt.directory}; {fix}")
+    return ckpt, step
 
 
 def _unwrap_variables(tree):

@@ -32,7 +32,7 @@ from jaxrl_llm.data.pipeline import PromptIterator
 from jaxrl_llm.data.prompts import PromptData, check_data_files, prompt_data
 from jaxrl_llm.learner import ahead as ahead_lib
 from jaxrl_llm.learner import lora as lora_lib
-from jaxrl_llm.learner.checkpoint import Checkpointer
+from jaxrl_llm.learner.checkpoint import Checkpointer, base_identity, check_base
 from jaxrl_llm.learner.experience import make_experience_fn
 from jaxrl_llm.learner.optim import make_optimizer
 from jaxrl_llm.learner.rl_config import MeshConfig, RLConfig
@@ -210,27 +210,24 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
     check_data_files(cfg.data)  # a wrong path fails before the model loads
     _check_one_process(cfg)
     run_dir = epath.Path(cfg.resolved_run_dir())
-    ckpt = Checkpointer(run_dir / "checkpoints")
-    step0 = ckpt.latest_step()
-    if step0 is not None and not resume:
+    ckpt, step0 = _open_checkpoints(cfg, run_dir, resume)
+    try:
+        learner = build_learner(cfg)
+        data_root, scratch = _data_root(run_dir)
+        data = prompt_data(cfg.data, learner.tokenizer, data_root)
+        prompts = data.train.iterator()
+        state = learner.state
+        ahead: dict[int, ahead_lib.Batch] = {}
+        if step0 is not None:
+            restored, extra = ckpt.restore(step0, device_state(state))
+            state.policy, state.critic = restored["policy"], restored.get("critic")
+            prompts.set_state(extra["data"])
+            ahead = dict(ahead_lib.decode(record) for record in extra.get("ahead", []))
+            state.step = step0
+            log.info("resumed from %s step %d", ckpt.directory, step0)
+    except BaseException:
         ckpt.close()
-        raise RunDirInUseError(
-            f"run_dir {run_dir} already has checkpoints (step {step0}): pass --resume to "
-            "continue that run, or choose another run_dir (--run_dir / RLConfig.run_dir)"
-        )
-    learner = build_learner(cfg)
-    data_root, scratch = _data_root(run_dir)
-    data = prompt_data(cfg.data, learner.tokenizer, data_root)
-    prompts = data.train.iterator()
-    state = learner.state
-    ahead: dict[int, ahead_lib.Batch] = {}
-    if resume and step0 is not None:
-        restored, extra = ckpt.restore(step0, device_state(state))
-        state.policy, state.critic = restored["policy"], restored.get("critic")
-        prompts.set_state(extra["data"])
-        ahead = dict(ahead_lib.decode(record) for record in extra.get("ahead", []))
-        state.step = step0
-        log.info("resumed from %s step %d", ckpt.directory, step0)
+        raise
     rollout = RolloutStage(
         cfg.rollout, learner.policy, learner.tokenizer, learner.mesh,
         max_prompt_length=cfg.data.max_prompt_length, seed=cfg.seed,
@@ -258,6 +255,35 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
         cfg, run_dir, learner, data, prompts, rollout, reward, ckpt, resume, generations, scratch,
         ahead, val_reward,
     )  # fmt: skip
+
+
+def _open_checkpoints(
+    cfg: RLConfig, run_dir: epath.Path, resume: bool
+) -> tuple[Checkpointer, int | None]:
+    """The run's checkpointer, recording the policy's base (`checkpoint.base_identity`) in
+    every save, and the step to resume from (None: a fresh start). A run directory with
+    checkpoints needs `resume`; with it, a base other than the checkpoint's is refused here,
+    before any model loads, when its weights are part of the resumed run (a LoRA run's
+    frozen base, or a KL term's reference)."""
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    try:
+        step0 = ckpt.latest_step()
+        if step0 is not None and not resume:
+            raise RunDirInUseError(
+                f"run_dir {run_dir} already has checkpoints (step {step0}): pass --resume to "
+                "continue that run, or choose another run_dir (--run_dir / RLConfig.run_dir)"
+            )
+        src = resolve_checkpoint(cfg.policy.checkpoint, "PolicyConfig.checkpoint")
+        ckpt.base = base_identity(src, cfg.policy)
+        if step0 is not None and (cfg.policy.lora is not None or cfg.needs_reference):
+            check_base(
+                ckpt.read_extra(step0).get("base"), ckpt.base, field="PolicyConfig.checkpoint",
+                step_dir=str(ckpt.directory / str(step0)), loaded_as=cfg.policy.lora is not None,
+            )  # fmt: skip
+    except BaseException:
+        ckpt.close()
+        raise
+    return ckpt, step0
 
 
 def _data_root(run_dir: epath.Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:

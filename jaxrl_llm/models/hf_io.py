@@ -139,7 +139,7 @@ def read_config(path: str | os.PathLike) -> dict:
         raise CheckpointError(f"{str(cfg_file)!r} is not valid JSON: {e}") from e
 
 
-def _weight_files(path: Path) -> dict[str, Path]:
+def weight_files(path: Path) -> dict[str, Path]:
     """HF tensor name -> file holding it."""
     index = path / INDEX_FILE
     if index.is_file():
@@ -165,7 +165,7 @@ def _weight_files(path: Path) -> dict[str, Path]:
 def tensor_names(path: str | os.PathLike) -> set[str]:
     """The Hugging Face names of the tensors a checkpoint folder holds (single file or shards),
     read from the headers only: what a caller checks before loading (e.g. a score head)."""
-    return set(_weight_files(Path(path)))
+    return set(weight_files(Path(path)))
 
 
 def _tensor_names(file: Path) -> list[str]:
@@ -218,7 +218,7 @@ def from_pretrained(
         scan_layers=scan_layers,
         stop_token_ids=extra_stop_ids(path, hf.get("eos_token_id")),
     )
-    files = _weight_files(path)
+    files = weight_files(path)
     ctx = ShardingContext(mesh, rules) if mesh is not None else None
     abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0), sharding=ctx))
     graphdef, state = nnx.split(abstract)
