@@ -11,7 +11,7 @@ from hypothesis import given, settings
 
 import jaxrl_llm.algorithms as alg
 from jaxrl_llm.algorithms import resolve
-from jaxrl_llm.testing import float32_sum_tolerance
+from jaxrl_llm.testing import FLOAT32_EPS, float32_sum_tolerance
 
 # under jit: one compile per call instead of one per primitive (keeps the suite fast)
 grpo_advantages = jax.jit(alg.grpo_advantages, static_argnums=1, static_argnames="norm_by_std")
@@ -58,6 +58,58 @@ def gae_tolerance(rewards, values, mask, gamma, lam):
                 next_v = values[b, t]
             tol[b, t] = e
     return tol * mask
+
+
+def gae_returns_tolerance(rewards, values, mask, gamma, lam):
+    """The bound on |float32 - exact| returns ``A + V`` of `np_gae`, the raw advantages' bound
+    (`gae_tolerance`) plus the addition's rounding: no relative bound fits, as A + V cancels
+    (|V| ~ 10 gave |returns| ~ 1e-3 in issue #26)."""
+    adv, _ = np_gae(rewards, values, mask, gamma, lam)
+    e_adv = gae_tolerance(rewards, values, mask, gamma, lam)
+    return (e_adv + float32_sum_tolerance([adv, values])) * mask
+
+
+def whiten_tolerance(x, e_x, mask, whitened):
+    """The bound on |float32 - exact| for ``masked_whiten(x, mask) * mask`` (``(x - mean) *
+    rsqrt(var + 1e-8)``, unbiased var) from ``x``'s float64 values, the bound ``e_x`` on their
+    own float32 error (0 for inputs) and the float64 ``whitened``: the mean errs by the
+    inputs' worst error, its sum's and its division's roundings; the centred values by that
+    and the subtraction (e_c); the variance by 2 sum|c| e_c and its sum's roundings; the
+    scale relatively by half the variance's error and 4 roundings (divisions, sqrt,
+    reciprocal, product). First order in eps32."""
+    x, mask = np.asarray(x, np.float64), np.asarray(mask, np.float64)
+    a, n, e_in = x[mask > 0], mask.sum(), np.max(e_x)
+    centred = a - a.mean()
+    var = (centred**2).sum() / (n - 1)
+    e_mean = e_in + float32_sum_tolerance(a) / n + FLOAT32_EPS * abs(a.mean())
+    e_c = e_in + e_mean + FLOAT32_EPS * (np.abs(a) + abs(a.mean())).max()
+    e_var = (2 * np.abs(centred).sum() * e_c + float32_sum_tolerance(centred**2)) / (n - 1)
+    e_scale = e_var / (2 * var) + 4 * FLOAT32_EPS
+    return (e_c / np.sqrt(var) + np.abs(whitened) * e_scale) * mask
+
+
+def grpo_tolerance(r):
+    """The bound on |float32 - exact| for `grpo_advantages` of ``r`` [groups, G] (float64
+    values of float32 rewards), per element: the group mean errs by its sum's and
+    division's roundings (e_m), each centred value by e_m and the subtraction (e_c), the
+    unbiased variance by 2 sum|c| e_c, its sum's roundings and the division, the std by
+    half that over s (at most the root of it when s ~ 0) and the sqrt; then s + 1e-6 and the
+    final division round once each. First order in eps32."""
+    g = r.shape[1]
+    m = r.mean(1, keepdims=True)
+    c = r - m
+    var = (c**2).sum(1, keepdims=True) / (g - 1)
+    s, eps = np.sqrt(var), FLOAT32_EPS
+    e_m = float32_sum_tolerance(r, axis=1)[:, None] / g + eps * np.abs(m)
+    e_c = e_m + eps * np.abs(c)
+    e_var = (
+        2 * (np.abs(c) * e_c).sum(1, keepdims=True) + float32_sum_tolerance(c**2, axis=1)[:, None]
+    )
+    e_var = e_var / (g - 1) + eps * var
+    e_s = np.minimum(e_var / (2 * np.maximum(s, 1e-300)), np.sqrt(e_var)) + eps * s
+    d = s + 1e-6
+    adv = c / d
+    return e_c / d + np.abs(adv) * ((e_s + eps * d) / d + eps)
 
 
 # ------------------------------------------------------------------------------------------ GRPO
@@ -116,7 +168,10 @@ def test_grpo_group_properties(groups, group_size, seed):
     n, eps32 = group_size, np.finfo(np.float32).eps
     bound = 4 * n * eps32 * (np.abs(r).max(axis=1) / (s + 1e-6) + np.abs(adv).max(axis=1))
     assert np.all(np.abs(adv.astype(np.float64).mean(axis=1)) <= bound)
-    np.testing.assert_allclose(adv.std(axis=1, ddof=1), s / (s + 1e-6), rtol=1e-4)
+    # The std (in float64) of advantages each within e of the exact ones is within
+    # ||e|| / sqrt(n - 1) of the exact advantages' std, s / (s + 1e-6): a seminorm.
+    e_std = np.sqrt((grpo_tolerance(r) ** 2).sum(1) / (n - 1))
+    assert np.all(np.abs(adv.astype(np.float64).std(axis=1, ddof=1) - s / (s + 1e-6)) <= e_std)
     # order within a group is preserved
     assert np.all(np.sign(np.diff(adv, axis=1)) == np.sign(np.diff(r, axis=1)))
 
@@ -128,7 +183,11 @@ def test_grpo_against_numpy_loop():
     for g in range(6):  # explicit per-group loop, as verl's index bookkeeping does
         grp = rewards[g * 4 : (g + 1) * 4].astype(np.float64)
         expected[g * 4 : (g + 1) * 4] = (grp - grp.mean()) / (grp.std(ddof=1) + 1e-6)
-    np.testing.assert_allclose(grpo_advantages(jnp.asarray(rewards), 4), expected, **TOL)
+    # Integer rewards, groups of 4: the sums, the mean and the centred rewards are exact in
+    # float32; the variance's divide, the sqrt, the + 1e-6 and the final divide round at
+    # most 6 times, within 4 eps32 of |A| (tests/learner/test_experience.py's overlong test).
+    got = np.asarray(grpo_advantages(jnp.asarray(rewards), 4), np.float64)
+    np.testing.assert_array_less(np.abs(got - expected), 4 * FLOAT32_EPS * np.abs(expected) + 1e-30)
 
 
 # ------------------------------------------------------------------------------------------ RLOO
@@ -205,11 +264,21 @@ def test_gae_returns_before_whitening_and_masked_whitening():
     adv, ret = gae_advantages(
         jnp.asarray(rewards), jnp.asarray(values), jnp.asarray(mask), gamma=0.99, lam=0.95
     )
-    np.testing.assert_allclose(ret, ref_ret, **TOL)
-    np.testing.assert_allclose(adv, np_whiten(ref_adv, mask), rtol=1e-5, atol=1e-5)
-    whitened = np.asarray(adv)[mask > 0]
-    np.testing.assert_allclose(whitened.mean(), 0.0, atol=1e-5)
-    np.testing.assert_allclose(whitened.std(ddof=1), 1.0, rtol=1e-4)
+    r64, v64 = rewards.astype(np.float64), values.astype(np.float64)
+    e_raw = gae_tolerance(r64, v64, mask, 0.99, 0.95)
+    e_ret = gae_returns_tolerance(r64, v64, mask, 0.99, 0.95)
+    want = np_whiten(ref_adv, mask)
+    e_adv = whiten_tolerance(ref_adv, e_raw, mask, want)
+    assert max(e_ret.max(), e_adv.max()) < 1e-4  # rounding, far below a bug's size
+    np.testing.assert_array_less(np.abs(np.asarray(ret, np.float64) - ref_ret), e_ret + 1e-30)
+    np.testing.assert_array_less(np.abs(np.asarray(adv, np.float64) - want), e_adv + 1e-30)
+    # Taken in float64, the mean and std of values each within e_adv of exactly whitened
+    # ones (mean 0, std sqrt(var / (var + 1e-8))) are within mean(e_adv) and ||e_adv|| /
+    # sqrt(n - 1) of those.
+    on = mask > 0
+    whitened, e, n = np.asarray(adv, np.float64)[on], e_adv[on], on.sum()
+    assert abs(whitened.mean()) <= e.mean()
+    assert abs(whitened.std(ddof=1) - want[on].std(ddof=1)) <= np.sqrt((e**2).sum() / (n - 1))
 
 
 @settings(max_examples=20, deadline=None)
@@ -228,7 +297,10 @@ def test_gae_matches_loop_and_ignores_padding(seed, gamma, lam):
         lam=lam,
         whiten=False,
     )
-    np.testing.assert_allclose(ret, ref_ret, rtol=1e-5, atol=1e-5)
+    e_ret = gae_returns_tolerance(rewards.astype(np.float64), values.astype(np.float64), mask,
+                                  gamma, lam)  # fmt: skip
+    assert e_ret.max() < 1e-4
+    np.testing.assert_array_less(np.abs(np.asarray(ret, np.float64) - ref_ret), e_ret + 1e-30)
     # extra right padding (garbage rewards and values under mask 0) changes nothing
     pad = lambda x, v: np.concatenate([x, np.full((3, 2), v, np.float32)], axis=1)
     adv_p, ret_p = gae_advantages(

@@ -59,14 +59,20 @@ def batch():
 
 
 def test_hand_values():
+    """Within the float32 bound of the float64 values on the same (float32) logits, which
+    are the hand values but for ln 3's rounding: half an ulp, |d logp / dx| <= 1 and
+    |dH / dx| = p |s - E| <= 1 here."""
     # logits [0, ln 3] -> probs [1/4, 3/4]
     logits = jnp.array([[[0.0, np.log(3.0)]]])
-    np.testing.assert_allclose(
-        token_logprobs(logits, jnp.array([[1]])), [[np.log(0.75)]], rtol=1e-6
-    )
+    (lp, ent, _), (e_lp, e_ent, _) = _exact_and_bounds(logits, [[1]])
     h = -(0.25 * np.log(0.25) + 0.75 * np.log(0.75))
-    np.testing.assert_allclose(entropy(logits), [[h]], rtol=1e-6)
-    np.testing.assert_allclose(entropy(jnp.zeros((1, 1, 8))), [[np.log(8)]], rtol=1e-6)
+    input_rounding = FLOAT32_EPS / 2 * np.log(3.0)
+    assert abs(lp - np.log(0.75)) <= input_rounding and abs(ent - h) <= input_rounding
+    _assert_within(((token_logprobs(logits, jnp.array([[1]])), lp),), e_lp, "logp")
+    _assert_within(((entropy(logits), ent),), e_ent, "entropy")
+    # Uniform: s = 0 exactly, so log Z = ln 8 is one log (2 eps) and p s = 0: H = log Z.
+    h8 = entropy(jnp.zeros((1, 1, 8)))
+    _assert_within(((h8, [[np.log(8)]]),), 2 * FLOAT32_EPS * np.log(8), "uniform")
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -80,8 +86,10 @@ def test_matches_numpy_and_chunking(batch, temperature, chunk_size):
     lp, ent = jax.jit(lambda lg, tk: (alg.token_logprobs(lg, tk, **kw), alg.entropy(lg, **kw)))(
         jnp.asarray(logits), jnp.asarray(tokens)
     )
-    np.testing.assert_allclose(lp, expected_lp, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ent, expected_ent, rtol=1e-5, atol=1e-5)
+    # float32 against float64 on the same logits: within the derived bounds.
+    (lp64, ent64, _), (e_lp, e_ent, _) = _exact_and_bounds(logits, tokens, temperature)
+    _assert_within(((lp, expected_lp), (lp, lp64)), e_lp, "logp")
+    _assert_within(((ent, expected_ent), (ent, ent64)), e_ent, "entropy")
 
 
 def test_chunked_gradients_equal_unchunked(batch):
@@ -108,14 +116,24 @@ def test_gradient_sign_raises_chosen_token(batch):
     g = jax.grad(lambda lg: token_logprobs(lg, tokens).sum())(logits)
     chosen = np.take_along_axis(np.asarray(g), np.asarray(tokens)[..., None], -1)
     assert np.all(chosen > 0)  # d logp_y / d x_y = 1 - p_y > 0
-    np.testing.assert_allclose(np.asarray(g).sum(-1), 0.0, atol=1e-5)
+    # 1_y - p sums to 0 exactly: the float32 gradient's sum (taken in float64) errs by its
+    # elements' errors, p's (exp of logp's bound, 2 eps more) and the subtraction's.
+    lp, e_lp = log_softmax_tolerance(batch[0])
+    p = np.exp(lp)
+    one_hot = np.eye(p.shape[-1])[batch[1]]
+    e_g = p * (e_lp + 2 * FLOAT32_EPS) + FLOAT32_EPS * np.abs(one_hot - p)
+    _assert_within(((np.asarray(g, np.float64).sum(-1), 0.0),), e_g.sum(-1), "sum")
 
 
 def test_large_logits_and_bfloat16_are_finite():
     logits = jnp.array([[[1e4, -1e4, 0.0], [3e4, 3e4, 3e4]]], dtype=jnp.float32)
     lp = token_logprobs(logits, jnp.array([[0, 2]]))
-    np.testing.assert_allclose(lp, [[0.0, -np.log(3.0)]], atol=1e-5)
-    np.testing.assert_allclose(entropy(logits), [[0.0, np.log(3.0)]], atol=1e-5)
+    # Shifted by the max, row 0 is [0, -2e4, -1e4]: exp gives [1, 0, 0] exactly, so
+    # log Z = 0, logp = 0 and H = 0 - sum(p s) = 0 exactly; row 1 is [0, 0, 0]: log Z = ln 3
+    # (one log, 2 eps), logp = -ln 3 and H = ln 3. A large-logit loss of digits would not fit.
+    tol = 2 * FLOAT32_EPS * np.log(3.0) * np.array([[0.0, 1.0]])
+    _assert_within(((lp, [[0.0, -np.log(3.0)]]),), tol, "logp")
+    _assert_within(((entropy(logits), [[0.0, np.log(3.0)]]),), tol, "entropy")
     bf = jnp.asarray(np.random.default_rng(1).normal(size=(2, 6, 50)) * 20, jnp.bfloat16)
     tok = jnp.zeros((2, 6), jnp.int32)
     for chunk in (None, 4):
@@ -156,7 +174,9 @@ def test_shape_mismatch_is_an_error():
 def test_temperature_may_be_traced(batch):
     logits, tokens = map(jnp.asarray, batch)
     traced = jax.jit(alg.token_logprobs)(logits, tokens, temperature=jnp.float32(0.7))
-    np.testing.assert_allclose(traced, token_logprobs(logits, tokens, temperature=0.7), rtol=1e-6)
+    static = token_logprobs(logits, tokens, temperature=0.7)
+    (lp, _, _), (e_lp, _, _) = _exact_and_bounds(*batch, temperature=0.7)  # two programs
+    _assert_within(((traced, static), (traced, lp), (static, lp)), e_lp, "logp")
 
 
 def _head_case(seed=0, b=3, t=11, d=8, v=17):
@@ -229,8 +249,15 @@ def test_head_logprobs_entropy_modes():
     lp_off, ent_off = run("off")
     lp_metric, ent_metric = run("metric")
     assert ent_off is None and ent_metric is not None
-    np.testing.assert_allclose(lp_off, lp_metric, rtol=1e-6)  # two programs: float32 rounding
-    np.testing.assert_allclose(ent_metric, _full_head(hidden, w, tokens, mask, 1.0)[1], rtol=1e-5)
+    # Two programs and the float64 values: the bounds of `test_head_logprobs_equal_the_full_
+    # logits_path` (the logits' D-sum error carried into the log-softmax).
+    h64, w64, m64 = (np.asarray(x, np.float64) for x in (hidden, w, mask))
+    terms = h64[..., None] * w64  # [B, T, D, V]
+    exact, tols = _exact_and_bounds(h64 @ w64, tokens, 1.0, float32_sum_tolerance(terms, -2))
+    full_ent = _full_head(hidden, w, tokens, mask, 1.0)[1]
+    lp64, ent64 = exact[0] * m64, exact[1] * m64
+    _assert_within(((lp_off, lp_metric), (lp_off, lp64), (lp_metric, lp64)), tols[0] * m64, "lp")
+    _assert_within(((ent_metric, full_ent), (ent_metric, ent64)), tols[1] * m64, "entropy")
     # "metric": the value without a gradient; "loss": with it.
     grad = lambda mode: jax.grad(
         lambda w: jnp.sum(alg.head_logprobs(hidden, tokens, mask, lambda x: x @ w, entropy=mode)[1])

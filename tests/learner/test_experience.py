@@ -9,7 +9,15 @@ from flax import nnx
 import jaxrl_llm.algorithms as alg
 from jaxrl_llm.learner.experience import advantage_fn, make_experience_fn, shift_right
 from jaxrl_llm.learner.rl_config import AlgoConfig
-from jaxrl_llm.testing import FLOAT32_EPS, float32_sum_tolerance, tiny_config
+from jaxrl_llm.testing import (
+    FLOAT32_EPS,
+    as_float64,
+    assert_as_accurate,
+    float32_sum_tolerance,
+    float64_twin,
+    tiny_config,
+)
+from tests.algorithms.test_advantages import whiten_tolerance
 
 from .rl_helpers import random_rows
 
@@ -35,6 +43,13 @@ def _full_logprobs(model, ids):
     """The pre-#15 forward: float32 logits on every position, then the log-softmax."""
     logits = model(ids[:, :-1])
     return shift_right(alg.token_logprobs(logits, ids[:, 1:], temperature=TEMP))
+
+
+def _exact_logprobs(model, ids):
+    """`_full_logprobs` in float64 (`testing.float64_twin`): the exact value that the pass's
+    forwards and the separate ones are measured against (`testing.assert_as_accurate`)."""
+    with jax.enable_x64(True):
+        return np.asarray(_full_logprobs(float64_twin(model), as_float64(ids)))
 
 
 def _advantages_f64(algo, scores, loss, old, ref, values):
@@ -64,17 +79,23 @@ def _advantage_tolerances(algo, loss, old, ref, values, adv, returns, rewards):
         next_v, last = np.where(keep, values[:, t], next_v), np.where(keep, raw[:, t], last)
         e_raw[:, t] = carried
     e_returns = (e_raw + float32_sum_tolerance([raw, values])) * loss
-    # Whitening (x - mean) / sqrt(var): the centred values err by e_c, the variance by e_var.
-    a, n = raw[loss > 0], loss.sum()
-    centred = a - a.mean()
-    var = (centred**2).sum() / (n - 1)
-    e_mean = e_raw.max() + float32_sum_tolerance(a) / n + FLOAT32_EPS * abs(a.mean())
-    e_c = e_raw.max() + e_mean + FLOAT32_EPS * (np.abs(a) + abs(a.mean())).max()
-    e_var = (2 * np.abs(centred).sum() * e_c + float32_sum_tolerance(centred**2)) / (n - 1)
-    e_scale = e_var / (2 * var) + 4 * FLOAT32_EPS  # relative: var, sqrt, reciprocal, product
-    e_adv = (e_c / np.sqrt(var) + np.abs(adv) * e_scale) * loss
+    e_adv = whiten_tolerance(raw, e_raw, loss, adv)  # then the whitening
     e_seq = float32_sum_tolerance(rewards, axis=-1) + e_r.sum(-1)
     return e_adv, e_returns, e_seq
+
+
+def _assert_grpo_advantages(adv, scores, loss):
+    """GRPO's advantages of integer ``scores`` (groups of G) on the ``loss`` tokens, against
+    the float64 run: the mean and the centred scores are exact in float32, the rest rounds
+    at most 6 times, within 4 eps32 of |A| (the derivation in
+    `test_overlong_filter_leaves_truncated_samples_out_of_the_loss_only`)."""
+    scores = np.asarray(scores, np.float64)
+    assert np.all(scores == np.round(scores)), "the bound needs integer scores"
+    with jax.enable_x64(True):
+        want = np.asarray(alg.grpo_advantages(jnp.asarray(scores), G))[:, None]
+    want = want * np.asarray(loss, np.float64)
+    err = np.abs(np.asarray(adv, np.float64) - want)
+    np.testing.assert_array_less(err, 4 * FLOAT32_EPS * np.abs(want) + 1e-30)
 
 
 def _mean_tolerance(x, mask):
@@ -102,14 +123,20 @@ def test_experience_pass_equals_separate_forwards(models, old_logprobs):
 
     old, ref_lp = _full_logprobs(policy, ids), _full_logprobs(ref, ids)
     values = shift_right(critic(ids[:, :-1]))
+    with jax.enable_x64(True):
+        values64 = np.asarray(shift_right(float64_twin(critic)(as_float64(ids)[:, :-1])))
+    exact = [_exact_logprobs(policy, ids), _exact_logprobs(ref, ids), values64]
     if not old_logprobs:
         old = jnp.zeros_like(old)  # the on-policy shortcut leaves them out
+        exact[0] = np.zeros_like(exact[0])
     # The forwards: one whole-model program against another (micro-batched, LM head on the
-    # masked positions only), at the whole-model tolerance relative to the outputs.
-    close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    close(batch.old_logprobs, old * response)  # logprobs only on response positions
-    close(batch.ref_logprobs, ref_lp * response)
-    close(batch.old_values, values)
+    # masked positions only; logprobs only on response positions), as accurate as the
+    # separate forwards against the same in float64.
+    r = np.asarray(response, np.float64)
+    got = (batch.old_logprobs, batch.ref_logprobs, batch.old_values)
+    trusted = (old * response, ref_lp * response, values)
+    worst = assert_as_accurate(got, trusted, (exact[0] * r, exact[1] * r, exact[2]))
+    print(f"forwards' error / bound: {worst:.2f}")
     for name, x in (("input_ids", ids), ("loss_mask", loss), ("rollout_logprobs", rollout)):
         np.testing.assert_array_equal(getattr(batch, name), x, err_msg=name)
 
@@ -159,10 +186,11 @@ def test_experience_pass_without_reference_or_critic(models):
     )
     batch, _, metrics = fn(params, None, None, ids, response, response, scores, rollout)
     old = _full_logprobs(policy, ids)
-    np.testing.assert_allclose(batch.old_logprobs, old * response, rtol=1e-5, atol=1e-6)
+    # trusted: the separate forward; exact: the same in float64
+    exact = _exact_logprobs(policy, ids) * np.asarray(response, np.float64)
+    assert_as_accurate(batch.old_logprobs, old * response, exact)
     assert not np.any(np.asarray(batch.ref_logprobs)) and not np.any(np.asarray(batch.old_values))
-    adv, _, _ = advantage_fn(AlgoConfig(), G)(scores, response, old, old, None)
-    np.testing.assert_allclose(batch.advantages, adv, rtol=1e-5, atol=1e-6)
+    _assert_grpo_advantages(batch.advantages, scores, response)
     assert "critic/values/mean" not in metrics
 
 
@@ -251,16 +279,25 @@ def test_trained_tool_output_gets_logprobs_and_no_rollout_mismatch(models):
     batch, _, metrics = fn(params, None, None, ids, response, jnp.asarray(span), scores, rollout)
 
     old = np.asarray(_full_logprobs(policy, ids))
-    close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    close(batch.old_logprobs, old * span)
+    # trusted: the separate forward; exact: the same in float64 (rollout logprobs: exact)
+    exact = _exact_logprobs(policy, ids)
+    got = (batch.old_logprobs, batch.rollout_logprobs)
+    trusted = (old * span, np.where(tool > 0, old, np.asarray(rollout)))
+    exact = (exact * span, np.where(tool > 0, exact, np.asarray(rollout, np.float64)))
+    assert_as_accurate(got, trusted, exact)
     assert np.all(np.asarray(batch.old_logprobs)[tool > 0] < 0)  # computed there, not left 0
     np.testing.assert_array_equal(batch.loss_mask, span)
-    close(batch.rollout_logprobs, np.where(tool > 0, old, np.asarray(rollout)))
-    adv, _, _ = advantage_fn(algo, G)(scores, jnp.asarray(span), jnp.asarray(old), None, None)
-    close(batch.advantages, adv)
-    diff = np.abs(old - np.asarray(rollout))[np.asarray(response) > 0]
-    close(float(metrics["rollout/logprob_diff/mean"]), diff.mean())
-    close(float(metrics["rollout/logprob_diff/max"]), diff.max())
+    _assert_grpo_advantages(batch.advantages, scores, span)
+    # The mismatch metrics: trusted, the separate forward's; exact, the float64 forward's.
+    on = np.asarray(response) > 0
+    rollout64 = np.asarray(rollout, np.float64)
+    diff, diff64 = (np.abs(x - rollout64)[on] for x in (old.astype(np.float64), exact[0]))
+    names = ("rollout/logprob_diff/mean", "rollout/logprob_diff/max")
+    assert_as_accurate(
+        {k: metrics[k] for k in names},
+        dict(zip(names, (diff.mean(), diff.max()), strict=True)),
+        dict(zip(names, (diff64.mean(), diff64.max()), strict=True)),
+    )
 
 
 def test_trained_tool_output_needs_the_old_logprobs(models):
