@@ -8,7 +8,8 @@ ground truth, finish reason, tool calls and each tool output, and the response's
 (model and tool runs, special tokens kept). `jaxrl-llm samples` prints a multi-turn
 response turn by turn: an agent episode reads as the model wrote and saw it. The same text goes to
 TensorBoard's Text tab (tag "generations") when tensorboardX is installed. A resumed run
-rewrites the steps it repeats. `samples/step_N.jsonl` (ids and rewards, for LIMR) is
+rewrites the steps it repeats, and TensorBoard shows those steps' text from the resumed
+run only. `samples/step_N.jsonl` (ids and rewards, for LIMR) is
 separate (`metrics/samples.py`).
 
     jaxrl-llm samples RUN_DIR              # the latest step's generations
@@ -101,9 +102,8 @@ class GenerationLog:
         self.dir = epath.Path(run_dir) / FOLDER
         self.limit, self.tokenizer = limit, tokenizer
         self.active = limit > 0 and jax.process_index() == 0
+        self._run_dir, self._tensorboard = run_dir, self.active and tensorboard
         self._tb = None
-        if self.active and tensorboard:
-            self._tb = summary_writer(run_dir, filename_suffix=".generations")
 
     def write(self, step: int, rollout: Rollout) -> list[Generation]:
         if not self.active:
@@ -118,12 +118,21 @@ class GenerationLog:
             tmp = path.with_suffix(".tmp")
             tmp.write_text(lines, encoding="utf-8")
             tmp.replace(path)  # a reader never sees half a step
+        if self._tensorboard and self._tb is None:
+            # Opened at the first step written, not with the log: a resumed run rewrites
+            # from here, so TensorBoard drops this step and later from earlier files
+            # (unless the metrics writer, open already, did: `tensorboard.summary_writer`).
+            self._tb = summary_writer(
+                self._run_dir, purge_step=step, filename_suffix=".generations"
+            )
+            self._tensorboard = self._tb is not None
         if self._tb is not None:
             self._tb.add_text("generations", markdown(records), step)
             self._tb.flush()
         return records
 
     def close(self) -> None:
+        self._tensorboard = False
         if self._tb is not None:
             self._tb.close()
             self._tb = None

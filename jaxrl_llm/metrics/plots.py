@@ -4,7 +4,8 @@
 `dashboard_<group>.png` per metric group: reward and validation score; response length
 and clip ratio; pg_loss, KL and entropy; clip fraction and grad norm; critic (PPO); tool
 use (ToRL); timings. A panel none of whose metrics any run logged is left out, not drawn
-empty. Several runs overlay in one colour each, labelled by run directory name.
+empty. Several runs overlay in one colour each, labelled by run directory name (widened
+by parent folders where names repeat: `x/a/run`, `y/a/run`).
 
 Drawing uses matplotlib's Agg canvas on `Figure` objects (no pyplot, no GUI, no global
 state), so the trainer can refresh the dashboard from its loop; each local PNG is written
@@ -122,11 +123,22 @@ def load_series(run_dir: str | os.PathLike) -> dict[str, Series]:
 
 
 def run_labels(run_dirs: list[epath.Path]) -> list[str]:
-    """Legend labels: each run directory's name, with its parent's where names repeat."""
+    """Legend labels, one per run and all different (runs are keyed by label): each run
+    directory's name, widened by parent folders (`x/a/run`, `y/a/run`) until it differs
+    from every other run's label; the full path, numbered, for a run given twice."""
     # A local path is resolved first, so "." is labelled by its folder's name.
-    full = [d if "://" in os.fspath(d) else epath.Path(d).resolve() for d in run_dirs]
-    names = [d.name for d in full]
-    return [f"{d.parent.name}/{n}" if names.count(n) > 1 else n for d, n in zip(full, names)]
+    full = [os.fspath(d if "://" in os.fspath(d) else epath.Path(d).resolve()) for d in run_dirs]
+    parts = [p.rstrip("/").split("/") for p in full]
+    labels = []
+    for i, own in enumerate(parts):
+        others = [p for j, p in enumerate(parts) if j != i]
+        k = 1  # a k-part suffix that differs from another's differs at every longer k too
+        while k < len(own) and any(p[-k:] == own[-k:] for p in others):
+            k += 1
+        labels.append(full[i] if k == len(own) else "/".join(own[-k:]))
+    # The same folder given twice: the same data, but each keeps its line and legend entry.
+    return [f"{lab} ({labels[:i].count(lab) + 1})" if labels.count(lab) > 1 else lab
+            for i, lab in enumerate(labels)]  # fmt: skip
 
 
 def build_figures(run_dirs: list[epath.Path], *, per_group: bool = True) -> dict[str, Figure]:

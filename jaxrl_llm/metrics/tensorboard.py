@@ -20,6 +20,7 @@ import io
 import logging
 import os
 import sys
+import weakref
 from typing import Any
 
 from etils import epath
@@ -53,16 +54,40 @@ class _EpathRecordWriterFactory:
         epath.Path(path).mkdir(parents=True, exist_ok=True)
 
 
-def summary_writer(run_dir: str | os.PathLike, **kwargs: Any) -> Any | None:
+def summary_writer(
+    run_dir: str | os.PathLike, *, purge_step: int | None = None, **kwargs: Any
+) -> Any | None:
     """A tensorboardX `SummaryWriter` on run_dir/tensorboard, or None (logged) without
-    tensorboardX. `kwargs` go to `SummaryWriter` (e.g. `filename_suffix`)."""
+    tensorboardX. `kwargs` go to `SummaryWriter` (e.g. `filename_suffix`).
+
+    `purge_step`: the new event file starts with a `SessionLog.START` event at that step,
+    on which TensorBoard's Python loader (`EventAccumulator`, `--load_fast=false`) drops
+    the events at steps >= purge_step of the files read before it (files are read in name
+    order, so earlier sessions' files): a resumed run's rewritten steps show once. That
+    drop covers every tag of the folder, this session's other files included when they
+    sort first; so a writer opened while another writer of this process has the folder
+    open writes no START: the open one, opened earlier (its file sorts first, as long as
+    it is opened first within the second or has no filename suffix), wrote the one this
+    session needs. TensorBoard's default loader (the Rust data server) ignores the START:
+    there a record at step s replaces its own series' records at steps >= s read before.
+    """
     try:
         tbx = _tensorboardx()
     except ImportError:
         log.info("tensorboardX not installed; no TensorBoard events")
         return None
     tbx.record_writer.register_writer_factory("gs", _EpathRecordWriterFactory())
-    return tbx.SummaryWriter(os.fspath(epath.Path(run_dir) / FOLDER), **kwargs)
+    folder = os.fspath(epath.Path(run_dir) / FOLDER)
+    open_here = _OPEN.setdefault(folder, weakref.WeakSet())
+    if any(w.all_writers is not None for w in open_here):  # tensorboardX: None once closed
+        purge_step = None
+    writer = tbx.SummaryWriter(folder, purge_step=purge_step, **kwargs)
+    open_here.add(writer)
+    return writer
+
+
+# This process's writers by folder: who wrote this session's START (`summary_writer`).
+_OPEN: dict[str, weakref.WeakSet[Any]] = {}
 
 
 def _tensorboardx() -> Any:

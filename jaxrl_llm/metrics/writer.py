@@ -10,9 +10,17 @@ The run directory may be a `gs://` (or `s3://`) path (`etils.epath`): object sto
 append, so there metrics.jsonl is rewritten whole at each step (a few KB per step), and so
 are TensorBoard's event files (`metrics/tensorboard.py`).
 
+On `--resume` from step N, metrics.jsonl keeps the records of steps <= N, and TensorBoard
+shows the steps after N from the resumed run only (a purge at N + 1:
+`tensorboard.summary_writer`); a fresh start in a folder with earlier events hides them all.
+
 W&B is used only when `MetricsConfig.wandb_project` is set and `wandb` imports (it is not a
 dependency: `pip install wandb`, then `wandb login` or WANDB_API_KEY). The W&B run id is
-kept in the run directory (`wandb_run_id`), so `--resume` continues the same W&B run.
+kept in the run directory (`wandb_run_id`), so `--resume` continues the same W&B run. W&B's
+history only grows: steps after N that the W&B run already holds keep the first attempt's
+values, and W&B ignores (with a warning) the resumed run's logs for them, up to the last
+step it had; the run's own `metrics.jsonl` and TensorBoard hold the resumed values.
+(W&B's `resume_from="ID?_step=N"` rewind would truncate it, but is a private preview.)
 """
 
 from __future__ import annotations
@@ -90,7 +98,10 @@ class MetricsWriter:
         self._remote = "://" in os.fspath(self.path)
         self._file = None if self._remote else self.path.open("a", encoding="utf-8")
         if config.tensorboard:
-            self._tb = summary_writer(self.run_dir)
+            # TensorBoard drops what earlier sessions logged from the first step this one
+            # writes, as metrics.jsonl is trimmed (emptied on a fresh start).
+            purge = 0 if resume_step is None else resume_step + 1
+            self._tb = summary_writer(self.run_dir, purge_step=purge)
         if config.wandb_project:
             self._wandb = _start_wandb(config, self.run_dir, resuming=resume_step is not None)
 

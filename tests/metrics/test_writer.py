@@ -112,7 +112,7 @@ def test_non_finite_values_reach_tensorboard_and_wandb(tmp_path, fake_wandb, mon
         def close(self):
             pass
 
-    monkeypatch.setattr(writer_module, "summary_writer", lambda run_dir: RecordingSummary())
+    monkeypatch.setattr(writer_module, "summary_writer", lambda run_dir, **_: RecordingSummary())
     writer = MetricsWriter(tmp_path, config=MetricsConfig(wandb_project="p"))
     for step, value in enumerate([0.5, float("nan"), float("inf"), 0.25], 1):
         writer.write(step, {"actor/pg_loss": value})
