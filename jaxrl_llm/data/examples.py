@@ -8,7 +8,9 @@ the candidate keys tried in order; a dotted key reads a nested field.
 The normalized example holds:
 
 - ``id`` (str): the row's id field, or ``"<file name>:<line>"`` when it has none (so the same
-  file always yields the same ids; LIMR's scores and selections rely on that).
+  file always yields the same ids; LIMR's scores and selections rely on that); an element of
+  a JSON array that starts on the same line as another (``json.dump(rows, f)`` writes the
+  whole array on one line) is ``"<file name>[<its 0-based position in the array>]"``.
 - ``prompt`` (str): the question. When the prompt field holds chat messages (a list of
   ``{"role", "content"}``), ``prompt`` is the last user message and ``messages`` holds the
   conversation up to and including the last turn that is not the assistant's: trailing
@@ -267,8 +269,14 @@ def normalize_row(row: dict[str, Any], fields: FieldMap, *, default_id: str) -> 
 
 
 def default_id(record: RawRecord) -> str:
-    """The id given to a row without an id field: ``"<file name>:<line>"``."""
-    return f"{Path(record.source).name}:{record.line}"
+    """The id given to a row without an id field: ``"<file name>:<line>"``, or, for an
+    element of a JSON array that shares its line with another (``RawRecord.element``),
+    ``"<file name>[<position in the array>]"``. Line ids stay as they were for every row that
+    has a line of its own: resumed runs' data fingerprints and LIMR's records hold them."""
+    name = Path(record.source).name
+    if record.element is not None:
+        return f"{name}[{record.element}]"
+    return f"{name}:{record.line}"
 
 
 def iter_examples(

@@ -8,12 +8,20 @@ curve: those are the ones the model learned from.
 The workflow, as plain functions (the ``jaxrl-llm limr score|select`` CLI calls them):
 
 1. during training, ``record_samples(run_dir, step, prompt_ids, rewards)`` writes
-   ``run_dir/samples/step_<step>.jsonl`` (one line per sample: step, prompt id, reward);
+   ``run_dir/samples/step_<step>.jsonl`` (one line per sample: step, prompt id, reward). The RL
+   loop records every batch it draws from the data, as sampled, under its position in the
+   data order (``PromptBatch.index + 1``): record i is batch i of the data, so epoch e (from
+   0) is records ``e * steps_per_epoch + 1 .. (e + 1) * steps_per_epoch``, which hold each of
+   the epoch's prompts once. Without dynamic sampling record i is RL step i's batch; with it
+   (DAPO) a step may draw several batches, and every one is recorded, the all-equal groups
+   it drops included;
 2. ``score_run(run_dir, steps_per_epoch, epochs)`` turns those files into per-epoch accuracies
-   and LIM scores, written to ``run_dir/lim_scores.json``;
+   and LIM scores, written to ``run_dir/lim_scores.json``; it refuses (``ConfigError``) records
+   that end before the last epoch asked for, and a result with no prompt left;
 3. ``select(scores, data_path, threshold, out_path)`` (``jaxrl_llm.data.limr_select``) writes the
    prompts with score >= threshold in the training data's own format; ``random_subset(data_path,
-   n, seed, out_path)`` writes the RAND baseline of the same size;
+   n, seed, out_path)`` writes the RAND baseline of the same size; neither writes an empty
+   subset (``ConfigError`` saying why it would be empty);
 4. ``plot_lim_curves`` (``jaxrl_llm.data.limr_plot``) draws the mean curve with a few selected
    and rejected prompts.
 """
@@ -33,6 +41,8 @@ from typing import Any
 
 import numpy as np
 from etils import epath
+
+from jaxrl_llm.config_checks import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +93,16 @@ def record_samples(
 ) -> epath.Path:
     """Writes one RL step's sample rewards to ``run_dir/samples/step_<step>.jsonl``, atomically.
 
-    Call once per step with every sample of the step (G per prompt: repeat the prompt's id).
+    Call once per batch drawn from the data with every sample of the batch (G per prompt:
+    repeat the prompt's id), the dropped ones of dynamic sampling included.
     The file appears complete or not at all (written to a temporary file, then renamed), so a
     run killed mid-write leaves no half file. Re-recording a step (after a resume) replaces it.
 
     Args:
       run_dir: the run directory.
-      step: the 1-based RL step (the batch with ``PromptBatch.index == i`` is step ``i + 1``).
+      step: the record's number: the batch's 1-based position in the data order (the batch
+        with ``PromptBatch.index == i`` is ``i + 1``); the RL step when every step draws one
+        batch, which dynamic sampling does not.
       prompt_ids: ``[samples]`` the id of each sample's prompt.
       rewards: ``[samples]`` each sample's scalar reward.
       process_index: on multi-host runs where each host records its own samples, pass
@@ -194,8 +207,19 @@ class LimScores:
 
 
 def load_scores(path: str | os.PathLike) -> LimScores:
-    """Reads a scores file written by ``score_run``."""
-    return LimScores.from_dict(json.loads(epath.Path(path).read_text(encoding="utf-8")))
+    """Reads a scores file written by ``score_run``; ``ConfigError`` when there is none."""
+    path = epath.Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"LIM scores file '{path}': no such file; write it with `jaxrl-llm limr score`"
+        )
+    try:
+        return LimScores.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(
+            f"'{path}' is not a LIM scores file (as `jaxrl-llm limr score` writes): "
+            f"{type(e).__name__}: {e}"
+        ) from e
 
 
 def backfill_and_drop(accuracy: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -219,14 +243,51 @@ def backfill_and_drop(accuracy: np.ndarray) -> tuple[np.ndarray, np.ndarray, int
     return filled, complete, int(fill.sum())
 
 
-def _read_sample_files(run_dir: epath.Path, steps_per_epoch: int, epochs: int, first_step: int):
-    """Per (prompt, epoch): [correct, total] counts, from every ``samples/step_*.jsonl``."""
-    last_step = first_step + steps_per_epoch * epochs - 1
+def _sample_files(run_dir: epath.Path, first_step: int) -> list[tuple[int, epath.Path]]:
+    """Every ``samples/step_<N>[.p<host>].jsonl`` with N >= ``first_step``, as (N, path)."""
+    if not run_dir.is_dir():
+        raise ConfigError(
+            f"run directory '{run_dir}': no such folder; expected the directory of a "
+            f"`jaxrl-llm train` run (it holds {SAMPLES_DIR}/)"
+        )
+    if not (run_dir / SAMPLES_DIR).is_dir():
+        raise ConfigError(
+            f"run directory '{run_dir}': no {SAMPLES_DIR}/ folder in it; expected the directory "
+            f"of a `jaxrl-llm train` run, which records {SAMPLES_DIR}/step_N.jsonl as it samples"
+        )
     files = []
     for path in sorted((run_dir / SAMPLES_DIR).glob("step_*.jsonl")):
         match = _STEP_FILE.match(path.name)
-        if match and first_step <= int(match.group(1)) <= last_step:
+        if match and int(match.group(1)) >= first_step:
             files.append((int(match.group(1)), path))
+    if not files:
+        raise ConfigError(f"no sample records from step {first_step} on in {run_dir / SAMPLES_DIR}")
+    return files
+
+
+def _epoch_files(
+    run_dir: epath.Path, steps_per_epoch: int, epochs: int, first_step: int
+) -> list[tuple[int, epath.Path]]:
+    """The sample files of the ``epochs`` epochs asked for; ``ConfigError`` when the records
+    end before the last of them does (its prompts could not be scored: LIMR drops a prompt
+    whose last epoch is missing)."""
+    files = _sample_files(run_dir, first_step)
+    last_step = first_step + steps_per_epoch * epochs - 1
+    last_recorded = max(step for step, _ in files)
+    if last_recorded < last_step:
+        whole = (last_recorded - first_step + 1) // steps_per_epoch
+        scorable = (
+            f"{whole} whole epoch{'s' if whole > 1 else ''} can be scored (--epochs {whole})"
+            if whole
+            else f"no whole epoch of {steps_per_epoch} steps was recorded"
+        )
+        raise ConfigError(
+            f"the sample records in {run_dir / SAMPLES_DIR} end at step_{last_recorded}.jsonl, "
+            f"before the last of the {epochs} epochs asked for ends (step {last_step}: "
+            f"{steps_per_epoch} steps per epoch from step {first_step}); {scorable}, or train "
+            f"on (--resume with a larger RLConfig.steps) until step_{last_step}.jsonl is written"
+        )
+    files = [(step, path) for step, path in files if step <= last_step]
     missing = set(range(first_step, last_step + 1)) - {step for step, _ in files}
     if missing:
         log.warning(
@@ -253,11 +314,15 @@ def score_run(
     ``epochs * steps_per_epoch`` are ignored. A sample is correct when its reward equals
     ``correct_reward`` (LIMR: reward == 1). Missing epochs are back-filled from the next one and
     prompts still incomplete are dropped (``backfill_and_drop``). Unreadable sample lines are
-    skipped with a warning.
+    skipped with a warning. Raises ``ConfigError`` (nothing written) when the records end
+    before the last step of the last epoch asked for (naming the last record and how many
+    whole epochs can be scored), and when no prompt is left to score.
 
     Args:
       run_dir: the run directory holding ``samples/``.
-      steps_per_epoch: RL steps per pass over the data (``PromptPipeline.steps_per_epoch``).
+      steps_per_epoch: batches per pass over the data (``PromptPipeline.steps_per_epoch``:
+        usable prompts // ``DataConfig.prompts_per_step``); the RL steps per epoch when each
+        step draws one batch.
       epochs: how many epochs to score (LIMR: 21).
       correct_reward: the reward of a correct sample.
       first_step: the number of the first step (1, as ``record_samples`` is documented).
@@ -267,11 +332,12 @@ def score_run(
       the ``LimScores`` (also written to ``out_path``).
     """
     run_dir = epath.Path(run_dir)
-    if steps_per_epoch < 1 or epochs < 1:
-        raise ValueError("steps_per_epoch and epochs must be positive")
+    for name, value in (("steps_per_epoch", steps_per_epoch), ("epochs", epochs)):
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
     counts: dict[str, np.ndarray] = {}
     bad_lines = 0
-    for step, path in _read_sample_files(run_dir, steps_per_epoch, epochs, first_step):
+    for step, path in _epoch_files(run_dir, steps_per_epoch, epochs, first_step):
         epoch = (step - first_step) // steps_per_epoch
         with path.open(encoding="utf-8") as f:
             for line in f:
@@ -287,19 +353,25 @@ def score_run(
     if bad_lines:
         log.warning("skipped %d unreadable sample lines", bad_lines)
     if not counts:
-        raise ValueError(f"no sample records for steps {first_step}.. in {run_dir / SAMPLES_DIR}")
+        raise ConfigError(f"no readable sample records in {run_dir / SAMPLES_DIR}")
 
     all_ids = sorted(counts)
     table = np.stack([counts[pid] for pid in all_ids])  # [P, E, 2]
     with np.errstate(invalid="ignore", divide="ignore"):
         accuracy = np.where(table[..., 1] > 0, table[..., 0] / table[..., 1], np.nan)
     filled, complete, backfilled = backfill_and_drop(accuracy)
+    if not complete.any():
+        raise ConfigError(
+            f"no prompt has samples in every one of the {epochs} epochs after back-filling "
+            f"(all {len(all_ids)} dropped): check that {steps_per_epoch} steps per epoch is "
+            "the run's batches per pass over its data"
+        )
     kept = filled[complete]
     result = LimScores(
         ids=[pid for pid, ok in zip(all_ids, complete, strict=True) if ok],
         accuracy=kept,
         scores=lim_scores(kept),
-        mean_curve=kept.mean(axis=0) if len(kept) else np.full((epochs,), np.nan),
+        mean_curve=kept.mean(axis=0),
         dropped=[pid for pid, ok in zip(all_ids, complete, strict=True) if not ok],
         backfilled=backfilled,
         steps_per_epoch=steps_per_epoch,

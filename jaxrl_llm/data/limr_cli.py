@@ -2,7 +2,10 @@
 
     jaxrl-llm limr score --run runs/full --steps-per-epoch 8 --epochs 21
         reads runs/full/samples/step_*.jsonl, writes runs/full/lim_scores.json and the
-        curves plot runs/full/lim_curves.png (`--out`, `--plot` to change them).
+        curves plot runs/full/lim_curves.png (`--out`, `--plot` to change them). The run
+        must have recorded all 21 x 8 steps (batches drawn from the data: more than the RL
+        steps with dynamic sampling); when its records end earlier the command says how many
+        whole epochs it holds.
     jaxrl-llm limr select --scores runs/full/lim_scores.json --data train.jsonl \\
         --threshold 0.6 --out lim.jsonl
         writes the prompts with score >= 0.6, in train.jsonl's own format.
@@ -11,7 +14,10 @@
         writes the RAND baseline instead: prompts drawn at random from the whole data file,
         as many as the LIM subset at that threshold has (`--random N` gives the size).
 
-Each command prints one JSON line saying what it wrote. The work is done by
+Each command prints one JSON line saying what it wrote. A command that cannot do what it was
+asked (records that end early, a missing run or scores file, a subset that would be empty,
+a random subset larger than the data) writes nothing and ends with one line saying why
+(`ConfigError`, exit status 2). The work is done by
 `jaxrl_llm.data.limr` (`score_run`), `jaxrl_llm.data.limr_select` (`select`,
 `random_subset`, `lim_subset_size`) and `jaxrl_llm.data.limr_plot.plot_lim_curves`.
 """
@@ -35,7 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     score = sub.add_parser("score", help="LIM scores from a run's samples/step_N.jsonl files")
     score.add_argument("--run", required=True, help="run directory holding samples/")
-    score.add_argument("--steps-per-epoch", type=int, required=True, help="RL steps per epoch")
+    score.add_argument(
+        "--steps-per-epoch",
+        type=int,
+        required=True,
+        help="batches per pass over the data: usable prompts // DataConfig.prompts_per_step "
+        "(the RL steps per epoch without dynamic sampling)",
+    )
     score.add_argument("--epochs", type=int, required=True, help="epochs to score (LIMR: 21)")
     score.add_argument(
         "--correct-reward",
@@ -104,7 +116,7 @@ def run_score(args: argparse.Namespace) -> dict:
         "threshold": args.threshold,
         "selected": int((result.scores >= args.threshold).sum()),
     }
-    if not args.no_plot and len(result.ids):
+    if not args.no_plot:
         from jaxrl_llm.data.limr_plot import plot_lim_curves
 
         plot = Path(args.plot) if args.plot else out.parent / PLOT_FILE
@@ -127,8 +139,6 @@ def run_select(args: argparse.Namespace) -> dict:
         n = limr_select.lim_subset_size(
             scores, args.data, args.threshold, fields=fields, data_format=args.format
         )
-    elif n < 0:
-        raise SystemExit(f"--random N needs N >= 0, got {n}")
     report.update(mode="random", seed=args.seed)
     report["prompts"] = limr_select.random_subset(
         args.data, n, args.seed, args.out, fields=fields, data_format=args.format

@@ -1,6 +1,8 @@
 """LIMR's subsets: the prompts a LIM score keeps (``select``) and the RAND baseline of the
 same size (``random_subset``), written in the training data's own format (step 3 of the
-workflow in ``jaxrl_llm.data.limr``)."""
+workflow in ``jaxrl_llm.data.limr``). An empty subset is never written: both raise
+``ConfigError`` saying why it would be empty (a threshold above every score, scored ids that
+are not the data's, a size the data cannot give)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from etils import epath
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.examples import DEFAULT_FIELDS, DataReport, FieldMap, iter_examples
 from jaxrl_llm.data.limr import LimScores, load_scores, write_atomic
 from jaxrl_llm.data.sources import SourceConfig, detect_format, read_records
@@ -78,9 +81,32 @@ def lim_subset_size(
     data_format: str = "auto",
 ) -> int:
     """How many prompts ``select`` would write, without writing them: the kept ids that are
-    in ``data_path`` (the size of LIMR's RAND baseline)."""
+    in ``data_path`` (the size of LIMR's RAND baseline). ``ConfigError`` when there are none
+    (``select`` would refuse)."""
+    if not isinstance(scores, LimScores):
+        scores = load_scores(scores)
+    keep = kept_ids(scores, threshold)
     _, records = _read_data(data_path, fields, data_format)
-    return len(kept_ids(scores, threshold) & {ex["id"] for _, ex in records})
+    n = len(keep & {ex["id"] for _, ex in records})
+    if n == 0:
+        _refuse_empty(scores, keep, threshold, data_path)
+    return n
+
+
+def _refuse_empty(scores: LimScores, keep: set[str], threshold: float, data_path) -> None:
+    """The ``ConfigError`` of an empty LIM subset, saying which of its causes it is."""
+    if not scores.ids:
+        raise ConfigError("the scores file holds no scored prompt; score the run again")
+    if not keep:
+        raise ConfigError(
+            f"no prompt has LIM score >= {threshold:g} (the highest of the {len(scores.ids)} "
+            f"scored is {scores.scores.max():.4g}): lower --threshold"
+        )
+    raise ConfigError(
+        f"none of the {len(keep)} prompts with LIM score >= {threshold:g} is in {data_path} "
+        f"(e.g. id {min(keep)!r}): give the data the run trained on, and its id field if it "
+        "is not 'id' (--id-key)"
+    )
 
 
 def select(
@@ -105,8 +131,14 @@ def select(
 
     Returns:
       the number of prompts written.
+
+    Raises:
+      ConfigError: the subset would be empty (nothing is written).
     """
+    if not isinstance(scores, LimScores):
+        scores = load_scores(scores)
     keep = kept_ids(scores, threshold)
+    lim_subset_size(scores, data_path, threshold, fields=fields, data_format=data_format)
     n = write_subset(data_path, keep, out_path, fields=fields, data_format=data_format)
     if n < len(keep):
         log.warning("%d selected ids are not in %s", len(keep) - n, data_path)
@@ -117,7 +149,7 @@ def select(
 def random_ids(ids: Sequence[str], n: int, seed: int) -> list[str]:
     """``n`` ids drawn uniformly without replacement, deterministically from ``seed``."""
     if not 0 <= n <= len(ids):
-        raise ValueError(f"cannot draw {n} of {len(ids)} prompts")
+        raise ConfigError(f"cannot draw {n} of {len(ids)} prompts")
     picks = np.random.default_rng(seed).choice(len(ids), size=n, replace=False)
     return [ids[i] for i in sorted(picks)]
 
@@ -133,8 +165,14 @@ def random_subset(
 ) -> int:
     """Writes LIMR's RAND baseline: ``n`` prompts of ``data_path`` chosen at random by ``seed``.
 
-    Use the LIM subset's size for ``n``. Same inputs give the same subset. Returns ``n``.
+    Use the LIM subset's size for ``n``. Same inputs give the same subset. Returns ``n``;
+    ``ConfigError`` (nothing written) unless 1 <= ``n`` <= the data's usable prompts.
     """
     _, records = _read_data(data_path, fields, data_format)
+    if not 1 <= n <= len(records):
+        raise ConfigError(
+            f"a random subset of {n} prompts from {data_path}, which has {len(records)} usable "
+            f"prompts: ask for 1 to {len(records)}"
+        )
     chosen = random_ids([ex["id"] for _, ex in records], n, seed)
     return write_subset(data_path, chosen, out_path, fields=fields, data_format=data_format)

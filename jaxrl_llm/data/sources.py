@@ -4,7 +4,9 @@ Formats (``SourceConfig.format``; ``"auto"`` picks one from the path):
 
 - ``jsonl``: one JSON object per line; the line number is the file's 1-based line.
 - ``json``: a JSON array of objects, as LIMR releases ``math.8k.json`` (``id``, ``prompt``,
-  ``answer``, ``source``); the line number is the line on which each object starts.
+  ``answer``, ``source``); the line number is the line on which each object starts, and
+  objects that start on the same line as another (a compact array, as ``json.dump(rows, f)``
+  writes it) also carry their 0-based position in the array (``RawRecord.element``).
 - ``parquet`` (pyarrow): verl-style files; the "line" is the 1-based row number.
 - ``arrow``: an Arrow IPC stream or file (what ``datasets.save_to_disk`` writes).
 - ``hf``: a local Hugging Face-format folder, read without the ``datasets`` package:
@@ -30,6 +32,7 @@ line ends with its one-line message (exit 2), not a traceback.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -79,6 +82,8 @@ class RawRecord:
       row: the parsed object, or None when it could not be parsed.
       error: why ``row`` is None.
       text: jsonl only: the line exactly as in the file, so selections can copy it unchanged.
+      element: json arrays only, for an object whose line another object also starts on: its
+        0-based position in the array (the line alone does not tell them apart); else None.
     """
 
     source: str
@@ -86,6 +91,7 @@ class RawRecord:
     row: dict[str, Any] | None
     error: str | None = None
     text: str | None = None
+    element: int | None = None
 
 
 def detect_format(config: SourceConfig) -> str:
@@ -176,9 +182,23 @@ def read_json_array(path: epath.PathLike) -> Iterator[RawRecord]:
     """A JSON array of objects, decoded one element at a time to know each one's line.
 
     A syntax error anywhere makes the rest of an array unreadable, so it raises
-    ``DataSourceError`` with the line and column rather than skipping.
+    ``DataSourceError`` with the line and column rather than skipping. Objects that share
+    their starting line get ``element``, their position in the array.
     """
-    text = epath.Path(path).read_text(encoding="utf-8")
+    elements = list(_json_array_elements(epath.Path(path)))
+    per_line = collections.Counter(line for line, _ in elements)
+    for index, (line, obj) in enumerate(elements):
+        element = index if per_line[line] > 1 else None
+        if isinstance(obj, dict):
+            yield RawRecord(str(path), line, obj, element=element)
+        else:
+            error = f"expected a JSON object, got {type(obj).__name__}"
+            yield RawRecord(str(path), line, None, error, element=element)
+
+
+def _json_array_elements(path: epath.Path) -> Iterator[tuple[int, Any]]:
+    """(line on which it starts, decoded value) of each element of the JSON array at ``path``."""
+    text = path.read_text(encoding="utf-8")
     decoder = json.JSONDecoder()
 
     def skip(pos: int) -> int:
@@ -203,11 +223,7 @@ def read_json_array(path: epath.PathLike) -> Iterator[RawRecord]:
             obj, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as e:
             raise fail(e.pos, f"invalid JSON: {e.msg}") from e
-        if isinstance(obj, dict):
-            yield RawRecord(str(path), line, obj)
-        else:
-            error = f"expected a JSON object, got {type(obj).__name__}"
-            yield RawRecord(str(path), line, None, error)
+        yield line, obj
         pos = skip(end)
         if text.startswith(",", pos):
             pos = skip(pos + 1)

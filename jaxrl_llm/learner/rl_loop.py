@@ -120,8 +120,9 @@ def _producer(run: Run) -> RolloutProducer | None:
         stage = run.rollout.stage_weights
         run.rollout.exchange_by_tag = True  # its gathers run on the producer's thread
     collect = lambda step, params, version, refresh: _collect(
-        cfg, step, run.prompts, run.rollout, run.reward, params, version, refresh
-    )
+        cfg, step, run.prompts, run.rollout, run.reward, params, version, refresh,
+        run_dir=run.run_dir,
+    )  # fmt: skip
     first = run.learner.state.step + 1
     ready, run.ahead = run.ahead, {}  # the saved batches are the producer's to hand out
     return RolloutProducer(
@@ -155,7 +156,9 @@ def train_step(
     elif producer is None:
         # The weights after the learner's updates so far: the version the sampler checks.
         params = PolicyWeights(learner.policy_params(), learner.state.step + 1)
-        samples, metrics = _collect(cfg, step, run.prompts, run.rollout, run.reward, params, step)
+        samples, metrics = _collect(
+            cfg, step, run.prompts, run.rollout, run.reward, params, step, run_dir=run.run_dir
+        )
         # Generation and rewards; the weight hand-over is timed apart (timing/weight_sync).
         metrics["timing/rollout"] = time.perf_counter() - t0 - metrics["timing/weight_sync"]
     else:
@@ -184,7 +187,6 @@ def train_step(
     learn.warn_skipped(step, metrics, cfg.algo.ppo_epochs * cfg.algo.mini_batches)
     metrics["timing/step"] = time.perf_counter() - t0
     metrics["perf/tokens_per_s"] = samples.num_tokens / metrics["timing/step"]
-    record_step_samples(run.run_dir, step, samples)
     run.generations.write(step, samples)
     return metrics
 
@@ -223,10 +225,18 @@ def _collect(
     params: PolicyWeights,
     version: int,
     refresh: Refresh | None = None,
+    *,
+    run_dir: os.PathLike,
 ) -> tuple[Rollout, dict[str, float]]:
     """Rollouts and rewards for one step with the policy `params` (the synchronous weights
     of step `version`; with `refresh`, newer ones as they arrive: partial rollouts), and their
-    metrics; DAPO dynamic sampling refills all-equal groups."""
+    metrics; DAPO dynamic sampling refills all-equal groups.
+
+    Every batch drawn is recorded for LIMR in `run_dir` as it was sampled, before any group
+    is dropped, under its position in the data order (`samples/step_<index + 1>.jsonl`):
+    record i is then batch i of the data, and the records of each epoch hold each of its
+    prompts once, also when dynamic sampling draws several batches per step (without it,
+    record i is step i's batch)."""
     n = cfg.rollout.n
     want = cfg.data.prompts_per_step
     mixed: list[Rollout] = []  # groups with a learning signal
@@ -241,6 +251,7 @@ def _collect(
         tries += 1
         batch = next(prompts)
         got = rollout.generate(batch, step, tries, reward, version, refresh)  # scored
+        record_step_samples(run_dir, batch.index + 1, got)  # LIMR's record of this batch
         if tries == 1:
             metrics.update(rollout.env_metrics(got))
         if not cfg.algo.dynamic_sampling:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data import limr, limr_select
 from jaxrl_llm.data.limr_plot import plot_lim_curves
 from jaxrl_llm.data.tasks import arithmetic, mixed_value
@@ -90,12 +91,13 @@ def prepare_limr(opts: PrepOptions) -> Prepared:
     scores = limr.score_run(scoring_dir, steps_per_epoch, epochs)
     plot_lim_curves(scores, opts.out_dir / "lim_curves.png", threshold=THRESHOLD)
     lim_path = data_dir / "lim.jsonl"
-    n = limr_select.select(scores, train, THRESHOLD, lim_path)
-    if n == 0:
-        raise RuntimeError(
-            f"LIM selected no prompt at threshold {THRESHOLD} after {epochs} scoring epochs "
-            f"({scoring_dir / 'lim_scores.json'}); score more epochs (--prep-steps)"
-        )
+    try:
+        n = limr_select.select(scores, train, THRESHOLD, lim_path)
+    except ConfigError as e:  # an empty LIM subset
+        raise ConfigError(
+            f"{e} (after {epochs} scoring epochs, {scoring_dir / limr.SCORES_FILE}); score more "
+            "epochs (--prep-steps)"
+        ) from e
     rows = _read_rows(train)
     random_counts = {}
     seed_params = {}

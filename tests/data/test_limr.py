@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data import limr
 from jaxrl_llm.data.limr import (
     backfill_and_drop,
@@ -182,3 +183,92 @@ def test_plot_writes_a_png(tmp_path):
     scores = _scored_run(tmp_path)
     out = plot_lim_curves(scores, tmp_path / "lim.png", threshold=0.6, n_examples=2)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _record_steps(run_dir, steps, ids=("p0", "p1")):
+    """Steps 1..steps, each recording every prompt in ``ids`` once, half of them correct."""
+    for step in range(1, steps + 1):
+        record_samples(run_dir, step, list(ids), [float(i % 2) for i in range(len(ids))])
+
+
+def test_score_run_refuses_records_that_stop_before_the_last_epoch(tmp_path):
+    """The LIMR paper workflow's mismatch: 160 steps recorded, 21 epochs of 8 asked (168)."""
+    _record_steps(tmp_path, 160)
+    with pytest.raises(ConfigError) as e:
+        score_run(tmp_path, steps_per_epoch=8, epochs=21)
+    message = str(e.value)
+    assert "\n" not in message
+    assert "step_160.jsonl" in message and "step 168" in message
+    assert "20 whole epochs" in message and "--epochs 20" in message
+    assert not (tmp_path / limr.SCORES_FILE).exists()
+    # a run that stopped inside the last epoch asked for is refused too (its last epoch would
+    # miss the prompts of the steps never taken)
+    with pytest.raises(ConfigError, match=r"step_160\.jsonl.*19 whole epochs"):
+        score_run(tmp_path, steps_per_epoch=8, epochs=21, first_step=9)
+    assert score_run(tmp_path, steps_per_epoch=8, epochs=20).ids == ["p0", "p1"]
+
+
+def test_score_run_refuses_when_no_whole_epoch_was_recorded(tmp_path):
+    _record_steps(tmp_path, 5)
+    with pytest.raises(ConfigError, match=r"step_5\.jsonl.*no whole epoch"):
+        score_run(tmp_path, steps_per_epoch=8, epochs=1)
+
+
+def test_score_run_refuses_an_empty_result(tmp_path):
+    """Every prompt misses an epoch that the next epoch cannot fill: nothing is scored."""
+    for step, pid in enumerate(["a", "b", "c"], start=1):
+        record_samples(tmp_path, step, [pid], [1.0])
+    with pytest.raises(ConfigError, match="no prompt has samples in every one of the 3 epochs"):
+        score_run(tmp_path, steps_per_epoch=1, epochs=3)
+    assert not (tmp_path / limr.SCORES_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    ("steps_per_epoch", "epochs", "match"),
+    [(0, 3, "steps_per_epoch must be >= 1, got 0"), (1, 0, "epochs must be >= 1, got 0")],
+)
+def test_score_run_refuses_bad_counts(tmp_path, steps_per_epoch, epochs, match):
+    _record_steps(tmp_path, 3)
+    with pytest.raises(ConfigError, match=match):
+        score_run(tmp_path, steps_per_epoch=steps_per_epoch, epochs=epochs)
+
+
+def test_score_run_refuses_a_folder_without_records(tmp_path):
+    with pytest.raises(ConfigError, match="no such folder; expected the directory of a"):
+        score_run(tmp_path / "missing", steps_per_epoch=1, epochs=1)
+    with pytest.raises(ConfigError, match="no samples/ folder in it"):
+        score_run(tmp_path, steps_per_epoch=1, epochs=1)
+
+
+def test_select_refuses_an_empty_subset_and_writes_nothing(tmp_path, math_rows):
+    scores = _scored_run(tmp_path)  # q000..q002 scored 0.5, 1.0, 0.5
+    data = tmp_path / "math.json"
+    data.write_text(json.dumps(math_rows(5), indent=4))
+    out = tmp_path / "lim.json"
+    with pytest.raises(ConfigError, match=r"no prompt has LIM score >= 1\.5 \(the highest"):
+        select(scores, data, 1.5, out)
+    other = tmp_path / "other.jsonl"  # rows under other ids: nothing scored is in it
+    other.write_text("".join(json.dumps({**r, "id": f"x{i}"}) + "\n"
+                             for i, r in enumerate(math_rows(5))))  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"none of the 3 prompts .* is in .*other\.jsonl.*--id-key"
+    ):
+        select(scores, other, 0.5, out)
+    assert not out.exists()
+
+
+def test_random_subset_refuses_a_size_the_data_cannot_give(tmp_path, math_rows):
+    data = tmp_path / "math.json"
+    data.write_text(json.dumps(math_rows(5)))
+    for n in (6, 0):
+        with pytest.raises(ConfigError, match=rf"{n} prompts.*math\.json.*has 5.*1 to 5"):
+            random_subset(data, n, 0, tmp_path / "r.json")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_load_scores_refuses_a_missing_or_foreign_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_scores(tmp_path / "nope.json")
+    (tmp_path / "x.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not a LIM scores file"):
+        load_scores(tmp_path / "x.json")

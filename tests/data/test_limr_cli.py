@@ -128,3 +128,46 @@ def test_help_and_missing_subcommand(capsys):
         cli.main(["limr", "select", "--help"])
     assert e.value.code == 0
     assert "--random" in capsys.readouterr().out
+
+
+def cli_error(capsys, *argv):
+    """Runs ``jaxrl-llm limr ARGV`` expecting the one-line configuration error (exit 2)."""
+    assert cli.main(["limr", *map(str, argv)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert lines[0].startswith("jaxrl-llm limr: configuration error: ")
+    return lines[0]
+
+
+def test_score_refuses_epochs_the_run_did_not_record(run_dir, capsys):
+    """6 steps recorded, 4 epochs of 2 asked: a clean error naming what can be scored."""
+    line = cli_error(capsys, "score", "--run", run_dir, "--steps-per-epoch", 2, "--epochs", 4)
+    assert "step_6.jsonl" in line and "3 whole epochs" in line and "--epochs 3" in line
+    assert not (run_dir / limr.SCORES_FILE).exists()
+
+
+def test_score_bad_arguments_end_in_one_line(run_dir, tmp_path, capsys):
+    line = cli_error(capsys, "score", "--run", run_dir, "--steps-per-epoch", 0, "--epochs", 3)
+    assert "steps_per_epoch must be >= 1, got 0" in line
+    missing = tmp_path / "missing"
+    line = cli_error(capsys, "score", "--run", missing, "--steps-per-epoch", 2, "--epochs", 3)
+    assert str(missing) in line and "no such folder" in line
+
+
+def test_select_bad_arguments_end_in_one_line(scored_data, tmp_path, capsys):
+    data, scores = scored_data  # 10 rows; scores 0.0 .. 0.9
+    common = ["select", "--scores", scores, "--data", data, "--out", tmp_path / "o.jsonl"]
+    line = cli_error(capsys, *common, "--random", 11)
+    assert "a random subset of 11 prompts" in line and "has 10" in line
+    line = cli_error(capsys, *common, "--threshold", 1.5)
+    assert "no prompt has LIM score >= 1.5 (the highest of the 11 scored is 1)" in line
+    line = cli_error(capsys, *common, "--threshold", 1.5, "--random")
+    assert "no prompt has LIM score >= 1.5" in line
+    line = cli_error(capsys, *common, "--threshold", 0.95)  # only "missing", not in the data
+    assert "none of the 1 prompts with LIM score >= 0.95 is in" in line and "--id-key" in line
+    line = cli_error(capsys, "select", "--scores", tmp_path / "nope.json", "--data", data,
+                     "--out", tmp_path / "o.jsonl")  # fmt: skip
+    assert "nope.json" in line and "no such file" in line
+    assert not (tmp_path / "o.jsonl").exists()
