@@ -1,6 +1,7 @@
 """Engine: JetStream API calls against the full forward; weight sync; sharding."""
 
 import time
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -9,7 +10,8 @@ from flax import nnx
 
 from jaxrl_llm.models import init_model
 from jaxrl_llm.sharding import SAMPLE_RULES, TRAIN_RULES, build_mesh
-from tests.rollout.reference import TINY, full_logits
+from jaxrl_llm.testing import assert_as_accurate
+from tests.rollout.reference import TINY, exact_logprobs, full_logits
 
 
 def _prefill(engine, params, prompt):
@@ -38,12 +40,22 @@ def _run(engine, params, prompts, steps, sampling=None):
     return np.stack(toks, 1), np.stack(lps, 1), np.stack(raws, 1)
 
 
+def _exact(model, toks, temperature=1.0):
+    """float64 logprobs [prompts, steps] of `toks` [prompts, steps] after each of `PROMPTS`
+    (`exact_logprobs`; the temperature as the engine holds it, in float32)."""
+    samples = [
+        SimpleNamespace(prompt_ids=p, token_ids=t) for p, t in zip(PROMPTS, toks, strict=True)
+    ]
+    return exact_logprobs(model, samples, float(np.float32(temperature))).reshape(toks.shape)
+
+
 PROMPTS = [[3, 4, 7], [9, 1, 2, 8, 8, 6, 1, 4, 2], [11, 12, 13, 14, 15, 16]]
 
 
 @pytest.mark.slow  # 16 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_prefill_insert_generate_match_full_forward(tiny_model, tiny_engine):
-    """Greedy tokens are the full forward's argmax and raw logprobs its log_softmax."""
+    """Greedy tokens are the full forward's argmax, and the raw logprobs are as accurate as
+    its log_softmax (against its float64 twin, `testing.assert_as_accurate`)."""
     from jaxrl_llm.rollout import SamplingParams
 
     params = tiny_engine.load_params()
@@ -52,14 +64,16 @@ def test_prefill_insert_generate_match_full_forward(tiny_model, tiny_engine):
     sp = SamplingParams(temperature=0.0, raw_logprobs=True)
     toks, lps, raws = _run(tiny_engine, params, PROMPTS, 6, sampling=sp)
     np.testing.assert_array_equal(toks, plain)
+    toks, lps, raws = (x[: len(PROMPTS)] for x in (toks, lps, raws))  # the slots in use
+    trusted = np.zeros(toks.shape, np.float32)  # the uncached float32 forward's
     for b, p in enumerate(PROMPTS):
         seq = list(p)
         for t in range(6):
             logits = full_logits(tiny_model, [seq])[0]
-            ref = jax.nn.log_softmax(logits)
             assert toks[b, t] == int(np.argmax(logits))
-            np.testing.assert_allclose(raws[b, t], ref[toks[b, t]], atol=1e-4)
+            trusted[b, t] = jax.nn.log_softmax(logits)[toks[b, t]]
             seq.append(int(toks[b, t]))
+    assert_as_accurate(raws, trusted, _exact(tiny_model, toks))
     np.testing.assert_array_equal(lps, 0.0)
 
 
@@ -69,16 +83,25 @@ def test_sampled_logprobs_equal_full_forward(tiny_model, tiny_engine):
 
     params = tiny_engine.load_params()
     sp = SamplingParams(temperature=0.7, raw_logprobs=True)
-    toks, lps, raws = _run(tiny_engine, params, PROMPTS, 5, sampling=sp)
+    toks, lps, raws = (x[: len(PROMPTS)] for x in _run(tiny_engine, params, PROMPTS, 5, sp))
+    trusted = {
+        "raw": np.zeros(toks.shape, np.float32),
+        "tempered": np.zeros(toks.shape, np.float32),
+    }
     for b, p in enumerate(PROMPTS):
         seq = list(p)
         for t in range(5):
             logits = full_logits(tiny_model, [seq])[0]
             tok = int(toks[b, t])
-            raw_ref = jax.nn.log_softmax(logits)[tok]
-            np.testing.assert_allclose(raws[b, t], raw_ref, atol=1e-4)
-            np.testing.assert_allclose(lps[b, t], jax.nn.log_softmax(logits / 0.7)[tok], atol=1e-4)
+            trusted["raw"][b, t] = jax.nn.log_softmax(logits)[tok]
+            trusted["tempered"][b, t] = jax.nn.log_softmax(logits / np.float32(0.7))[tok]
             seq.append(tok)
+    # trusted: the uncached float32 forward; exact: the same in float64
+    exact = {
+        "raw": _exact(tiny_model, toks),
+        "tempered": _exact(tiny_model, toks, 0.7),
+    }
+    assert_as_accurate({"raw": raws, "tempered": lps}, trusted, exact)
 
 
 @pytest.mark.slow  # 6 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
@@ -128,7 +151,7 @@ def test_reshard_from_training_layout(capsys):
 
 @pytest.mark.slow  # 35 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_sharded_engine_matches_unsharded(tiny_model, tiny_engine):
-    from jaxrl_llm.rollout import Engine
+    from jaxrl_llm.rollout import Engine, SamplingParams
 
     mesh = build_mesh(data=1, fsdp=2, tensor=4)
     sharded = init_model(TINY, seed=0, mesh=mesh, rules=SAMPLE_RULES)
@@ -137,10 +160,14 @@ def test_sharded_engine_matches_unsharded(tiny_model, tiny_engine):
     params = engine.load_params()
     spec = jax.tree.leaves(params)[1].sharding.spec
     assert "tensor" in str(jax.tree.leaves(params)[0].sharding.spec) + str(spec)
-    ours = _run(engine, params, PROMPTS, 4)
-    ref = _run(tiny_engine, tiny_engine.load_params(), PROMPTS, 4)
+    sp = SamplingParams(temperature=0.0, raw_logprobs=True)  # JetStream's insert has none
+    ours = _run(engine, params, PROMPTS, 4, sampling=sp)
+    ref = _run(tiny_engine, tiny_engine.load_params(), PROMPTS, 4, sampling=sp)
     np.testing.assert_array_equal(ours[0], ref[0])
-    np.testing.assert_allclose(ours[2], ref[2], atol=1e-4)
+    np.testing.assert_array_equal(_run(engine, params, PROMPTS, 4)[0], ref[0])
+    # trusted: the unsharded engine; exact: an uncached float64 forward on the same tokens
+    used = slice(len(PROMPTS))
+    assert_as_accurate(ours[2][used], ref[2][used], _exact(tiny_model, ref[0][used]))
     state = engine.init_decode_state()
     assert state.page_table.sharding.spec[0] == "fsdp"  # slots split over the batch axes
     # The pool: pages over the slots' batch axes (each shard's slots use its pages), kv

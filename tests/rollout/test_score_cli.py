@@ -64,9 +64,11 @@ def test_score_with_a_reward_model_folder_and_a_weighted_sum(tmp_path, capsys, c
     code, lines = _score(capsys, "--data", data, "--gin_param", weights,
                          "--gin_param", "RewardConfig.workers = 1")  # fmt: skip
     assert code == 0
-    np.testing.assert_allclose(
-        [line["score"] for line in lines], np.array([1.0, 0.0, 1.0]) + 0.5 * expected, rtol=1e-6
-    )
+    # The same model on the same rows scores the same, and the sum is float32's, added in the
+    # documented order (`ModelAndRuleRewards`: rules + weight * model): equal, not close.
+    np.testing.assert_array_equal([line["parts"][f"rm:{folder.name}"] for line in lines], expected)
+    total = np.float32([1.0, 0.0, 1.0]) + np.float32(0.5) * expected
+    np.testing.assert_array_equal([line["score"] for line in lines], total)
 
 
 BAD_ROWS = {
