@@ -19,12 +19,22 @@ the rules shard them):
   rollout phase (`learner.plan_rewards`);
 - KV cache: the engine's paged pool, max_slots x ceil(cache length / page size) pages of
   keys and values in the compute dtype (cache length = max_prompt_length + max_new_tokens
-  + 1), split over the batch axes as the slots are and over kv heads (tensor); plus a
-  copy of the weights in the sampling layout when it differs from the training layout
-  (fsdp > 1); with devices set apart for the sampler (`MeshConfig.rollout_devices`) both
-  live on those devices only (`Plan.sampler_terms`, on the sampler's own mesh), the weights
-  always a copy, and the trainer's devices hold neither;
-- batch: the 8 float32/int32 [M, mb, T] arrays of a `TrainBatch`;
+  + 1), split over the batch axes when they divide max_slots (the engine's rule) and over
+  kv heads (tensor); plus a copy of the weights in the sampling layout when it differs from
+  the training layout (fsdp > 1);
+- where the sampler and the scorers live: on the trainer's mesh with one process; with
+  several (`devices_per_host`), on each host's own mesh (`plan_shapes.host_mesh_shape`, as
+  `hosts.local_sampling_mesh`), the sampler's weights always a copy (the host-replicated
+  gather); with devices set apart for the sampler (`MeshConfig.rollout_devices`), on those
+  devices only (`Plan.sampler_terms`, on the sampler's own mesh: weights always a copy, KV
+  pool, reward models and judges), and the trainer's devices hold none of them;
+- vLLM (`RolloutConfig.backend = "vllm"`): no JAX pool or copy; vLLM reserves
+  `VllmConfig.gpu_memory_utilization` x device memory for the whole run (unknown, and
+  the verdict too, without a device memory figure);
+- batch: the 8 float32/int32 arrays of a `TrainBatch`, [B, T] from the experience pass
+  (held through every update: whole on one device with one process, where the experience
+  pass leaves it; rows over ("data", "fsdp") when they divide, with several) and one
+  [M, mb, T] mini-batch cut from it (rows over ("data", "fsdp") when mb divides);
 - activations of one micro-batch, with `S = b*N*t*t*4` (float32 attention scores), `bt = b*t`
   and the fitted buffer counts of `ACTIVATION_COUNTS`:
       layer = 2.8*S [+ 0.5*S*a/4 for bf16] + bt*(1.75*D + 5*F + 1*K*H)*a
@@ -34,9 +44,9 @@ the rules shard them):
   layer recomputed in its backward) + head with per-layer remat; plus, under fsdp, the
   all-gathered embedding/LM head and two layers' weights. The counts were fitted to XLA:CPU's
   buffer assignment of the real `make_policy_step` on 12 tiny configs (varying T, D, F, N, K,
-  V, L, mb: worst error 5%). With exactly two micro-batches `lax.scan` has length 1, XLA
-  inlines it and may overlap both micro-batches (measured 2x at mb=4, T=128), so the
-  planner counts two.
+  V, L, mb: worst error 5%). One micro-batch's activations whatever M: accumulation scans
+  every micro-batch from zeros (`state.accumulate`; XLA at mb=4, T=128: 48.9, 49.9 and
+  49.9 MB for M = 1, 2, 3).
 
 Known gap: XLA:CPU does not realise remat's saving (its scheduler hoists the recomputation;
 measured 20.4 vs 21.3 MB at L=4), so remat estimates are only checked on accelerators.
@@ -55,6 +65,7 @@ from jaxrl_llm.learner.plan_lora import adapter_bytes, int8_base_saving, lora_ac
 from jaxrl_llm.learner.plan_rewards import ScorerLoad, scorer_loads, scorers_memory
 from jaxrl_llm.learner.plan_shapes import (
     abstract_mesh,
+    host_mesh_shape,
     kv_pool_bytes,
     param_bytes,
     sampler_copy_bytes,
@@ -78,6 +89,9 @@ ACTIVATION_COUNTS = {
     "bt*D_head": 5.4,  # embedding output, final norm and their gradients, once
 }
 MOMENTS = 2  # AdamW
+# What devices set apart for the sampler hold (`MeshConfig.rollout_devices`): its weights
+# and KV pool, and the scorers `run.build_run` loads on the sampler's mesh.
+SAMPLER_KEYS = ("rollout_weights", "kv_cache", "reward_models", "judges", "scoring")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +118,9 @@ class Workload:
     # `MeshConfig.rollout_devices` and the sampler's mesh on them (`sampler_mesh_shape`).
     rollout_devices: int = 0
     sampler_mesh: tuple[int, int, int] = (1, 1, 1)
+    samples: int = 0  # B = prompts_per_step x n: rows of the experience batch
+    backend: str = "jax"  # `RolloutConfig.backend`
+    vllm_memory_utilization: float = 0.0  # `VllmConfig.gpu_memory_utilization` with 'vllm'
 
     @classmethod
     def from_rl_config(cls, cfg: Any) -> Workload:
@@ -126,7 +143,16 @@ class Workload:
             kv_cache_dtype=r.kv_cache_dtype,
             rollout_devices=(apart := cfg.mesh.rollout_devices),
             sampler_mesh=sampler_mesh_shape(apart, cfg.mesh.tensor) if apart else (1, 1, 1),
+            samples=d.prompts_per_step * r.n,
+            backend=r.backend,
+            vllm_memory_utilization=_vllm_share(r.backend),
         )
+
+
+def _vllm_share(backend: str) -> float:
+    from jaxrl_llm.rollout.config import VllmConfig
+
+    return VllmConfig().gpu_memory_utilization if backend == "vllm" else 0.0
 
 
 def gathered_bytes(cfg, mesh) -> int:
@@ -178,9 +204,7 @@ def activation_bytes(cfg, mesh, w: Workload, remat: bool) -> dict[str, int]:
     logits = c["logits"] * b * chunk * V * 4
     head = logits + c["bt*D_head"] * bt * D * a
     saved = cfg.num_layers * bt * D * a + layer if remat else cfg.num_layers * layer
-    peak = saved + head
-    overlap = 2 if w.micro_batches == 2 else 1
-    return {"per_layer": int(layer), "logits": int(logits), "peak": int(overlap * peak)}
+    return {"per_layer": int(layer), "logits": int(logits), "peak": int(saved + head)}
 
 
 @dataclasses.dataclass
@@ -188,7 +212,8 @@ class Plan:
     """Bytes per device, by term; `peak` = resident + max(train phase, rollout phase), or
     their sum when the rollout overlaps training (`Workload.max_staleness`). With devices
     set apart for the sampler, `sampler_terms` are each of those devices' bytes, and `peak`
-    is the larger of the two kinds of device."""
+    is the larger of the two kinds of device. `host_mesh`: each host's sampling mesh in a
+    run of several processes."""
 
     model: dict
     mesh: dict
@@ -200,12 +225,18 @@ class Plan:
     device_memory: float | None = None
     suggestions: list[dict] = dataclasses.field(default_factory=list)
     sampler_terms: dict[str, int] = dataclasses.field(default_factory=dict)
+    host_mesh: dict | None = None
 
     @property
     def resident(self) -> int:
         keys = ("params", "optimizer", "reference", "critic_params", "critic_optimizer",
-                "overlap_weights", "reward_models", "judges")  # fmt: skip
+                "overlap_weights", "reward_models", "judges", "vllm")  # fmt: skip
         return sum(self.terms[k] for k in keys)
+
+    @property
+    def vllm_unknown(self) -> bool:
+        """vLLM's reservation is a share of a device memory the plan was not given."""
+        return self.workload.get("backend") == "vllm" and self.device_memory is None
 
     @property
     def train_phase(self) -> int:
@@ -231,8 +262,13 @@ class Plan:
 
     @property
     def sampler_peak(self) -> int:
-        """A sampler device's bytes (0 without devices set apart for it)."""
-        return sum(self.sampler_terms.values())
+        """A sampler device's bytes (0 without devices set apart for it): its weights and
+        scorers resident, then sampling, then scoring."""
+        s = self.sampler_terms
+        if not s:
+            return 0
+        resident = s["rollout_weights"] + s["reward_models"] + s["judges"]
+        return resident + max(s["kv_cache"], s["scoring"])
 
     @property
     def peak(self) -> int:
@@ -262,6 +298,7 @@ class Plan:
                 "peak": self.trainer_peak,
             },
             **({"bytes_per_sampler_device": sampler} if sampler else {}),
+            **({"host_mesh": self.host_mesh} if self.host_mesh else {}),
             "peak": self.peak,
             "remat": self.remat,
             "device_memory": self.device_memory,
@@ -281,14 +318,24 @@ class Plan:
             "mesh "
             + " x ".join(f"{k}={v}" for k, v in self.mesh.items())
             + (" (the trainer's devices)" if self.sampler_terms else ""),
-            f"{'term':<24}{'GB / device':>12}",
         ]
+        if self.host_mesh:
+            shape = " x ".join(f"{k}={v}" for k, v in self.host_mesh.items())
+            lines.append(f"each host's sampler and scorers on its own mesh {shape}")
+        lines.append(f"{'term':<24}{'GB / device':>12}")
         lines += [f"{name:<24}{value / GB:>12.3f}" for name, value in rows]
         if self.sampler_terms:
             shape = " x ".join(map(str, self.workload["sampler_mesh"]))
             lines.append(f"sampler devices ({self.workload['rollout_devices']}, mesh {shape}):")
             sampler = [*self.sampler_terms.items(), ("= peak", self.sampler_peak)]
             lines += [f"{name:<24}{value / GB:>12.3f}" for name, value in sampler]
+        if self.vllm_unknown:
+            share = self.workload["vllm_memory_utilization"]
+            lines.append(
+                f"vLLM reserves {share} of each device's memory (VllmConfig."
+                "gpu_memory_utilization), not counted above: the device's memory is unknown; "
+                "pass --device-memory-gb for a verdict"
+            )
         if self.device_memory is not None:
             verdict = "fits" if self.fits else "does NOT fit"
             lines.append(
@@ -301,18 +348,53 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=None) -> Plan:
-    """Per-device memory of policy (+ reference, critic), rollout cache and one update."""
+def batch_bytes(mesh, w: Workload, processes: int = 1) -> int:
+    """The update's `TrainBatch` arrays on the most loaded device: the [B, T] experience
+    batch (one process: the experience pass leaves it whole on one device; several: rows
+    over ("data", "fsdp") when they divide, `hosts.batch_sharding`) and one [M, mb, T]
+    mini-batch (`steps.make_micro_batch_fn`: rows over ("data", "fsdp") when mb divides)."""
+    split = mesh.shape["data"] * mesh.shape["fsdp"]
+    rows = lambda n: n // split if n % split == 0 else n
+    full = (rows(w.samples) if processes > 1 else w.samples) * w.seq_len
+    mini = w.micro_batches * rows(w.micro_batch) * w.seq_len
+    return 8 * 4 * (full + mini)  # 8 float32/int32 arrays
+
+
+def _sampler_side(cfg, shape, w: Workload, device_memory, *, apart: bool) -> dict[str, int]:
+    """The rollout's and the scorers' terms on the mesh of `shape` they run on; `apart`:
+    not the trainer's devices or layout, so the sampler's weights are always a copy."""
+    sampling = abstract_mesh(*shape)
+    jax_engine = w.backend != "vllm" and w.slots
+    kv = kv_pool_bytes(cfg, sampling, w.slots, w.cache_len, w.kv_cache_dtype) if jax_engine else 0
+    copy = _sampling_copy_bytes(cfg, sampling, w, apart=apart) if jax_engine else 0
+    vllm = w.vllm_memory_utilization * device_memory if w.backend == "vllm" and device_memory else 0
+    return {
+        "kv_cache": kv,
+        "rollout_weights": copy,
+        "vllm": int(vllm),
+        **scorers_memory(w.scorers, sampling, cfg.dtype),
+    }
+
+
+def plan_memory(
+    cfg, mesh_shape, w: Workload, *, name="model", device_memory=None, devices_per_host=None
+) -> Plan:
+    """Per-device memory of policy (+ reference, critic), rollout cache, scorers and one
+    update; `devices_per_host` below the mesh's size: several processes, each host sampling
+    and scoring on its own devices."""
     from jaxrl_llm.models import ValueModel
 
     mesh = abstract_mesh(*mesh_shape)
+    devices, host = int(np.prod(mesh_shape)), None
+    if devices_per_host and devices_per_host < devices:  # several processes
+        host = host_mesh_shape(devices, devices_per_host, mesh_shape[2])
+    processes = devices // devices_per_host if host and devices_per_host else 1
     params, count = param_bytes(cfg, mesh, TRAIN_RULES)
     critic = param_bytes(cfg, mesh, TRAIN_RULES, ValueModel)[0] if w.critic else 0
-    sampling = abstract_mesh(*w.sampler_mesh) if w.rollout_devices else mesh
-    kv = kv_pool_bytes(cfg, sampling, w.slots, w.cache_len, w.kv_cache_dtype) if w.slots else 0
-    copy = _sampling_copy_bytes(cfg, sampling, w, apart=bool(w.rollout_devices)) if w.slots else 0
-    on_trainer = not w.rollout_devices  # else the sampler's own devices hold both
-    rows = shard_numel((w.micro_batches * w.micro_batch,), (ax.BATCH,), TRAIN_RULES, mesh)
+    # Run.build_run: the scorers on `local_sampling_mesh(sampling mesh or trainer mesh)`.
+    shape = w.sampler_mesh if w.rollout_devices else host or tuple(mesh_shape)
+    apart = bool(w.rollout_devices) or host is not None
+    side = _sampler_side(cfg, shape, w, device_memory, apart=apart)
     act = {r: activation_bytes(cfg, mesh, w, r)["peak"] for r in (False, True)}
     if w.lora is not None:
         act = {
@@ -324,6 +406,7 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
     trained = adapter_bytes(cfg, mesh, TRAIN_RULES, w.lora)[0] if w.lora else params
     if w.lora is not None and w.lora.quantize_base == "int8":
         params -= int8_base_saving(cfg, mesh, w.lora)
+    sampler = {k: side.pop(k) for k in SAMPLER_KEYS} if w.rollout_devices else {}
     terms = {
         "params": params + (trained if w.lora else 0),
         "optimizer": MOMENTS * trained,
@@ -332,13 +415,12 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
         "critic_params": critic,
         "critic_optimizer": MOMENTS * critic,
         "critic_grads": int(GRAD_COPIES * critic),
-        "batch": 8 * 4 * rows * w.seq_len,
+        "batch": batch_bytes(mesh, w, processes),
         "activations": act[cfg.remat] + gathered_bytes(cfg, mesh),
-        "kv_cache": kv if on_trainer else 0,
-        "rollout_weights": copy if on_trainer else 0,
         # The producer's copies of the trained params (learner/overlap.py), on their layout.
         "overlap_weights": (w.max_staleness + 1) * trained if w.max_staleness else 0,
-        **scorers_memory(w.scorers, mesh, cfg.dtype),
+        **{k: 0 for k in sampler},  # on the sampler's devices (`sampler_terms`)
+        **side,
     }
     return Plan(
         model={
@@ -355,5 +437,6 @@ def plan_memory(cfg, mesh_shape, w: Workload, *, name="model", device_memory=Non
         activations_remat=act[True],
         remat=cfg.remat,
         device_memory=device_memory,
-        sampler_terms={} if on_trainer else {"rollout_weights": copy, "kv_cache": kv},
+        sampler_terms=sampler,
+        host_mesh=dict(zip(ax.MESH_AXES, host)) if host else None,
     )

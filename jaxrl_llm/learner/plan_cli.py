@@ -33,13 +33,14 @@ def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
         options.append((change, cfg, mesh_shape, ww))
     if d > 1:
         options.append((f"MeshConfig.data={d // 2} (fsdp={f * 2})", cfg, (d // 2, f * 2, t), w))
-    if f > 1:
+    per_host = kw.get("devices_per_host")
+    if f > 1 and (not per_host or per_host % (t * 2) == 0):  # tensor stays within a host
         options.append((f"MeshConfig.tensor={t * 2} (fsdp={f // 2})", cfg, (d, f // 2, t * 2), w))
     options += [(change, cfg, mesh_shape, ww) for change, ww in _scorer_options(w, cfg.dtype)]
     if w.sampler_weights == "same" and plan.terms["rollout_weights"]:  # a copy already
         ww = dataclasses.replace(w, sampler_weights="int8")
         options.append(('RolloutConfig.weights="int8"', cfg, mesh_shape, ww))
-    if w.slots > 1:
+    if w.slots > 1 and w.backend != "vllm":
         ww = dataclasses.replace(w, slots=w.slots // 2)
         options.append((f"RolloutConfig.max_slots={w.slots // 2}", cfg, mesh_shape, ww))
     out = []
@@ -80,6 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="memory per device (default: what the local device reports)",
     )
     parser.add_argument(
+        "--devices-per-host",
+        type=int,
+        default=None,
+        help="devices each process drives (default: all of --devices, one process); fewer "
+        "plans a multi-host run, each host's sampler and scorers on its own devices "
+        "(TPU pod slices: 4 or 8 chips per host)",
+    )
+    parser.add_argument(
         "--model",
         default=None,
         help=f"plan this checkpoint instead: a path or one of {sorted(SHAPES)}",
@@ -111,14 +120,22 @@ def main(args: argparse.Namespace) -> int:
             f"MeshConfig.rollout_devices = {m.rollout_devices} leaves none of the "
             f"{args.devices} devices to the trainer"
         )
+    per_host = args.devices_per_host
+    if m.rollout_devices and per_host and per_host < args.devices:
+        raise ConfigError(
+            f"MeshConfig.rollout_devices = {m.rollout_devices} runs on one process only so "
+            f"far (--devices-per-host={per_host} of {args.devices} is several); use 0 for "
+            "multi-host runs"
+        )
     # The trainer's mesh takes the devices the sampler's do not (`learner.run._meshes`).
     trainer = args.devices - m.rollout_devices
     mesh_shape = resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=trainer)
     w = Workload.from_rl_config(rl)
     memory = args.device_memory_gb * GB if args.device_memory_gb else _local_device_memory()
-    plan = plan_memory(cfg, mesh_shape, w, name=checkpoint, device_memory=memory)
+    kw = dict(name=checkpoint, devices_per_host=per_host)
+    plan = plan_memory(cfg, mesh_shape, w, device_memory=memory, **kw)
     if plan.fits is False:
-        plan.suggestions = suggest(cfg, mesh_shape, w, plan, name=checkpoint)
+        plan.suggestions = suggest(cfg, mesh_shape, w, plan, **kw)
     if not args.json:
         print(plan.table())
     print(json.dumps(plan.to_json()))

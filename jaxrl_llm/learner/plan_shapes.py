@@ -82,19 +82,42 @@ def param_bytes(cfg, mesh, rules: Rules, cls=None) -> tuple[int, int]:
 
 
 def kv_pool_bytes(cfg, mesh, slots: int, cache_len: int, kv_dtype: str = "auto") -> int:
-    """The engine's paged pool: every slot can hold a full-length sequence; pages split over
-    the slots' batch axes (each shard's slots use its pages) and kv heads over tensor.
-    `kv_dtype` (`RolloutConfig.kv_cache_dtype`): 'auto' is the model's dtype; 'int8' adds a
-    float32 scale per head_dim values (`models.kv_int8.Int8Pages`)."""
+    """The engine's paged pool (`rollout.Engine`): every slot can hold a full-length
+    sequence; pages split over the batch axes that divide `slots` (`models.paged.batch_axes`,
+    the engine's own rule; otherwise every device holds the whole pool), their count rounded
+    up to a multiple of those shards, and kv heads over tensor. `kv_dtype`
+    (`RolloutConfig.kv_cache_dtype`): 'auto' is the model's dtype; 'int8' adds a float32
+    scale per head_dim values (`models.kv_int8.Int8Pages`)."""
     from jaxrl_llm.models.kv_int8 import pool_bytes_per_token
-    from jaxrl_llm.models.paged import DEFAULT_PAGE_SIZE
+    from jaxrl_llm.models.paged import DEFAULT_PAGE_SIZE, batch_axes
+    from jaxrl_llm.sharding.rules import ShardingContext
 
+    axes = batch_axes(ShardingContext(mesh, SAMPLE_RULES), slots)
+    shards = math.prod(mesh.shape[n] for n in axes)
     pages = slots * -(-cache_len // DEFAULT_PAGE_SIZE)
-    kv_shape = (cfg.num_layers, pages * DEFAULT_PAGE_SIZE, cfg.num_kv_heads, cfg.head_dim)
-    kv_axes = (ax.LAYERS, ax.BATCH, ax.ACT_KV_HEADS, None)
-    numel = 2 * shard_numel(kv_shape, kv_axes, SAMPLE_RULES, mesh)
+    pages = -(-pages // shards)  # per device
+    heads = shard_numel((cfg.num_kv_heads,), (ax.ACT_KV_HEADS,), SAMPLE_RULES, mesh)
+    numel = 2 * cfg.num_layers * pages * DEFAULT_PAGE_SIZE * heads * cfg.head_dim
     dtype = cfg.dtype if kv_dtype == "auto" else kv_dtype
     return numel * pool_bytes_per_token(1, cfg.head_dim, dtype) // cfg.head_dim
+
+
+def host_mesh_shape(devices: int, devices_per_host: int, tensor: int) -> tuple[int, int, int]:
+    """The mesh each host's rollout engine and scorers run on in a run of several processes
+    (`sharding.hosts.local_sampling_mesh`: (local devices / tensor, 1, tensor) over that
+    host's devices), with its errors."""
+    if devices_per_host < 1 or devices % devices_per_host:
+        raise ConfigError(
+            f"--devices-per-host={devices_per_host} does not divide --devices={devices}: "
+            "every host drives the same number of devices"
+        )
+    if devices_per_host % tensor:
+        raise ConfigError(
+            f"MeshConfig.tensor = {tensor} does not fit in a host's {devices_per_host} "
+            "devices; a multi-host RL run samples on each host separately, so keep the tensor "
+            "axis within a host (tensor <= devices per host) and scale with fsdp/data"
+        )
+    return devices_per_host // tensor, 1, tensor
 
 
 @functools.cache

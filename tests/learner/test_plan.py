@@ -32,8 +32,10 @@ SMALL = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_l
         (model_config("builtin"), (1, 1, 1), Workload(micro_batch=4, seq_len=96)),
         (SMALL, (2, 2, 1), Workload(micro_batch=8, seq_len=64)),
         (SMALL, (1, 2, 2), Workload(micro_batch=4, seq_len=128, micro_batches=4)),
+        # Two micro-batches: the scan still runs one at a time (`state.accumulate`).
+        (model_config("builtin"), (1, 1, 1), Workload(micro_batch=4, seq_len=128, micro_batches=2)),
     ],
-    ids=["tiny-qwen2", "data2-fsdp2", "fsdp2-tensor2"],
+    ids=["tiny-qwen2", "data2-fsdp2", "fsdp2-tensor2", "two-micro-batches"],
 )
 def test_estimate_within_15_percent_of_xla(cfg, mesh_shape, work):
     n = mesh_shape[0] * mesh_shape[1] * mesh_shape[2]
@@ -151,7 +153,8 @@ def test_devices_set_apart_hold_the_sampler_and_the_trainers_do_not(kv_dtype):
     work = Workload(micro_batch=2, seq_len=16, slots=4, cache_len=17, rollout_devices=4,
                     sampler_mesh=(2, 1, 2), kv_cache_dtype=kv_dtype)  # fmt: skip
     plan = plan_memory(SMALL, (1, 2, 2), work)
-    assert plan.sampler_terms == {"rollout_weights": weights, "kv_cache": kv}
+    no_scorers = {"reward_models": 0, "judges": 0, "scoring": 0}
+    assert plan.sampler_terms == {"rollout_weights": weights, "kv_cache": kv, **no_scorers}
     assert plan.terms["rollout_weights"] == plan.terms["kv_cache"] == 0
     assert plan.peak == max(plan.trainer_peak, weights + kv)
     shared = plan_memory(SMALL, (1, 2, 2), dataclasses.replace(work, rollout_devices=0))
