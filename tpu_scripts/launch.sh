@@ -21,7 +21,9 @@ QUOTED=""
 for arg in "${TRAIN_ARGS[@]}"; do
   QUOTED+=" $(quote "$arg")"
 done
-REMOTE="cd $REMOTE_DIR && export PATH=\"\$HOME/.local/bin:\$PATH\" JAXRL_DISTRIBUTED=auto"
+# The worker's shell runs a pipeline into tee: pipefail there, or the run's exit status would be
+# tee's (0) and a failed run would read as a good one to gcloud and to whatever called this.
+REMOTE="set -o pipefail && cd $REMOTE_DIR && export PATH=\"\$HOME/.local/bin:\$PATH\" JAXRL_DISTRIBUTED=auto"
 REMOTE+=" && jaxrl-llm train$QUOTED"
 REMOTE+=" 2>&1 | tee train.log"
 run gcloud compute tpus tpu-vm ssh "$TPU_NAME" "${WHERE[@]}" --worker=all \

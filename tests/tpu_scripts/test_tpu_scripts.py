@@ -1,5 +1,6 @@
 """tpu_scripts/*.sh: --dry-run prints the exact gcloud commands; shellcheck-clean."""
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -43,6 +44,23 @@ def test_launch_runs_train_everywhere_with_auto_distributed():
     assert "JAXRL_DISTRIBUTED=auto" in remote and "| tee train.log" in remote
     train = shlex.split(remote.split("&& jaxrl-llm ")[1].split(" 2>&1")[0])
     assert train == ["train", "--gin_file=configs/grpo_tiny.gin", '--gin_param=X="a b"']
+
+
+def test_launch_reports_a_failed_run_as_failed(tmp_path):
+    """The command each worker runs, run here by bash with a `jaxrl-llm` that fails: its exit
+    status is the run's, not `tee`'s (a crashed run must not read as a good one)."""
+    [ssh] = dry_run("launch.sh", "--gin_file=configs/grpo_tiny.gin")
+    remote = ssh[-1].removeprefix("--command=")
+    home, bin_dir = tmp_path / "home", tmp_path / "home" / ".local" / "bin"
+    bin_dir.mkdir(parents=True)
+    (home / "jaxrl-llm").mkdir()
+    fake = bin_dir / "jaxrl-llm"
+    fake.write_text("#!/usr/bin/env bash\necho 'Traceback: training failed' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    r = subprocess.run(["bash", "-c", remote], cwd=home, env={**os.environ, "HOME": str(home)},
+                       capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert r.returncode == 3, r.stderr
+    assert "training failed" in (home / "jaxrl-llm" / "train.log").read_text()
 
 
 def test_delete():
