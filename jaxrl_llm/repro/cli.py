@@ -3,7 +3,9 @@ N seeds.
 
 Writes ``OUT/results.json`` (per-seed curves, per-arm intervals, paired comparisons),
 ``OUT/figure.png`` and ``OUT/summary.md`` (the tables docs/reproductions.md shows); LIMR also
-``OUT/lim_curves.png`` (the scoring run's curves).
+``OUT/lim_curves.png`` (the scoring run's curves). A crashed run continues when the same command
+runs again: finished runs are reused, and ``results.json`` is written after every complete seed
+(``--report-only`` reports a partial one).
 """
 
 from __future__ import annotations

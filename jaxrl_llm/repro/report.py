@@ -35,6 +35,13 @@ def markdown_tables(result: dict[str, Any]) -> str:
         "per run |",
         "|---|---|---:|---:|---:|---:|",
     ]
+    if "partial" in result:  # written after each complete seed; the repro stopped before the last
+        planned = result["partial"]["seeds_planned"]
+        lines[:0] = [
+            f"**Partial**: seeds {result['seeds']} of {planned} finished; rerun the same "
+            "command to train the missing runs.",
+            "",
+        ]
     for name, arm in result["arms"].items():
         minutes = np.mean(arm["wall_s_per_run"]) / 60
         lines.append(

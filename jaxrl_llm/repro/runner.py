@@ -6,13 +6,22 @@ validation set and sampling state), the step count, no checkpoints. Runs share o
 JAX starts once; gin is cleared and re-parsed for each. The result is one JSON-ready record
 (``RepResult``): per-seed curves, and per arm the final validation score's mean and interval,
 and the paired comparisons the reproduction names.
+
+A crashed reproduction continues: each finished run writes its curve to ``CURVE_FILE`` in its
+folder, keyed by arm, seed and the hash of its resolved gin bindings (`run_signature`), and a
+rerun reuses the runs whose key matches. A run has no checkpoints, so one killed midway (its
+folder without a curve) or made with another config trains again from scratch in a fresh
+folder. ``results.json`` is written after every complete seed, marked ``partial`` until the last.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +35,7 @@ log = logging.getLogger(__name__)
 VAL_KEY = "val/test_score"
 TRAIN_KEY = "critic/score/mean"
 METRICS = ("final", "mean", "gain")
+CURVE_FILE = "curve.json"  # in a run's folder, written once the run finished
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +130,8 @@ def run_repro(
     """Prepares, runs every arm for every seed, writes ``out_dir/results.json``; returns it.
     `gin_params` are added to every RL run after the arm's and the runner's own bindings
     (so they win), checked against every arm before anything trains."""
+    if not seeds:
+        raise ValueError(f"repro {repro.name} needs at least one seed, got none")
     check_gin_params(repro, gin_params)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -127,26 +139,96 @@ def run_repro(
     prepared = prepare(PrepOptions(out_dir, tuple(seeds), prep_steps)) if prepare else Prepared()
     prep_s = time.perf_counter() - t0
     curves: list[RunCurve] = []
-    for seed in seeds:  # seed-major: a partial run still holds complete pairs
+    reused = 0
+    result: dict[str, Any] = {}
+    for i, seed in enumerate(seeds):  # seed-major: a partial run still holds complete pairs
         for arm in repro.arms:
-            run_dir = out_dir / "runs" / f"{arm.name}-seed{seed}"
             params = [
                 *arm.gin_params,
                 *prepared.params(arm.name, seed),
                 *seed_params(seed, steps),
                 *gin_params,
             ]
-            log.info("repro %s: arm %s seed %d -> %s", repro.name, arm.name, seed, run_dir)
-            t = time.perf_counter()
-            records = train_run(arm.gin_files, params, run_dir)
-            curves.append(curve_of(arm.name, seed, records, time.perf_counter() - t, run_dir))
-    result = summarise(repro, curves, prepared, steps=steps, gin_params=gin_params)
-    result["timing"] = {
-        "prepare_s": round(prep_s, 1),
-        "total_s": round(time.perf_counter() - t0, 1),
-    }
-    (out_dir / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+            run_dir = out_dir / "runs" / f"{arm.name}-seed{seed}"
+            signature = run_signature(arm.gin_files, params, prep_steps)
+            curve, was_reused = finished_or_trained(
+                arm.name, seed, arm.gin_files, params, run_dir, signature
+            )
+            curves.append(curve)
+            reused += was_reused
+        result = summarise(repro, curves, prepared, steps=steps, gin_params=gin_params)
+        if i + 1 < len(seeds):
+            result["partial"] = {"seeds_planned": list(seeds)}
+        result["timing"] = {
+            "prepare_s": round(prep_s, 1),
+            "total_s": round(time.perf_counter() - t0, 1),
+            "reused_runs": reused,  # finished runs an earlier, interrupted call left
+        }
+        write_json(out_dir / "results.json", result)
     return result
+
+
+def finished_or_trained(
+    arm: str,
+    seed: int,
+    gin_files: Sequence[str],
+    params: Sequence[str],
+    run_dir: Path,
+    signature: str,
+) -> tuple[RunCurve, bool]:
+    """The run's curve, and whether it was reused: from ``run_dir/CURVE_FILE`` when a run of
+    the same arm, seed and `signature` finished there, else trained now in a fresh folder."""
+    done = finished_curve(run_dir, arm, seed, signature)
+    if done is not None:
+        log.info("repro: reusing the finished run %s (same arm, seed and config)", run_dir)
+        return done, True
+    if run_dir.exists():  # killed midway (no curve), or made with another config
+        log.warning("repro: %s holds no finished run of this config; training it anew", run_dir)
+        shutil.rmtree(run_dir)
+    log.info("repro: arm %s seed %d -> %s", arm, seed, run_dir)
+    t = time.perf_counter()
+    records = train_run(gin_files, params, run_dir)
+    curve = curve_of(arm, seed, records, time.perf_counter() - t, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / CURVE_FILE, {"signature": signature, **dataclasses.asdict(curve)})
+    return curve, False
+
+
+def run_signature(gin_files: Sequence[str], params: Sequence[str], prep_steps: int | None) -> str:
+    """SHA-256 of the run's resolved gin bindings (every file, include and binding, the paths
+    to the preparation's outputs among them) and of the preparation's step cap, which changes
+    what those paths hold. What it cannot see: code changes, and the files the bindings name
+    changing otherwise (a preparation retrained on another host)."""
+    import gin
+
+    from jaxrl_llm.config import parse_gin
+
+    try:
+        parse_gin(list(gin_files), list(params))
+        text = f"{gin.config_str()}\n# prep_steps = {prep_steps}\n"
+        return hashlib.sha256(text.encode()).hexdigest()
+    finally:
+        gin.clear_config()
+
+
+def finished_curve(run_dir: Path, arm: str, seed: int, signature: str) -> RunCurve | None:
+    """The curve a finished run of this arm, seed and config signature left in `run_dir`."""
+    path = run_dir / CURVE_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    same_run = (record.get("arm"), record.get("seed")) == (arm, seed)
+    if not same_run or record.pop("signature", None) != signature:
+        return None
+    return curve_from_dict(record)
+
+
+def write_json(path: Path, record: dict[str, Any]) -> None:
+    """Replaces `path` whole: a crash while writing leaves the earlier file, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def summarise(
@@ -206,20 +288,22 @@ def summarise(
 def resummarise(repro: Repro, result: dict[str, Any]) -> dict[str, Any]:
     """A ``results.json`` summarised again from its per-seed curves (no training): for a
     report whose statistics changed after the runs, or a partial run's curves."""
-    curves = [
-        RunCurve(
-            arm=str(run["arm"]),
-            seed=int(run["seed"]),
-            val_steps=tuple(int(s) for s in run["val_steps"]),
-            val_scores=tuple(float(v) for v in run["val_scores"]),
-            train_scores=tuple(float(v) for v in run["train_scores"]),
-            wall_s=float(run["wall_s"]),
-            run_dir=str(run["run_dir"]),
-        )
-        for arm in result["arms"].values()
-        for run in arm["runs"]
-    ]
+    curves = [curve_from_dict(run) for arm in result["arms"].values() for run in arm["runs"]]
     prepared = Prepared(notes=result.get("prepared", {}))
     gin_params = result.get("gin_params", [])
     out = summarise(repro, curves, prepared, steps=result.get("steps"), gin_params=gin_params)
-    return {**out, "timing": result.get("timing", {})}
+    partial = {"partial": result["partial"]} if "partial" in result else {}
+    return {**out, **partial, "timing": result.get("timing", {})}
+
+
+def curve_from_dict(run: dict[str, Any]) -> RunCurve:
+    """A `RunCurve` from its JSON form (``results.json``'s runs, a run's ``CURVE_FILE``)."""
+    return RunCurve(
+        arm=str(run["arm"]),
+        seed=int(run["seed"]),
+        val_steps=tuple(int(s) for s in run["val_steps"]),
+        val_scores=tuple(float(v) for v in run["val_scores"]),
+        train_scores=tuple(float(v) for v in run["train_scores"]),
+        wall_s=float(run["wall_s"]),
+        run_dir=str(run["run_dir"]),
+    )
