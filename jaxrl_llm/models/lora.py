@@ -342,8 +342,12 @@ def adapters(model: nnx.Module) -> Iterator[Adapter]:
 
 
 def merge_adapters(model: M) -> M:
-    """Fold every adapter into its weight (W + (alpha / r) A B) and drop the adapters, in
-    place; the model is then a plain one (`save_pretrained` writes it). Returns it."""
+    """A plain copy of `model` (`save_pretrained` writes it): every adapter folded into its
+    weight (W + (alpha / r) A B) and dropped. `model` and its Variables are left as they
+    are: States may share them (a push's `full_params(params, frozen)` holds the trainer's
+    frozen base and KL reference). The copy has new Variables over the same arrays, and new
+    arrays for the merged weights only."""
+    model = nnx.clone(model)
     for ad in list(adapters(model)):
         base = getattr(ad.module, ad.name)
         w = base.get_value()

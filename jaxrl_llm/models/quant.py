@@ -2,10 +2,11 @@
 the rollout sampler's copy of the policy (`RolloutConfig.weights = 'int8'`).
 
 A weight W [in..., out...] is stored as int8 W_q with one scale per output channel,
-s[out...] = max |W| over the input dims / 127, W_q = round(W / s): each element is off by at
-most s / 2. Scaling commutes with the contraction over the input dims, so the layer computes
-x W ~= (x W_q) * s, reading one byte per weight element instead of two or four. (QLoRA's
-4-bit NormalFloat with double quantisation is not implemented.)
+s[out...] = max |W| over the input dims / 127 (rounded to the dtype s is stored in), W_q =
+round(W / s): each element of W_q s is off by at most s / 2. Scaling commutes with the
+contraction over the input dims, so the layer computes x W ~= (x W_q) * s, reading one byte
+per weight element instead of two or four. (QLoRA's 4-bit NormalFloat with double
+quantisation is not implemented.)
 
 The sampler's W8A8 form (`RolloutConfig.weights = 'w8a8'`, `int8_product`) also rounds each
 token's activations to int8 with one scale per token, so the product runs on int8 operands
@@ -40,16 +41,24 @@ INT8_ACTIVATIONS = "int8_activations"
 MIN_INT8_ROWS = 8
 
 
-def quantize_int8(w: Array, in_dims: int | tuple[int, ...]) -> tuple[Array, Array]:
-    """(W_q int8, s in W's dtype) of W, one scale per output channel: `in_dims` leading input
-    dims (W [in..., out...], s [out...]), or a tuple of the axes reduced (an embedding
-    [V, D] by rows: (1,), s [V])."""
+def quantize_int8(
+    w: Array, in_dims: int | tuple[int, ...], scale_dtype: Any = None
+) -> tuple[Array, Array]:
+    """(W_q int8, s in `scale_dtype`, default W's dtype) of W, one scale per output channel:
+    `in_dims` leading input dims (W [in..., out...], s [out...]), or a tuple of the axes
+    reduced (an embedding [V, D] by rows: (1,), s [V]). s is rounded to its dtype before W
+    is divided by it, so the pair as stored keeps the s / 2 bound (a bfloat16 s rounded
+    afterwards would move W_q s by up to 127 s 2^-9 more); a rounded-down s puts |W| / s at
+    most 127.25, which the clip to 127 keeps within the bound."""
     axes = tuple(range(in_dims)) if isinstance(in_dims, int) else in_dims
     w32 = w.astype(jnp.float32)
     absmax = jnp.max(jnp.abs(w32), axis=axes, keepdims=True)
-    scale = jnp.where(absmax > 0, absmax / INT8_MAX, 1.0)
-    q = jnp.clip(jnp.round(w32 / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8)
-    return q, jnp.squeeze(scale, axes).astype(w.dtype)
+    dtype = w.dtype if scale_dtype is None else scale_dtype
+    scale = jnp.where(absmax > 0, absmax / INT8_MAX, 1.0).astype(dtype)
+    s32 = scale.astype(jnp.float32)
+    s32 = jnp.where(s32 > 0, s32, 1.0)  # a scale that underflowed its dtype: W_q s = 0
+    q = jnp.clip(jnp.round(w32 / s32), -INT8_MAX, INT8_MAX).astype(jnp.int8)
+    return q, jnp.squeeze(scale, axes)
 
 
 def dequantize(q: Array, scale: Array) -> Array:
@@ -150,11 +159,12 @@ def int8_sampler_model(policy: M, *, activations: bool = False) -> M:
     return nnx.eval_shape(lambda m: int8_projections(nnx.clone(m), activations=activations), policy)
 
 
-def quantize_projections(state: nnx.State) -> nnx.State:
+def quantize_projections(state: nnx.State, scale_dtype: Any = None) -> nnx.State:
     """`state` (a policy's float State) with every projection weight int8 and its scales
-    added, the tree `nnx.state(int8_sampler_model(policy))` has; jittable (the sampler's
-    weight sync runs it once per update). Weights already int8 (an int8 LoRA base) and
-    everything else pass through."""
+    (in `scale_dtype`, default the weight's) added, the tree
+    `nnx.state(int8_sampler_model(policy))` has; jittable (the sampler's weight sync runs it
+    once per update). Weights already int8 (an int8 LoRA base) and everything else pass
+    through."""
     flat = dict(nnx.to_flat_state(state))
     out = {}
     for path, var in flat.items():
@@ -164,9 +174,9 @@ def quantize_projections(state: nnx.State) -> nnx.State:
         if in_dims is None:
             out[path] = var
             continue
-        q, scale = quantize_int8(value, in_dims)
+        q, scale = quantize_int8(value, in_dims, scale_dtype)
         axes = tuple(var.get_metadata()["logical_axes"])
         out[path] = var.replace(q)
-        scale_path = (*path[:-1], path[-1] + SCALE_SUFFIX)
+        scale_path = (*path[:-1], f"{path[-1]}{SCALE_SUFFIX}")
         out[scale_path] = nnx.Param(scale, logical_axes=_kept(axes, in_dims))
     return nnx.from_flat_state(out)

@@ -254,8 +254,8 @@ def _version_of(delivered: jax.Array) -> int | None:
 
 def _make_cast(dtype: str | None, *, int8: bool = False):
     """The map from the trainer's params to the sampler's, or None (the same arrays):
-    projections quantised to int8 from the master weights (`int8`), then floats cast to
-    `dtype` (the scales included)."""
+    projections quantised to int8 from the master weights (`int8`) with scales already in
+    `dtype` (so the stored pair keeps the s / 2 bound), then floats cast to `dtype`."""
     import jax.numpy as jnp
 
     from jaxrl_llm.models.config import as_dtype
@@ -269,7 +269,7 @@ def _make_cast(dtype: str | None, *, int8: bool = False):
         return x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x
 
     def cast(params):
-        params = quantize_projections(params) if int8 else params
+        params = quantize_projections(params, target) if int8 else params
         return params if target is None else jax.tree.map(narrow, params)
 
     return cast

@@ -66,8 +66,9 @@ def new_llm(vllm: Any, **engine_args: Any) -> Any:
 
 
 def load_weights(llm: Any, model: Any, dtype: str) -> WeightPush:
-    """Load `model`'s weights (our CausalLM; LoRA adapters merged first) into `llm`'s model
-    in memory, as `dtype`; then the CPU tied-head re-pack and an empty prefix cache."""
+    """Load `model`'s weights (our CausalLM; LoRA adapters merged first, into a copy:
+    `model`'s Variables may be the trainer's frozen base) into `llm`'s model in memory, as
+    `dtype`; then the CPU tied-head re-pack and an empty prefix cache."""
     from vllm.platforms import current_platform
 
     from jaxrl_llm.models.hf_io import hf_tensors

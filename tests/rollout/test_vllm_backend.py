@@ -410,7 +410,7 @@ def _tool_env_episodes(sampler, batch, prompts, tool, tok):
 
 
 def test_lora_runs_push_merged_weights(setup):
-    from jaxrl_llm.models.lora import LoraConfig, apply_lora
+    from jaxrl_llm.models.lora import LoraConfig, apply_lora, has_adapters
     from jaxrl_llm.rollout.vllm_engine import load_weights
     from jaxrl_llm.testing import randomise_lora_b
 
@@ -418,11 +418,13 @@ def test_lora_runs_push_merged_weights(setup):
     adapted = from_pretrained(builtin_checkpoint())
     apply_lora(adapted, LoraConfig(rank=4), seed=0)
     randomise_lora_b(adapted)
+    unmerged = nnx.clone(adapted, arrays=True)  # its forward: base + (alpha / r) x A B
     push = load_weights(vllm_s.llm, adapted, "float32")
+    assert has_adapters(adapted)  # the push merged a copy, not the model handed to it
     assert push.bytes == sum(x.size * 4 for x in jax.tree.leaves(nnx.state(model)))  # whole
     got = vllm_s.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=24, seed=2))
-    for c in got:  # the adapted model's own forward: base + (alpha / r) x A B, unmerged
-        want = _trainer_logprobs(adapted, nnx.state(adapted), c, 1.0)
+    for c in got:
+        want = _trainer_logprobs(unmerged, nnx.state(unmerged), c, 1.0)
         np.testing.assert_allclose(c.logprobs, want, atol=LOGPROB_ATOL)
     vllm_s.push_weights(nnx.state(model))
 
