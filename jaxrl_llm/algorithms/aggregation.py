@@ -15,8 +15,12 @@ mode                         formula                                ``normalizer
 ===========================  =====================================  ==========================
 
 Without ``normalizer`` N and S are counted in the given batch (S counts only sequences with at
-least one loss token, so extra all-padding rows change nothing). ``scale`` (``scale_factor``,
-default T = ``mask.shape[-1]``) is Dr.GRPO's constant "max tokens" (arXiv:2503.20783).
+least one loss token, so extra all-padding rows change nothing). ``scale`` (``scale_factor``)
+is Dr.GRPO's constant MAX_TOKENS (arXiv:2503.20783), the response budget (generation
+length), so the -norm mode divides by S x the response budget. Its default, T =
+``mask.shape[-1]``, is verl's, whose loss mask is response-only; a mask over whole rows
+(prompt + response, as `TrainBatch.loss_mask`) needs ``scale_factor`` = the response
+budget, which the update steps pass (``RolloutConfig.max_new_tokens``).
 
 Gradient accumulation: compute ``normalizer = loss_normalizer(minibatch_mask, mode)`` once over
 the whole minibatch and pass it to every micro-batch; the sum of the micro-batch losses then
@@ -85,7 +89,7 @@ def agg_seq_mean_token_mean(
 def agg_seq_mean_token_sum_norm(
     loss: Array, mask: Array, *, normalizer: Normalizer = None, scale_factor: float | None = None
 ) -> Array:
-    """``sum_b (s_b / scale) / S``; scale defaults to T."""
+    """``sum_b (s_b / scale) / S``; scale: the response budget (default T, see above)."""
     seq_sum, seq_tokens, _ = _sums(loss, mask)
     scale = jnp.shape(mask)[-1] if scale_factor is None else scale_factor
     den = _num_seqs(seq_tokens) if normalizer is None else jnp.asarray(normalizer, seq_sum.dtype)
@@ -116,7 +120,12 @@ def aggregate_loss(
 
     Deviations: an empty mask gives 0, not NaN; the default sequence count S ignores rows with
     no loss token (verl's older form divides by B), so padding rows leave the loss unchanged;
-    ``seq-mean-token-sum-norm`` divides by S as Dr.GRPO and newer verl do (older verl did not).
+    ``seq-mean-token-sum-norm`` divides by S as Dr.GRPO does (its loss is a mean over the
+    group's G responses). verl's ``agg_loss`` does not: at its HEAD of 2026-01-29 it
+    returns ``sum_b s_b / loss_scale_factor`` for the micro-batch (``loss_scale_factor``
+    defaulting to ``loss_mask.shape[-1]``, the response length), and its actor then scales
+    each micro-batch's loss by micro / mini batch size; a change dividing by the sequence
+    count (verl #4510) was reverted (#4769).
     """
     _check_mode(mode)
     return lookup("loss_agg", mode)(loss, mask, normalizer=normalizer, scale_factor=scale_factor)

@@ -174,7 +174,10 @@ class AlgoConfig:
         "token", "Ratio of the correction: 'token', 'sequence' or 'geometric' (per-token mean)."
     )
     is_mode: str = documented(
-        "truncate", "'truncate' (TIS: min(w, cap)) or 'mask' (MIS: w outside [is_floor, cap] is 0)."
+        "truncate",
+        "'truncate' (TIS: min(w, cap)) or 'mask' (MIS: a token, or with is_level 'sequence' "
+        "or 'geometric' a sequence, whose w is outside [is_floor, cap] leaves the loss mask: "
+        "policy loss, its normaliser, KL loss and entropy).",
     )
     is_floor: float = documented(0.0, "Lower bound of the 'mask' mode's weights.")
     overlong_filter: bool = documented(

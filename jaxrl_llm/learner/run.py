@@ -111,6 +111,7 @@ def build_learner(cfg: RLConfig) -> Learner:
         policy, cfg.policy.lora, seed=cfg.seed, reference=cfg.needs_reference
     )
     a = cfg.algo
+    budget = cfg.rollout.max_new_tokens  # a response's tokens: Dr.GRPO's divisor
     updates = cfg.steps * a.ppo_epochs * a.mini_batches
     tx = make_optimizer(cfg.optim, updates)
     state = RunState(TrainState.create(params, tx, jax.random.PRNGKey(cfg.seed)), None)
@@ -125,7 +126,7 @@ def build_learner(cfg: RLConfig) -> Learner:
         critic_graphdef, critic_params = nnx.split(critic)
         ctx_ = make_optimizer(cfg.critic_optim, updates)
         state.critic = TrainState.create(critic_params, ctx_, jax.random.PRNGKey(cfg.seed + 1))
-        critic_step = make_critic_step(critic_graphdef, ctx_, a)
+        critic_step = make_critic_step(critic_graphdef, ctx_, a, response_budget=budget)
     on_policy = exactly_on_policy(a)
     temperature = cfg.rollout.temperature
     experience_fn = make_experience_fn(
@@ -140,7 +141,9 @@ def build_learner(cfg: RLConfig) -> Learner:
         state=state,
         ref_params=ref_params,
         frozen=frozen,
-        policy_step=make_policy_step(graphdef, tx, a, temperature, on_policy=on_policy),
+        policy_step=make_policy_step(
+            graphdef, tx, a, temperature, on_policy=on_policy, response_budget=budget
+        ),
         critic_step=critic_step,
         experience_fn=experience_fn,
         micro_batches=make_micro_batch_fn(mesh, a.micro_batch_size),

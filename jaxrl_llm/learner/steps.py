@@ -11,6 +11,7 @@ entropy has a gradient only when its coefficient is non-zero (else it is a metri
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -20,7 +21,7 @@ from jax.sharding import Mesh
 
 from jaxrl_llm.algorithms import aggregate_loss, kl_penalty, loss_normalizer, value_loss
 from jaxrl_llm.algorithms.masked import masked_max, masked_min, safe_divide
-from jaxrl_llm.algorithms.off_policy import importance_weights
+from jaxrl_llm.algorithms.off_policy import importance_weights, rejection_mask
 from jaxrl_llm.algorithms.registry import resolve_declared
 from jaxrl_llm.learner.experience import logprob_diff_metrics, policy_logprobs, sequence_values
 from jaxrl_llm.learner.packing import Packing
@@ -38,9 +39,42 @@ def exactly_on_policy(algo) -> bool:
     """One epoch of one mini-batch and no KL in the reward: the policy step's own logprobs
     (under stop_gradient) are the old logprobs, so the ratio is 1 and the experience pass
     can skip the old-logprob forward. A KL in the reward needs them before the update, and
-    so does trained tool output (`mask_tool_output=False`: they fill its rollout logprobs)."""
+    so does trained tool output (`mask_tool_output=False`: they fill its rollout logprobs),
+    and the off-policy correction's mask mode (its rejection, from the old logprobs, must be
+    known before the mini-batch's normaliser: `_rejecting`)."""
     once = algo.ppo_epochs == 1 and algo.mini_batches == 1
-    return once and algo.kl_in_reward_coef == 0 and algo.mask_tool_output
+    return once and algo.kl_in_reward_coef == 0 and algo.mask_tool_output and not rejects(algo)
+
+
+def rejects(algo) -> bool:
+    """Whether the off-policy correction rejects tokens (`is_mode = "mask"`)."""
+    return algo.is_cap is not None and algo.is_mode == "mask"
+
+
+def _scale(algo, response_budget: int | None) -> int | None:
+    """`seq-mean-token-sum-norm`'s constant divisor: the response budget (Dr.GRPO's
+    MAX_TOKENS), which the rows' length (prompt budget + response budget) is not."""
+    if algo.loss_agg == "seq-mean-token-sum-norm" and response_budget is None:
+        raise ValueError(
+            "AlgoConfig.loss_agg = 'seq-mean-token-sum-norm' divides by the response budget: "
+            "build the step with response_budget=RolloutConfig.max_new_tokens"
+        )
+    return response_budget
+
+
+def _rejecting(algo):
+    """The mask mode's rejection, applied to the whole mini-batch before its normaliser:
+    `batch [M, mb, T] -> (batch less the rejected tokens, is/* metrics over its trained
+    tokens before the rejection)`, as verl's rejection sampling edits `response_mask`."""
+
+    def prepare(batch: TrainBatch) -> tuple[TrainBatch, dict[str, jax.Array]]:
+        inputs = (batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask)
+        bounds = dict(level=algo.is_level, cap=algo.is_cap, floor=algo.is_floor)
+        _, metrics = importance_weights(*inputs, mode="mask", **bounds)
+        kept = rejection_mask(*inputs, **bounds)
+        return dataclasses.replace(batch, loss_mask=kept), metrics
+
+    return prepare
 
 
 def _policy_loss_fn(algo):
@@ -52,7 +86,7 @@ def _policy_loss_fn(algo):
 
 def make_policy_step(
     graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo, temperature,
-    *, on_policy: bool = False,
+    *, on_policy: bool = False, response_budget: int | None = None,
 ):  # fmt: skip
     """`step(state, batch: TrainBatch [M, mb, T], packing=None, frozen=None) -> (state,
     metrics)`. `frozen`: with LoRA, the frozen base params the state's adapters sit on
@@ -61,9 +95,18 @@ def make_policy_step(
 
     `on_policy` (see `exactly_on_policy`): the old logprobs are the step's own under
     stop_gradient (`batch.old_logprobs` is not read), and the metrics add the rollout
-    mismatch `rollout/logprob_diff/*` over the trained tokens from those logprobs."""
+    mismatch `rollout/logprob_diff/*` over the trained tokens from those logprobs.
+
+    `response_budget` (`RolloutConfig.max_new_tokens`): the divisor of
+    `seq-mean-token-sum-norm` (required in that mode). With `is_mode = "mask"` the rejected
+    tokens leave `loss_mask` before anything else (`_rejecting`)."""
     pg_fn = _policy_loss_fn(algo)
-    agg = algo.loss_agg
+    agg, scale = algo.loss_agg, _scale(algo, response_budget)
+    if on_policy and rejects(algo):
+        raise ValueError(
+            "AlgoConfig.is_mode = 'mask' rejects tokens from the old logprobs before the "
+            "step: build it with on_policy=False (steps.exactly_on_policy says so)"
+        )
 
     def loss_fn(params, mb: TrainBatch, packing: Packing | None, normalizer, frozen):
         model = nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
@@ -78,22 +121,26 @@ def make_policy_step(
         is_metrics = {}
         if algo.is_cap is not None:
             # Off-policy correction (decoupled PPO): the advantage weighted by
-            # pi_old / pi_sampler, truncated or masked (algorithms/off_policy.py).
+            # pi_old / pi_sampler, truncated or masked (algorithms/off_policy.py). In mask
+            # mode `mask` is already without the rejected tokens, and the metrics come from
+            # the whole mini-batch (`_rejecting`).
             w, is_metrics = importance_weights(
                 old, mb.rollout_logprobs, mask, level=algo.is_level, mode=algo.is_mode,
                 cap=algo.is_cap, floor=algo.is_floor,
             )  # fmt: skip
             advantages = advantages * jax.lax.stop_gradient(w)
-        pg_loss, m = pg_fn(logp, old, advantages, mask, agg=agg, normalizer=normalizer)
+            is_metrics = {} if rejects(algo) else is_metrics
+        agg_kw = dict(normalizer=normalizer, scale_factor=scale)
+        pg_loss, m = pg_fn(logp, old, advantages, mask, agg=agg, **agg_kw)
         total = pg_loss
         metrics = {"actor/pg_loss": pg_loss, **{f"actor/{k}": v for k, v in m.items()}}
         metrics.update(is_metrics)
         if algo.use_kl_loss:
             kl = kl_penalty(logp, mb.ref_logprobs, algo.kl_loss_kind)
-            kl_loss = aggregate_loss(kl, mask, agg, normalizer=normalizer)
+            kl_loss = aggregate_loss(kl, mask, agg, **agg_kw)
             total = total + algo.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss
-        ent_loss = aggregate_loss(ent, mask, agg, normalizer=normalizer)
+        ent_loss = aggregate_loss(ent, mask, agg, **agg_kw)
         metrics["actor/entropy"] = ent_loss
         if algo.entropy_coef:
             total = total - algo.entropy_coef * ent_loss
@@ -101,11 +148,17 @@ def make_policy_step(
 
     summed = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
     token_means = ("is/weight/mean", "is/clipped_frac")  # over the trained tokens
-    return _make_update(loss_fn, tx, agg, "actor", summed, token_means)
+    prepare = _rejecting(algo) if rejects(algo) else None
+    return _make_update(loss_fn, tx, agg, "actor", summed, token_means, prepare)
 
 
-def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo):
-    agg = algo.loss_agg
+def make_critic_step(
+    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, algo,
+    *, response_budget: int | None = None,
+):  # fmt: skip
+    """`step(state, batch [M, mb, T], packing=None) -> (state, metrics)`: the clipped value
+    loss. `response_budget`: as `make_policy_step`'s."""
+    agg, scale = algo.loss_agg, _scale(algo, response_budget)
 
     def loss_fn(params, mb: TrainBatch, packing: Packing | None, normalizer, frozen):
         del frozen  # the critic is trained whole
@@ -113,7 +166,7 @@ def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
         values = sequence_values(critic, mb.input_ids, packing)
         loss, m = value_loss(
             values, mb.old_values, mb.returns, mb.loss_mask,
-            clip=algo.value_clip, agg=agg, normalizer=normalizer,
+            clip=algo.value_clip, agg=agg, normalizer=normalizer, scale_factor=scale,
         )  # fmt: skip
         return loss, ({"critic/vf_loss": loss, "critic/vf_clipfrac": m["vf_clipfrac"]}, None)
 
@@ -121,7 +174,8 @@ def make_critic_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, a
 
 
 def _make_update(
-    loss_fn, tx, agg: str, role: str, summed: tuple[str, ...], token_means: tuple[str, ...] = ()
+    loss_fn, tx, agg: str, role: str, summed: tuple[str, ...], token_means: tuple[str, ...] = (),
+    prepare=None,
 ):  # fmt: skip
     """The jitted step both roles share: a global normaliser over the whole mini-batch,
     gradients accumulated over its micro-batches, one optimiser update (skipped if not
@@ -129,18 +183,21 @@ def _make_update(
     the micro-batches by `reduce_micro_batches`. Logprobs, when given (on-policy), are
     compared with the rollout's over the trained tokens. `packing` ([M, ...],
     `learner.packing`): the forwards run on packed rows. `frozen`: params the loss reads but
-    does not train (LoRA's base; not donated)."""
+    does not train (LoRA's base; not donated). `prepare(batch) -> (batch, metrics)`: run
+    on the whole mini-batch first (the mask mode's rejection), its metrics reported as they
+    are."""
 
     def step(
         state: TrainState, batch: TrainBatch, packing: Packing | None = None, frozen: Any = None
     ):
+        batch, prepared = (batch, {}) if prepare is None else prepare(batch)
         flat_mask = batch.loss_mask.reshape(-1, batch.loss_mask.shape[-1])
         normalizer = loss_normalizer(flat_mask, agg)
         loss, grads, (metrics, logprobs) = accumulate_gradients(
             lambda p, xs: loss_fn(p, *xs, normalizer, frozen), state.params, (batch, packing)
         )
         tokens = batch.loss_mask.sum((1, 2))  # [M]
-        metrics = reduce_micro_batches(metrics, tokens, summed, token_means)
+        metrics = {**reduce_micro_batches(metrics, tokens, summed, token_means), **prepared}
         if logprobs is not None:
             mask = batch.loss_mask
             metrics.update(logprob_diff_metrics(logprobs, batch.rollout_logprobs, mask))

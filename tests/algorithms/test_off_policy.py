@@ -107,7 +107,8 @@ def test_a_long_sequence_does_not_overflow_and_bad_options_are_refused():
 @pytest.mark.parametrize(("level", "mode"), [("token", "truncate"), ("sequence", "mask")])
 def test_the_policy_step_weights_the_advantages(level, mode):
     """One step with the correction equals one step without it whose advantages were
-    multiplied by the weights beforehand; the step reports the weights' metrics.
+    multiplied by the weights beforehand (in mask mode, with the rejected tokens out of its
+    loss mask too); the step reports the weights' metrics.
 
     The two programs differ only in the weights, each within its float32 error `err` of the
     exact ones (`_reference`), so the advantage-weight products differ by at most
@@ -137,7 +138,9 @@ def test_the_policy_step_weights_the_advantages(level, mode):
     )  # fmt: skip
     on = np.asarray(mask) > 0
     assert np.all(np.minimum(abs(raw - 1.2), abs(raw - 0.9))[on] > err[on])  # same choices
-    by_hand = dataclasses.replace(batch, advantages=batch.advantages * w)
+    # In mask mode a rejected token also leaves the loss mask (and so the normaliser).
+    kept = jnp.where(w > 0, mask, 0.0) if mode == "mask" else mask
+    by_hand = dataclasses.replace(batch, advantages=batch.advantages * w, loss_mask=kept)
     tx = optax.sgd(0.1)
 
     def update(a, bt):
@@ -155,7 +158,8 @@ def test_the_policy_step_weights_the_advantages(level, mode):
     # d(params, loss) / d(weighted advantages), one column per token: [..., B, T].
     jac = jax.jacfwd(weighted)
     jp, jl = jax.tree.map(np.asarray, jac(by_hand.advantages))
-    delta = 2 * err * np.abs(np.asarray(batch.advantages))  # |products' difference| bound
+    # |products' difference| bound, on the tokens both steps train
+    delta = 2 * err * np.abs(np.asarray(batch.advantages)) * np.asarray(kept)
     v = np.asarray(by_hand.advantages, np.float64)
 
     def tolerance(j, result):

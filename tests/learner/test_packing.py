@@ -182,7 +182,7 @@ def test_packed_policy_and_critic_steps_equal_unpacked(models, loss_agg):
         make = make_critic_step if isinstance(model, ValueModel) else make_policy_step
         extra = (TEMP,) if make is make_policy_step else ()
         graphdef, params = nnx.split(model)
-        step = make(graphdef, tx, algo, *extra)
+        step = make(graphdef, tx, algo, *extra, response_budget=T)  # packed or not alike
         state = TrainState.create(jax.tree.map(jnp.copy, params), tx, jax.random.PRNGKey(0))
         state, metrics = step(state, batch, packing)
         return jax.device_get((state.params, metrics))

@@ -26,6 +26,7 @@ from jaxrl_llm.sharding import build_mesh
 from jaxrl_llm.sharding.hosts import batch_sharding
 from jaxrl_llm.testing import (
     FLOAT32_EPS,
+    aggregation_weights,
     as_float64,
     assert_as_accurate,
     float32_sum_tolerance,
@@ -369,3 +370,87 @@ def test_fetch_takes_the_max_and_min_over_updates():
         "is/weight/mean": values(1.0, 0.5),
     })  # fmt: skip
     assert got == {"is/weight/max": 1.75, "critic/advantages/min": -3.0, "is/weight/mean": 0.75}
+
+
+def _budget_rows(prompt_budget: int, response_budget: int, seed=7):
+    """The same samples (prompt, response, advantages, returns) in rows of `prompt_budget +
+    response_budget` tokens: prompt, then response, then padding."""
+    rng = np.random.default_rng(seed)
+    prompts, responses = rng.integers(1, 4, B), rng.integers(1, response_budget + 1, B)
+    t = prompt_budget + response_budget
+    ids = np.zeros((B, t), np.int32)
+    mask, adv, ret = (np.zeros((B, t), np.float32) for _ in range(3))
+    tokens = rng.integers(3, CFG.vocab_size, (B, 3 + response_budget))  # prompts <= 3
+    a, r = rng.normal(size=(B, response_budget)), rng.normal(size=(B, response_budget))
+    for b in range(B):
+        p, n = prompts[b], responses[b]
+        ids[b, : p + n] = tokens[b, : p + n]
+        mask[b, p : p + n] = 1
+        adv[b, p : p + n], ret[b, p : p + n] = a[b, :n], r[b, :n]
+    z = np.zeros((B, t), np.float32)
+    batch = TrainBatch(
+        input_ids=jnp.asarray(ids), loss_mask=jnp.asarray(mask), old_logprobs=jnp.asarray(z),
+        ref_logprobs=jnp.asarray(z), advantages=jnp.asarray(adv), returns=jnp.asarray(ret),
+        old_values=jnp.asarray(z), rollout_logprobs=jnp.asarray(z),
+    )  # fmt: skip
+    return batch
+
+
+@pytest.mark.slow  # four small steps (two budgets, policy and critic)
+def test_dr_grpo_divides_by_the_response_budget_not_the_row_length(monkeypatch):
+    """`seq-mean-token-sum-norm` (Dr.GRPO): the policy loss is sum_b s_b / (S * R), R the
+    response budget (`RolloutConfig.max_new_tokens`), not the row length (prompt budget +
+    R): the same samples in rows for two prompt budgets give the same loss. On-policy, the
+    ratio is exactly 1, so each token's loss is -A_t; the critic's values are fixed (the
+    critic's loss is then 0.5 (v - R)^2 per token), so both losses are exact in float64.
+    Tolerance: one float32 program's sum of the weighted terms (`aggregation_weights` x
+    loss), in any order (`float32_sum_tolerance`, halved: one program against the exact
+    value), plus the scale and normaliser divisions and the micro-batch sum."""
+    response_budget, micro = 5, 4
+    algo = AlgoConfig(loss_agg="seq-mean-token-sum-norm", value_clip=None)
+    fixed = lambda ids: (ids % 7).astype(jnp.float32) * 0.25  # the critic's "values"
+    monkeypatch.setattr(steps, "sequence_values", lambda critic, ids, packing=None: fixed(ids))
+    tx = optax.sgd(0.1)
+    losses = []
+    for prompt_budget in (3, 9):
+        batch = _budget_rows(prompt_budget, response_budget)
+        mask = np.asarray(batch.loss_mask, np.float64)
+        alg_weights = aggregation_weights(  # 1 / (S R) on each trained token
+            mask, "seq-mean-token-sum-norm", scale_factor=response_budget
+        )
+        per_token = {
+            "actor/pg_loss": -np.asarray(batch.advantages, np.float64),
+            "critic/vf_loss": 0.5
+            * (np.asarray(fixed(batch.input_ids), np.float64) - np.asarray(batch.returns)) ** 2,
+        }
+        mb = to_micro_batches(batch, jnp.arange(B), micro)
+        graphdef, state = _policy_state(init_model(CFG, seed=8), tx)
+        step = make_policy_step(
+            graphdef, tx, algo, temperature=1.0, on_policy=True, response_budget=response_budget
+        )
+        _, got = step(state, mb)
+        graphdef, state = _policy_state(init_model(CFG, seed=8, cls=ValueModel), tx)
+        _, critic = make_critic_step(graphdef, tx, algo, response_budget=response_budget)(state, mb)
+        got.update(critic)
+        for key, loss in per_token.items():
+            terms = alg_weights * loss
+            want = terms.sum()
+            n = int(mask.sum())
+            tol = float32_sum_tolerance(terms.ravel(), roundings=n + B // micro) / 2
+            tol += 2 * FLOAT32_EPS * abs(want)
+            err = abs(float(got[key]) - want)
+            print(f"P={prompt_budget} {key}: {float(got[key]):.7g} vs {want:.7g}, bound {tol:.3g}")
+            assert err <= tol, (prompt_budget, key, float(got[key]), want, tol)
+            if key == "actor/pg_loss":
+                losses.append((float(got[key]), tol))
+    (l3, tol3), (l9, tol9) = losses  # the same samples: the same loss for both budgets
+    assert abs(l3 - l9) <= tol3 + tol9
+
+
+def test_dr_grpo_needs_the_response_budget():
+    graphdef, _ = nnx.split(init_model(CFG, seed=8))
+    algo = AlgoConfig(loss_agg="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="response_budget"):
+        make_policy_step(graphdef, optax.sgd(0.1), algo, temperature=1.0)
+    with pytest.raises(ValueError, match="response_budget"):
+        make_critic_step(graphdef, optax.sgd(0.1), algo)

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxrl_llm.config_checks import ConfigError
+
 LEVELS = {
     1: "one addition or subtraction of numbers below 100 (mental)",
     2: "one times-table multiplication or exact division (mental)",
@@ -162,7 +164,9 @@ def generate_problems(
 
     Ids are ``f"{id_prefix}-{i:05d}"``. Prompts in ``exclude_prompts`` (e.g. the training
     split's) are never produced. ``split`` ("train" | "val") keeps only problems of that
-    split (see ``split_of``); None keeps all.
+    split (see ``split_of``); None keeps all. The space is finite (2,816 level-2 prompts, of
+    which about 2,545 are in "train"): asking for more than ``levels`` and ``split`` hold
+    raises ``ConfigError`` with their count (checked after a long run of repeated draws).
     """
     if split is not None and split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
@@ -172,13 +176,82 @@ def generate_problems(
     rng = random.Random(seed)
     seen = set(exclude_prompts)
     problems: list[dict[str, Any]] = []
+    misses = 0
     while len(problems) < n:
         problem = make_problem(rng.choice(list(levels)), rng, f"{id_prefix}-{len(problems):05d}")
         prompt = problem["prompt"]
         if prompt not in seen and (split is None or split_of(prompt) == split):
             seen.add(prompt)
             problems.append(problem)
+            misses = 0
+            continue
+        misses += 1  # a long run of repeats: the space may be (nearly) used up
+        if misses in (MISSES_BEFORE_COUNTING, MISSES_BEFORE_GIVING_UP):
+            _check_reachable(
+                n, levels, split, exclude_prompts, gave_up=misses > MISSES_BEFORE_COUNTING
+            )
     return problems
+
+
+MISSES_BEFORE_COUNTING = 1_000
+MISSES_BEFORE_GIVING_UP = 1_000_000
+ENUMERABLE = 200_000  # prompts: the mental levels (1: 114,528; 2: 2,816) are counted exactly
+
+
+def _values(level: int) -> list[tuple[str, dict[str, int]]]:
+    """Every (kind, numbers) `_sample` can draw at a mental level (1, 2)."""
+    if level == 1:
+        add = [("add", {"a": a, "b": b}) for a in range(2, 51) for b in range(2, 50)]
+        return add + [("sub", {"a": a, "b": b}) for a in range(11, 100) for b in range(1, a)]
+    pairs = [(a, b) for a in range(2, 10) for b in range(2, 13)]
+    return [("mul", {"a": a, "b": b}) for a, b in pairs] + [
+        ("div", {"a": a, "t": a * b}) for a, b in pairs
+    ]
+
+
+def level_size(level: int) -> int:
+    """How many distinct prompts ``level`` has, before the split (each prompt shows all its
+    numbers, so distinct numbers, names or items give distinct prompts)."""
+    people = len(NAMES) * len(ITEMS)
+    counts = {1: (49 * 48 + sum(range(10, 99))), 2: 2 * 8 * 11, 3: 88 * 899, 4: 899 * 89 * 990}
+    return counts[level] * people
+
+
+def _all_prompts(level: int):
+    for kind, values in _values(level):
+        for name in NAMES:
+            for item in ITEMS:
+                yield _KINDS[kind].prompt.format(n=name, i=item, **values)
+
+
+def _check_reachable(
+    n: int, levels: Sequence[int], split: str | None, exclude: set[str] | frozenset[str],
+    *, gave_up: bool,
+) -> None:  # fmt: skip
+    """Raises ``ConfigError`` when ``levels`` and ``split`` (less ``exclude``) hold fewer than
+    ``n`` distinct prompts: counted exactly where the space is small enough to list; else,
+    after ``MISSES_BEFORE_GIVING_UP`` draws in a row with no new prompt, with the size
+    before the split as the bound. Otherwise returns, and drawing goes on."""
+    where = f"levels {tuple(levels)}, split {split!r}"
+    fix = "ask for fewer, or add levels (arithmetic.LEVELS)"
+    total = sum(level_size(level) for level in set(levels))
+    if total <= ENUMERABLE:
+        prompts = {p for level in set(levels) for p in _all_prompts(level)}
+        available = sum(
+            p not in exclude and (split is None or split_of(p) == split) for p in prompts
+        )
+        if n > available:
+            excluded = f" (less the {len(exclude)} excluded prompts)" if exclude else ""
+            raise ConfigError(
+                f"{n} distinct arithmetic problems asked of {where}{excluded}, which hold "
+                f"{available} distinct problems: {fix}"
+            )
+    elif gave_up:
+        raise ConfigError(
+            f"{n} distinct arithmetic problems asked of {where}: no new one in "
+            f"{MISSES_BEFORE_GIVING_UP:,} draws in a row; those levels hold at most {total:,} "
+            f"distinct problems before the split: {fix}"
+        )
 
 
 def write_jsonl(problems: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
