@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 from jaxtyping import Bool, Float, Int
 
 from jaxrl_llm.algorithms import head_logprobs, kl_shaped_rewards, outcome_token_rewards
@@ -23,6 +24,7 @@ from jaxrl_llm.algorithms.logprobs import EntropyMode
 from jaxrl_llm.algorithms.masked import compute_dtype, masked_max, masked_mean, masked_min
 from jaxrl_llm.algorithms.registry import resolve_declared
 from jaxrl_llm.learner.packing import Packing, pack, unpack
+from jaxrl_llm.sharding.hosts import batch_sharding
 from jaxrl_llm.types import Completion, TrainBatch
 
 # float32 logits per chunk of `head_logprobs`: [rows, chunk, V] stays under 2**25 floats
@@ -187,6 +189,7 @@ def advantage_fn(algo, group_size: int):
 def make_experience_fn(
     graphdef: nnx.GraphDef, critic_graphdef: nnx.GraphDef | None, algo, *,
     temperature: float, group_size: int, micro_batch: int, old_logprobs: bool = True,
+    mesh: Mesh | None = None,
 ):  # fmt: skip
     """The jitted experience pass:
 
@@ -210,6 +213,10 @@ def make_experience_fn(
     as if nothing were filtered, so a filtered sample's score still counts in its group's
     baseline; only the batch's `loss_mask` (`trained_mask * sample_mask`), which the
     policy and critic losses read, and the metrics of the trained tokens leave it out.
+
+    `mesh`: the batch's fields come out with their rows over ("data", "fsdp"), as its
+    inputs go in (`hosts.batch_sharding`), rather than where XLA would leave them (the
+    advantages replicated on every device): the batch stays on the mesh through the update.
     """
     if not old_logprobs and algo.kl_in_reward_coef > 0:
         raise ValueError("a KL penalty in the reward needs the old logprobs (old_logprobs=True)")
@@ -254,6 +261,9 @@ def make_experience_fn(
             input_ids=input_ids, loss_mask=loss_mask, old_logprobs=old, ref_logprobs=ref,
             advantages=adv, returns=returns, old_values=values, rollout_logprobs=behaviour,
         )  # fmt: skip
+        if mesh is not None:
+            rows = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.shape))
+            batch = jax.tree.map(rows, batch)
         metrics = experience_metrics(batch, token_rewards, has_values=outs[2] is not None)
         if old_logprobs:
             metrics.update(logprob_diff_metrics(old, rollout_logprobs, response_mask))

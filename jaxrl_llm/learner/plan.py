@@ -348,14 +348,14 @@ class Plan:
         return "\n".join(lines)
 
 
-def batch_bytes(mesh, w: Workload, processes: int = 1) -> int:
+def batch_bytes(mesh, w: Workload) -> int:
     """The update's `TrainBatch` arrays on the most loaded device: the [B, T] experience
-    batch (one process: the experience pass leaves it whole on one device; several: rows
-    over ("data", "fsdp") when they divide, `hosts.batch_sharding`) and one [M, mb, T]
-    mini-batch (`steps.make_micro_batch_fn`: rows over ("data", "fsdp") when mb divides)."""
+    batch (rows over ("data", "fsdp") when they divide, `hosts.batch_sharding`, as the
+    experience pass places them) and one [M, mb, T] mini-batch
+    (`steps.make_micro_batch_fn`: rows over ("data", "fsdp") when mb divides)."""
     split = mesh.shape["data"] * mesh.shape["fsdp"]
     rows = lambda n: n // split if n % split == 0 else n
-    full = (rows(w.samples) if processes > 1 else w.samples) * w.seq_len
+    full = rows(w.samples) * w.seq_len
     mini = w.micro_batches * rows(w.micro_batch) * w.seq_len
     return 8 * 4 * (full + mini)  # 8 float32/int32 arrays
 
@@ -388,7 +388,6 @@ def plan_memory(
     devices, host = int(np.prod(mesh_shape)), None
     if devices_per_host and devices_per_host < devices:  # several processes
         host = host_mesh_shape(devices, devices_per_host, mesh_shape[2])
-    processes = devices // devices_per_host if host and devices_per_host else 1
     params, count = param_bytes(cfg, mesh, TRAIN_RULES)
     critic = param_bytes(cfg, mesh, TRAIN_RULES, ValueModel)[0] if w.critic else 0
     # Run.build_run: the scorers on `local_sampling_mesh(sampling mesh or trainer mesh)`.
@@ -415,7 +414,7 @@ def plan_memory(
         "critic_params": critic,
         "critic_optimizer": MOMENTS * critic,
         "critic_grads": int(GRAD_COPIES * critic),
-        "batch": batch_bytes(mesh, w, processes),
+        "batch": batch_bytes(mesh, w),
         "activations": act[cfg.remat] + gathered_bytes(cfg, mesh),
         # The producer's copies of the trained params (learner/overlap.py), on their layout.
         "overlap_weights": (w.max_staleness + 1) * trained if w.max_staleness else 0,

@@ -131,7 +131,7 @@ def build_learner(cfg: RLConfig) -> Learner:
     temperature = cfg.rollout.temperature
     experience_fn = make_experience_fn(
         graphdef, critic_graphdef, a, temperature=temperature, group_size=cfg.rollout.n,
-        micro_batch=a.micro_batch_size, old_logprobs=not on_policy,
+        micro_batch=a.micro_batch_size, old_logprobs=not on_policy, mesh=mesh,
     )  # fmt: skip
     return Learner(
         mesh=mesh,

@@ -40,7 +40,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -242,13 +241,12 @@ def global_array(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
 
 
 def put_batch(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
-    """A batch array for a jitted step. Several processes: the global array in `sharding`
-    (`global_array`). One process: a plain device array that the jitted step lays out
-    itself (its activations are constrained to the same row split), as the loop always did:
-    on XLA:CPU with 8 simulated devices, per-shard host-to-device copies issued between the
-    multi-device programs were followed by rare collective deadlocks in our tests."""
-    if jax.process_count() == 1:
-        return jnp.asarray(x)
+    """A batch array for a jitted step, in `sharding`: each device gets its own rows
+    (`global_array`), with one process as with several. (One process once made a plain
+    array on the first device, which then held the whole batch through every update:
+    per-shard copies between multi-device programs had preceded rare XLA:CPU collective
+    deadlocks in tests, whose cause, a too-small CPU client thread pool, `cpu_devices`
+    fixes: docs/testing.md.)"""
     return global_array(x, sharding)
 
 

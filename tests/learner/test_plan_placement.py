@@ -162,8 +162,8 @@ def test_a_vllm_sampler_holds_its_share_of_the_device_for_the_whole_run(capsys, 
 @pytest.mark.slow  # one RL step of the tiny model
 def test_the_experience_batch_stays_on_device_through_the_update(tmp_path, monkeypatch):
     """The [B, T] `TrainBatch` of the experience pass is held while every [M, mb, T]
-    mini-batch cut from it runs: the `batch` term is both (one process: on the device the
-    experience pass leaves it on, whole)."""
+    mini-batch cut from it runs: the `batch` term is both, the experience batch's rows
+    split over the devices as the experience pass places them, one process too."""
     from jaxrl_llm.config import parse_gin
     from jaxrl_llm.learner import learn, rl_loop
     from jaxrl_llm.learner.plan_shapes import model_config
