@@ -262,14 +262,18 @@ def make_experience_fn(
             advantages=adv, returns=returns, old_values=values, rollout_logprobs=behaviour,
         )  # fmt: skip
         if mesh is not None:
-            rows = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.shape))
-            batch = jax.tree.map(rows, batch)
+            batch = jax.tree.map(lambda x, m=mesh: _rows_on(m, x), batch)
         metrics = experience_metrics(batch, token_rewards, has_values=outs[2] is not None)
         if old_logprobs:
             metrics.update(logprob_diff_metrics(old, rollout_logprobs, response_mask))
         return batch, token_rewards.sum(-1), metrics
 
     return fn
+
+
+def _rows_on(mesh: Mesh, x: jax.Array) -> jax.Array:
+    """`x` constrained to its rows over ("data", "fsdp") (`hosts.batch_sharding`)."""
+    return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.shape))
 
 
 def experience_metrics(
