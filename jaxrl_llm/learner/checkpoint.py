@@ -165,6 +165,7 @@ def base_identity(checkpoint: str | os.PathLike, policy: Any) -> dict[str, str]:
         "fingerprint": checkpoint_fingerprint(checkpoint),
         "param_dtype": str(as_dtype(policy.param_dtype)),
         "quantize_base": "none" if lora is None else lora.quantize_base,
+        "lora_alpha": "none" if lora is None else repr(float(lora.alpha)),
     }
 
 
@@ -172,6 +173,9 @@ def base_identity(checkpoint: str | os.PathLike, policy: Any) -> dict[str, str]:
 _LOADED_AS = {
     "param_dtype": "PolicyConfig.param_dtype",
     "quantize_base": "LoraConfig.quantize_base",
+    # Not the base, but what its adapters mean: (alpha / rank) A B. Another alpha rescales
+    # the trained adapters silently (rank and targets change shapes: `check_fits` sees those).
+    "lora_alpha": "LoraConfig.alpha",
 }
 
 
@@ -199,11 +203,13 @@ def check_base(
             f"compared by content), {fix}"
         )
     for key, name in _LOADED_AS.items():
+        if key == "lora_alpha" and "none" in (saved.get(key, "none"), current[key]):
+            continue  # a run without adapters on one side: `check_fits` names the difference
         if loaded_as and saved.get(key, current[key]) != current[key]:
             raise CheckpointError(
-                f"{name} = {current[key]!r}: this run's base was loaded with {name} = "
-                f"{saved[key]!r} (checkpoint {step_dir}), the weights its adapters trained on; "
-                f"resume with {name} = {saved[key]!r}, or start a new run_dir"
+                f"{name} = {current[key]!r}: checkpoint {step_dir} was trained with {name} = "
+                f"{saved[key]!r} (the base its adapters trained on, as loaded, and their "
+                f"scale); resume with {name} = {saved[key]!r}, or start a new run_dir"
             )
     if saved["checkpoint"] != current["checkpoint"]:
         log.info("base %r found at %s (same content)", saved["checkpoint"], here)

@@ -73,7 +73,8 @@ def test_check_base_compares_content_and_how_the_base_was_loaded(base, tmp_path,
     lora = PolicyConfig(lora=LoraConfig(rank=4))
     saved = base_identity(base, lora)
     assert saved == {"checkpoint": str(base), "fingerprint": checkpoint_fingerprint(base),
-                     "param_dtype": "float32", "quantize_base": "none"}  # fmt: skip
+                     "param_dtype": "float32", "quantize_base": "none",
+                     "lora_alpha": "32.0"}  # fmt: skip
     args = dict(field="PolicyConfig.checkpoint", step_dir="run/checkpoints/3", loaded_as=True)
 
     moved = tmp_path / "moved"
@@ -84,6 +85,9 @@ def test_check_base_compares_content_and_how_the_base_was_loaded(base, tmp_path,
     with pytest.raises(CheckpointError, match=r"LoraConfig\.quantize_base = 'int8': .* = 'none'"):
         check_base(saved, base_identity(base, int8), **args)
     check_base(saved, base_identity(base, int8), **{**args, "loaded_as": False})  # export
+    scaled = PolicyConfig(lora=LoraConfig(rank=4, alpha=16.0))  # rescales the adapters
+    with pytest.raises(CheckpointError, match=r"LoraConfig\.alpha = '16\.0': .* = '32\.0'"):
+        check_base(saved, base_identity(base, scaled), **args)
     bf16 = PolicyConfig(param_dtype="bfloat16", lora=LoraConfig(rank=4))
     with pytest.raises(CheckpointError, match=r"PolicyConfig\.param_dtype = 'bfloat16'"):
         check_base(saved, base_identity(base, bf16), **args)
