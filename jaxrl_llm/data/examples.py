@@ -10,7 +10,10 @@ The normalized example holds:
 - ``id`` (str): the row's id field, or ``"<file name>:<line>"`` when it has none (so the same
   file always yields the same ids; LIMR's scores and selections rely on that); an element of
   a JSON array that starts on the same line as another (``json.dump(rows, f)`` writes the
-  whole array on one line) is ``"<file name>[<its 0-based position in the array>]"``.
+  whole array on one line) is ``"<file name>[<its 0-based position in the array>]"``. The
+  file name is the base name, except in a dataset folder where several files of the split
+  share it (``train/en/data.jsonl``, ``train/fr/data.jsonl``): there it is the path relative
+  to the folder, so their rows do not collide as duplicate ids.
 - ``prompt`` (str): the question. When the prompt field holds chat messages (a list of
   ``{"role", "content"}``), ``prompt`` is the last user message and ``messages`` holds the
   conversation up to and including the last turn that is not the assistant's: trailing
@@ -271,9 +274,11 @@ def normalize_row(row: dict[str, Any], fields: FieldMap, *, default_id: str) -> 
 def default_id(record: RawRecord) -> str:
     """The id given to a row without an id field: ``"<file name>:<line>"``, or, for an
     element of a JSON array that shares its line with another (``RawRecord.element``),
-    ``"<file name>[<position in the array>]"``. Line ids stay as they were for every row that
-    has a line of its own: resumed runs' data fingerprints and LIMR's records hold them."""
-    name = Path(record.source).name
+    ``"<file name>[<position in the array>]"``. The file name is the base name, or
+    ``RawRecord.name`` (the path within a dataset folder) where other files of the split share
+    that base name. Line ids stay as they were for every row that has a line and a file name of
+    its own: resumed runs' data fingerprints and LIMR's records hold them."""
+    name = record.name or Path(record.source).name
     if record.element is not None:
         return f"{name}[{record.element}]"
     return f"{name}:{record.line}"
@@ -299,7 +304,7 @@ def iter_examples(
                 reason = str(e)
         if example is not None and example["id"] in seen:
             first = seen[example["id"]]
-            reason = f"duplicate id {example['id']!r} (first at line {first.line})"
+            reason = f"duplicate id {example['id']!r} (first at {first.source}:{first.line})"
             example = None
         if example is None:
             bad = BadRow(record.source, record.line, reason)

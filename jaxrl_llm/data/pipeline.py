@@ -23,7 +23,8 @@ different data fails loudly instead of silently training on other prompts. The f
 hashes each prepared prompt's id, token ids (its text, template and tokenizer) and answer,
 in order, with the settings that order them: ids alone miss other rows under the same ids
 (rows without an id are named ``<file name>:<line>``, or ``<file name>[<index>]`` for
-elements of a JSON array that share a line). States saved before it covered the
+elements of a JSON array that share a line; the file name is the path within a dataset
+folder where several of its files share a base name). States saved before it covered the
 content (no ``fingerprint_version``) hold a hash of the ids and settings only; they are
 still accepted when that hash matches, with a warning, so older checkpoints resume. Save it
 with the checkpoint (Orbax: ``ocp.args.JsonSave(state)``); it is the same on every host, so

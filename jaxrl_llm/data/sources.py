@@ -25,9 +25,11 @@ like a local one (with ``gcsfs``/``s3fs`` installed; ``pip install 'jaxrl-llm[gc
 A row that cannot be parsed (bad JSON, bad UTF-8, not an object) comes out as a ``RawRecord``
 with ``row=None`` and an ``error``; deciding whether that skips or raises is the caller's job
 (see ``jaxrl_llm.data.examples``). A source that cannot be read at all (a missing file, a JSON
-array with a syntax error, an unknown suffix, a folder without the split) raises
+array with a syntax error or bad UTF-8, a parquet file pyarrow cannot read, an unknown suffix,
+a folder without the split) raises
 ``DataSourceError`` at once, before any training starts: a ``ConfigError``, so the command
-line ends with its one-line message (exit 2), not a traceback.
+line ends with its one-line message (exit 2), not a traceback. A UTF-8 byte-order mark at the
+start of a ``jsonl`` or ``json`` file is ignored.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ class RawRecord:
       text: jsonl only: the line exactly as in the file, so selections can copy it unchanged.
       element: json arrays only, for an object whose line another object also starts on: its
         0-based position in the array (the line alone does not tell them apart); else None.
+      name: the file's name in default ids when its base name does not tell it apart: in an
+        ``hf`` folder where another chosen file has the same base name, its path relative to
+        the folder (``"train/en/data.jsonl"``); else None (the base name is used).
     """
 
     source: str
@@ -92,6 +97,7 @@ class RawRecord:
     error: str | None = None
     text: str | None = None
     element: int | None = None
+    name: str | None = None
 
 
 def detect_format(config: SourceConfig) -> str:
@@ -164,6 +170,8 @@ def read_jsonl(path: epath.PathLike) -> Iterator[RawRecord]:
             except UnicodeDecodeError as e:
                 yield RawRecord(str(path), line_number, None, f"invalid UTF-8: {e.reason}")
                 continue
+            if line_number == 1:  # a byte-order mark (Windows editors) is not part of the row
+                text = text.removeprefix("\ufeff")
             if not text.strip():
                 continue
             try:
@@ -198,18 +206,21 @@ def read_json_array(path: epath.PathLike) -> Iterator[RawRecord]:
 
 def _json_array_elements(path: epath.Path) -> Iterator[tuple[int, Any]]:
     """(line on which it starts, decoded value) of each element of the JSON array at ``path``."""
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = raw[: e.start].decode("utf-8")
+        raise _position_error(path, before, len(before), f"invalid UTF-8: {e.reason}") from e
     decoder = json.JSONDecoder()
 
     def skip(pos: int) -> int:
         return _WHITESPACE.match(text, pos).end()
 
     def fail(pos: int, message: str) -> DataSourceError:
-        line = text.count("\n", 0, pos) + 1
-        column = pos - text.rfind("\n", 0, pos)
-        return DataSourceError(f"{path}:{line}:{column}: {message}")
+        return _position_error(path, text, pos, message)
 
-    pos = skip(0)
+    pos = skip(1 if text.startswith("\ufeff") else 0)  # a byte-order mark is not JSON
     if not text.startswith("[", pos):
         raise fail(pos, "expected a JSON array of objects")
     pos = skip(pos + 1)
@@ -235,12 +246,23 @@ def _json_array_elements(path: epath.Path) -> Iterator[tuple[int, Any]]:
             raise fail(pos, "expected ',' or ']' in the JSON array")
 
 
+def _position_error(path: epath.Path, text: str, pos: int, message: str) -> DataSourceError:
+    """``DataSourceError`` at character ``pos`` of ``text``, as ``<path>:<line>:<column>``."""
+    line = text.count("\n", 0, pos) + 1
+    column = pos - text.rfind("\n", 0, pos)
+    return DataSourceError(f"{path}:{line}:{column}: {message}")
+
+
 def read_parquet(path: epath.PathLike) -> Iterator[RawRecord]:
     """Rows of a parquet file (needs ``pyarrow``)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     with epath.Path(path).open("rb") as f:
-        table = pq.read_table(f)
+        try:
+            table = pq.read_table(f)
+        except (pa.ArrowException, OSError) as e:  # pyarrow names the file '<Buffer>'
+            raise DataSourceError(f"{path}: cannot read as parquet: {e}") from e
     yield from _table_records(str(path), table)
 
 
@@ -311,9 +333,21 @@ def hf_data_files(folder: epath.PathLike, split: str) -> list[tuple[epath.Path, 
 
 
 def read_hf_folder(folder: epath.PathLike, split: str = "train") -> Iterator[RawRecord]:
-    """Rows of one split of a local Hugging Face-format folder (see the module docstring)."""
-    for path, fmt in hf_data_files(folder, split):
-        yield from read_file(path, fmt)
+    """Rows of one split of a local Hugging Face-format folder (see the module docstring).
+
+    Files that share a base name (``train/en/data.jsonl``, ``train/fr/data.jsonl``) get their
+    path relative to ``folder`` as ``RawRecord.name``, so rows without an id get distinct ids.
+    """
+    folder = epath.Path(folder)
+    files = hf_data_files(folder, split)
+    base_names = collections.Counter(path.name for path, _ in files)
+    for path, fmt in files:
+        if base_names[path.name] == 1:
+            yield from read_file(path, fmt)
+            continue
+        name = path.relative_to(folder).as_posix()
+        for record in read_file(path, fmt):
+            yield dataclasses.replace(record, name=name)
 
 
 def read_tfds(name: str, split: str = "train", data_dir: str | None = None) -> Iterator[RawRecord]:
