@@ -25,6 +25,7 @@ def _assert_same(state: nnx.State, before: dict[str, np.ndarray]) -> None:
         np.testing.assert_array_equal(now[key], value, err_msg=key, strict=True)
 
 
+@pytest.mark.slow  # 11 s for the first case (its compiles), 1 s the second, 2 busy cores
 @pytest.mark.parametrize("quantize_base", ["none", "int8"])
 def test_merging_leaves_the_model_and_the_states_sharing_its_variables_untouched(
     quantize_base,
