@@ -2,8 +2,11 @@
 
 The loss is the token-mean negative log-likelihood of the response tokens. Text that an
 environment writes, not the model (a tool's "\\n{result}\\n```\\n" after the model's
-"```output"), is masked out, exactly as RL will mask it. The model's own stop string
-"```output" is trained, so the policy learns to ask for the tool.
+"```output"), is masked out, exactly as RL will mask it: through the closing fence and its
+line ending if there is one, so text that follows the fence on the same line is trained. The
+model's own stop string "```output" is trained, so the policy learns to ask for the tool.
+A `train_file` is read as jsonl by `data.sources.read_jsonl` (lines split on "\\n" only); a
+broken row stops the run with its file and line.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from flax import nnx
 from jaxrl_llm.algorithms import token_logprobs
 from jaxrl_llm.assets import resolve_checkpoint
 from jaxrl_llm.config_checks import ConfigError, Ge, Interval, checked_fields, documented
-from jaxrl_llm.data.sources import require_source
+from jaxrl_llm.data.sources import SourceConfig, read_records, require_source
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
 from jaxrl_llm.models import from_pretrained, load_tokenizer, save_pretrained
 from jaxrl_llm.tools.python_tool import OUTPUT_START
+
+_FENCE = "```"
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +98,27 @@ class SFTConfig:
 
 
 def file_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
-    """(train, val): `train_file`'s rows after / before `n_val`."""
+    """(train, val): `train_file`'s rows after / before `n_val`.
+
+    Read as jsonl whatever its suffix, by the data pipeline's reader (`sources.read_jsonl`),
+    which splits on "\\n" only (a raw U+2028, U+2029 or U+0085 stays inside its JSON string);
+    a broken row raises, naming its file and line.
+    """
     assert cfg.train_file is not None
-    lines = Path(cfg.train_file).read_text().splitlines()
-    rows = [json.loads(x) for x in lines if x.strip()]
+    rows = []
+    for record in read_records(SourceConfig(cfg.train_file, format="jsonl")):
+        if record.row is None:
+            raise ConfigError(
+                f"SFTConfig.train_file: {record.source}: row {record.line}: {record.error}; "
+                "fix or remove that row"
+            )
+        if "messages" not in record.row and not {"prompt", "response"} <= record.row.keys():
+            raise ConfigError(
+                f"SFTConfig.train_file: {record.source}: row {record.line}: expected "
+                f"'prompt' and 'response' strings, or 'messages' (an agent episode); it has "
+                f"{sorted(record.row)}"
+            )
+        rows.append(record.row)
     if len(rows) <= cfg.n_val:
         raise ConfigError(
             f"SFTConfig.train_file {cfg.train_file!r} has {len(rows)} rows; it needs more than "
@@ -129,12 +151,19 @@ def builtin_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
 
 
 def _environment_spans(response: str) -> list[tuple[int, int]]:
-    """Character spans written by the tool: after each "```output" up to its closing fence."""
+    """Character spans written by the tool: after each "```output" through its closing fence
+    and that fence's line ending, if any ("\\n", or "\\r\\n" in CRLF text), as the RL tool
+    writes "\\n{result}\\n```\\n" (`python_tool.format_observation`); an unclosed block runs
+    to the end."""
     spans, i = [], 0
     while (j := response.find(OUTPUT_START, i)) >= 0:
         start = j + len(OUTPUT_START)
-        close = response.find("```", start)
-        end = len(response) if close < 0 else min(len(response), close + 4)  # "```\n"
+        close = response.find(_FENCE, start)
+        if close < 0:
+            end = len(response)
+        else:
+            end = close + len(_FENCE)
+            end += next((len(nl) for nl in ("\n", "\r\n") if response.startswith(nl, end)), 0)
         spans.append((start, end))
         i = end
     return spans
