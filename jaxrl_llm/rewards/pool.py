@@ -9,12 +9,13 @@ Each worker reports "ready" after its imports, and a sample's clock starts only 
 slow start (a replacement worker: ~0.6 s here to spawn and import math_verify) never turns
 into a false timeout.
 
-A reward that raises scores `timeout_value` too, and is reported, never hidden: each failed
-sample is in `last_failures` (a `ScoreFailure`), the first traceback of each exception type is
-logged once per pool (so is an exception on the parent's side of a sample, e.g. an example
-that cannot be pickled to the worker: an "error" too, after which that worker is replaced
-and scores the rest), and `check_errors` stops a run when more than `max_error_frac` of a
-batch raised (a reward bug must not silently train on constant scores).
+A reward that raises, or returns NaN, inf or a non-number (`registry.finite_score` raises
+then, naming the reward and the value), scores `timeout_value` too, and is reported, never
+hidden: each failed sample is in `last_failures` (a `ScoreFailure`), the first traceback of
+each exception type is logged once per pool (so is an exception on the parent's side of a
+sample, e.g. an example that cannot be pickled to the worker: an "error" too, after which that
+worker is replaced and scores the rest), and `check_errors` stops a run when more than
+`max_error_frac` of a batch raised (a reward bug must not silently train on constant scores).
 
 A reward that reports its parts (`registry.Reward`, `registry.CombinedReward`: `part_names`
 and `scored_parts`) is broken down per reward in `last_parts` (`RewardPart`): each part's
@@ -37,6 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from jaxrl_llm.rewards.registry import finite_score
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,7 @@ class RewardPart:
 def _serve(conn, reward_fn: Callable[[str, Any], float]) -> None:
     conn.send(("ready", None))  # imports done: the caller's clock starts after this
     scored_parts = getattr(reward_fn, "scored_parts", None)
+    name = _reward_name(reward_fn)
     while True:
         try:
             item = conn.recv()
@@ -88,11 +92,22 @@ def _serve(conn, reward_fn: Callable[[str, Any], float]) -> None:
         response, example = item
         try:
             if scored_parts is not None:  # (total, {name: (score, seconds)})
-                conn.send(("ok", scored_parts(response, example)))
+                total, parts = scored_parts(response, example)
             else:
-                conn.send(("ok", (float(reward_fn(response, example)), {})))
+                total, parts = reward_fn(response, example), {}
+            conn.send(("ok", (finite_score(name, total), parts)))
         except Exception as e:  # a reward bug must not kill the worker: report it
             conn.send(("error", _error_value(e)))
+
+
+def _reward_name(reward_fn: Callable[..., Any]) -> str:
+    """How errors name `reward_fn`: a `Reward`'s name, else "module:function"."""
+    names = getattr(reward_fn, "part_names", None)
+    if names:
+        return " + ".join(names)
+    fn = getattr(reward_fn, "func", reward_fn)  # a functools.partial
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return f"{module}:{qualname}" if module and qualname else repr(reward_fn)
 
 
 def _error_value(e: Exception) -> tuple[str, str, str]:

@@ -13,8 +13,10 @@ The built-ins (`math`, `exact_match`, `format`, `code_failure`) keep their publi
 `fn(response, ground_truth, **options)` (e.g. `math_reward(response, "42")`); they are
 registered with `gets="answer"`, so the row's "answer" is what they receive. Names, paths and
 options are checked when a reward is built (an error says what exists), so a typo fails at
-start-up, before anything compiles. `Reward` and `CombinedReward` hold the functions
-themselves, pickled by module and name, so `RewardPool`'s spawned workers import them.
+start-up, before anything compiles. A reward that returns NaN, inf or something that is not a
+number raises (`finite_score`), so that sample fails as if the reward had raised. `Reward`
+and `CombinedReward` hold the functions themselves, pickled by module and name, so
+`RewardPool`'s spawned workers import them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -125,6 +128,22 @@ def answer_of(example: Any, reward: str) -> Any:
     return example["answer"]
 
 
+def finite_score(name: str, value: Any) -> float:
+    """`value` as a float, or an error naming reward `name` and the value when it is NaN, inf
+    or not a number: such a score would reach the advantages, so the sample fails as when the
+    reward raises (scored `RewardConfig.incorrect`, counted in `reward/errors`)."""
+    fix = "return a finite float (the pool scores this sample as when the reward raises)"
+    if isinstance(value, str | bytes):
+        raise TypeError(f"reward {name!r} returned {value!r}, not a number: {fix}")
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"reward {name!r} returned {value!r}, not a number: {fix}") from None
+    if not math.isfinite(score):
+        raise ValueError(f"reward {name!r} returned {value!r}, not a finite number: {fix}")
+    return score
+
+
 @dataclasses.dataclass(frozen=True)
 class Reward:
     """One configured reward, called as `reward(response, example) -> float`. Picklable when
@@ -137,7 +156,7 @@ class Reward:
 
     def __call__(self, response: str, example: Mapping[str, Any]) -> float:
         arg = answer_of(example, self.name) if self.gets == "answer" else example
-        return float(self.fn(response, arg, **dict(self.options)))
+        return finite_score(self.name, self.fn(response, arg, **dict(self.options)))
 
     @property
     def part_names(self) -> tuple[str, ...]:

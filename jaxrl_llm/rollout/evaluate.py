@@ -9,9 +9,12 @@ Samples with the rollout engine and driver (the tool too, with `--tool python`),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ import numpy as np
 
 from jaxrl_llm.config import add_gin_arguments, parse_gin
 from jaxrl_llm.data.examples import FieldMap
-from jaxrl_llm.data.sources import require_source
+from jaxrl_llm.data.sources import SourceConfig, require_source
 from jaxrl_llm.metrics.pass_at_k import majority_answer, pass_at_k
 from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
 
@@ -105,24 +108,24 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     _check(args)
     parse_gin(args.gin_file, args.gin_param)
     pool = build_reward_pool(RewardConfig(name=args.reward, workers=1))  # bad name: fail now
-    loaded = load_sampling_model(args)
-    rollout = RolloutConfig(
-        n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_p=args.top_p, tool=args.tool, max_slots=64,
-    )  # fmt: skip
-    stage = RolloutStage(rollout, loaded.model, loaded.tokenizer, loaded.mesh,
-                         max_prompt_length=args.max_prompt_length, seed=args.seed)  # fmt: skip
     rows: list[dict[str, Any]] = []
-    try:
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(pool.close)
+        source = cleanup.enter_context(_source(args))  # the built-in set's file: this run's
+        loaded = load_sampling_model(args)
+        rollout = RolloutConfig(
+            n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+            top_p=args.top_p, tool=args.tool, max_slots=64,
+        )  # fmt: skip
+        stage = RolloutStage(rollout, loaded.model, loaded.tokenizer, loaded.mesh,
+                             max_prompt_length=args.max_prompt_length, seed=args.seed)  # fmt: skip
+        cleanup.callback(stage.close)
         stage.sync_weights(nnx.state(loaded.model))
-        for i, batch in enumerate(_prompts(args, loaded.tokenizer).iterator()):
+        for i, batch in enumerate(_prompts(args, source, loaded.tokenizer).iterator()):
             got = stage.generate(batch, step=0, attempt=i + 1, reward=pool)
             rows += _rows(got)
             if args.limit and len(rows) >= args.limit:
                 break
-    finally:
-        pool.close()
-        stage.close()
     rows = rows[: args.limit]
     result = _summary(rows, args.n, sorted(set(args.k or [args.n])))
     result = {"checkpoint": str(loaded.path), "dtype": loaded.dtype, "reward": args.reward,
@@ -146,12 +149,12 @@ def _check(args: argparse.Namespace) -> None:
         require_source(args.data, "--data")
 
 
-def _prompts(args: argparse.Namespace, tokenizer):
+def _prompts(args: argparse.Namespace, source, tokenizer):
     from jaxrl_llm.data.pipeline import PipelineConfig, build_prompt_pipeline
 
     fields = EVAL_PRESETS[args.preset].fields if args.preset else FieldMap()
     config = PipelineConfig(
-        source=_source(args), fields=fields, template=args.template,
+        source=source, fields=fields, template=args.template,
         system_prompt=args.system_prompt, max_prompt_length=args.max_prompt_length,
         global_batch_size=64, num_epochs=1, shuffle=False, drop_remainder=False,
     )  # fmt: skip
@@ -192,24 +195,27 @@ def _majority_correct(row: dict[str, Any], k: int) -> bool:
     return maj is not None and any(c for a, c in zip(answers, correct) if a == maj)
 
 
-def _source(args):
-    from jaxrl_llm.data.sources import SourceConfig
+@contextlib.contextmanager
+def _source(args: argparse.Namespace) -> Iterator[SourceConfig]:
+    """Where `--data` is read from. The built-in set (`--data builtin` or none) is written to a
+    temporary folder of this call's own, removed when the `with` ends, so evals running at once
+    (or with different `--limit`s) never read each other's file."""
+    if args.data not in (None, "builtin"):
+        split = args.split or (EVAL_PRESETS[args.preset].split if args.preset else "test")
+        if args.data.startswith("tfds:"):
+            yield SourceConfig(args.data[5:], format="tfds", split=split, data_dir=args.data_dir)
+        else:
+            yield SourceConfig(args.data, split=split)
+        return
+    from jaxrl_llm.data.tasks import arithmetic
 
-    if args.data in (None, "builtin"):
-        import tempfile
-
-        from jaxrl_llm.data.tasks import arithmetic
-
-        # The held-out side of the task's fixed partition: never seen in SFT or RL training.
-        problems = arithmetic.generate_problems(
-            args.limit or 200, seed=1_000_003, id_prefix="val", split="val"
-        )
-        out = Path(tempfile.gettempdir()) / "jaxrl_eval_builtin_val.jsonl"
-        return SourceConfig(str(arithmetic.write_jsonl(problems, out)))
-    split = args.split or (EVAL_PRESETS[args.preset].split if args.preset else "test")
-    if args.data.startswith("tfds:"):
-        return SourceConfig(args.data[5:], format="tfds", split=split, data_dir=args.data_dir)
-    return SourceConfig(args.data, split=split)
+    # The held-out side of the task's fixed partition: never seen in SFT or RL training.
+    problems = arithmetic.generate_problems(
+        args.limit or 200, seed=1_000_003, id_prefix="val", split="val"
+    )
+    with tempfile.TemporaryDirectory(prefix="jaxrl_eval_") as folder:
+        out = Path(folder) / "builtin_val.jsonl"
+        yield SourceConfig(str(arithmetic.write_jsonl(problems, out)))
 
 
 def main(args: argparse.Namespace) -> int:

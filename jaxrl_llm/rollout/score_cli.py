@@ -17,8 +17,8 @@ A malformed row stops the command before anything is scored, with one line namin
 and row. Output, in row order:
 `{"row": 3, "id": ..., "score": 0.75}` (`id` when the row has one; `parts`, each reward's
 unweighted score, when several are combined; `verdicts`, each judge's text; `error` when
-the reward raised or timed out on it, the score then being `RewardConfig.incorrect`, and
-the exit status 1).
+the reward raised, timed out or returned NaN, inf or a non-number on it, the score then being
+`RewardConfig.incorrect`, and the exit status 1). Every line is strict JSON (never NaN).
 """
 
 from __future__ import annotations
@@ -112,6 +112,9 @@ def score_rows(reward_name: str | None, path: str) -> list[dict[str, Any]]:
     out = []
     for i, ((line, row), score) in enumerate(zip(rows, scores, strict=True)):
         record: dict[str, Any] = {"row": line, "score": float(score)}
+        if not math.isfinite(score) and i not in failures:  # a scorer outside the rule pool
+            failures[i] = f"error: the reward gave {float(score)!r}, not a finite number"
+            record["score"] = cfg.incorrect
         if "id" in row:
             record["id"] = row["id"]
         if len(parts) > 1:
@@ -133,5 +136,5 @@ def main(args: argparse.Namespace) -> int:
     parse_gin(args.gin_file, args.gin_param)
     records = score_rows(args.reward, args.data)
     for record in records:
-        print(json.dumps(record), flush=True)
+        print(json.dumps(record, allow_nan=False), flush=True)
     return 1 if any("error" in r for r in records) else 0
