@@ -432,3 +432,24 @@ class ScriptedEngine:
             tokens=tokens, logprobs=logprobs, raw_logprobs=logprobs, valid=valid, done=done
         )
         return state, records
+
+
+class ReplyingEnv:
+    """A chat environment (`agents.Environment`) that answers every turn but the final one
+    with the same `reply` messages; `functools.partial(ReplyingEnv, reply)` is its factory."""
+
+    tools = ()
+
+    def __init__(self, reply: Sequence[dict[str, Any]]):
+        self.reply = list(reply)
+
+    def reset(self, row: Any) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": "q"}]
+
+    def step(self, turn: Any) -> Any:
+        from jaxrl_llm.agents import StepResult
+
+        return StepResult(done=True) if turn.final else StepResult(list(self.reply))
+
+    def close(self) -> None:
+        pass

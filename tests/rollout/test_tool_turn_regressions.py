@@ -4,18 +4,19 @@ carries more text, and a stop string of the run's own (`RolloutConfig.stop`) end
 sample instead of going to the tool or environment."""
 
 import concurrent.futures as cf
+import functools
 import json
 from typing import Any, cast
 
 import numpy as np
 import pytest
 
-from jaxrl_llm.agents import EpisodeConfig, Episodes, StepResult
+from jaxrl_llm.agents import EpisodeConfig, Episodes
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.models import load_tokenizer
 from jaxrl_llm.rollout import Engine, RolloutDriver, SamplingParams
 from jaxrl_llm.rollout.completions import LiveSample
-from jaxrl_llm.testing import ScriptedEngine
+from jaxrl_llm.testing import ReplyingEnv, ScriptedEngine
 from jaxrl_llm.tools.protocol import hands_over
 from jaxrl_llm.tools.search import INVALID_ACTION, make_search_tool
 
@@ -79,27 +80,16 @@ def test_text_for_tool_cuts_right_after_the_turns_first_match(text, turn, stop, 
     assert text_for_tool(text, turn, stop) == want
 
 
-class _NudgingEnv:
-    """A chat environment that answers every turn that is not final."""
-
-    tools = ()
-
-    def reset(self, row):
-        return [{"role": "user", "content": "q"}]
-
-    def step(self, turn):
-        if turn.final:
-            return StepResult(done=True)
-        return StepResult(observations=[{"role": "user", "content": "use a tool"}])
-
-    def close(self):
-        pass
-
-
 def test_a_run_stop_string_ends_an_episode_on_the_driver():
     """`RolloutConfig.stop` ends the sample ("stop"), not a turn handed to the environment."""
     tok = load_tokenizer(builtin_checkpoint())
-    episodes = Episodes(_NudgingEnv, [{"id": "a"}], 1, tok, EpisodeConfig())
+    episodes = Episodes(
+        functools.partial(ReplyingEnv, [{"role": "user", "content": "use a tool"}]),
+        [{"id": "a"}],
+        1,
+        tok,
+        EpisodeConfig(),
+    )
     engine = cast(Engine, ScriptedEngine(tok, ["The answer is 3. STOP", "more text<|im_end|>"]))
     driver = RolloutDriver(engine, tok, max_tool_turns=2)
     sp = SamplingParams(max_new_tokens=300, stop=("STOP",))
