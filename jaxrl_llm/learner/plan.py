@@ -5,10 +5,7 @@ Parameter shapes come from `nnx.eval_shape` of the model; each array's per-devic
 from its logical axes, the rule tables and an `AbstractMesh` of the requested size (the same
 `logical_to_spec` the run uses, so a dimension the mesh does not divide stays whole).
 
-Terms (per device; `a` = compute-dtype bytes, `p` = param-dtype bytes; `b` = micro-batch rows
-per device (`micro_batch_size / (data*fsdp)`), `t = T - 1` positions the step runs on, `T` =
-max_prompt_length + max_new_tokens; heads, kv heads, mlp and vocab divided by `tensor` where
-the rules shard them):
+Terms (per device; `T` = max_prompt_length + max_new_tokens):
 
 - policy: parameters (TRAIN_RULES) and AdamW's two moments (2x, in param dtype);
 - gradients: GRAD_COPIES x parameters: the gradient plus two parameter-sized temporaries of
@@ -35,21 +32,9 @@ the rules shard them):
   (held through every update: whole on one device with one process, where the experience
   pass leaves it; rows over ("data", "fsdp") when they divide, with several) and one
   [M, mb, T] mini-batch cut from it (rows over ("data", "fsdp") when mb divides);
-- activations of one micro-batch, with `S = b*N*t*t*4` (float32 attention scores), `bt = b*t`
-  and the fitted buffer counts of `ACTIVATION_COUNTS`:
-      layer = 2.8*S [+ 0.5*S*a/4 for bf16] + bt*(1.75*D + 5*F + 1*K*H)*a
-      head  = 1.8*b*c*V*4 + 5.4*bt*D*a      (float32 logits of one [mb, c, V] chunk of
-                                             `head_logprobs`, c <= t; embedding, final norm)
-  peak = L*layer + head without remat; L*bt*D*a (each layer's saved input) + layer (one
-  layer recomputed in its backward) + head with per-layer remat; plus, under fsdp, the
-  all-gathered embedding/LM head and two layers' weights. The counts were fitted to XLA:CPU's
-  buffer assignment of the real `make_policy_step` on 12 tiny configs (varying T, D, F, N, K,
-  V, L, mb: worst error 5%). One micro-batch's activations whatever M: accumulation scans
-  every micro-batch from zeros (`state.accumulate`; XLA at mb=4, T=128: 48.9, 49.9 and
-  49.9 MB for M = 1, 2, 3).
+- activations of one micro-batch, with and without remat, plus FSDP's all-gathered weights
+  (`learner.plan_activations`: the fitted formula, and its known gap under remat on CPU).
 
-Known gap: XLA:CPU does not realise remat's saving (its scheduler hoists the recomputation;
-measured 20.4 vs 21.3 MB at L=4), so remat estimates are only checked on accelerators.
 Not counted: the experience forwards (forward-only, smaller than the update), XLA's workspace
 and compiled code; `HEADROOM` leaves room for them.
 """
@@ -61,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm.learner.plan_activations import activation_bytes, gathered_bytes
 from jaxrl_llm.learner.plan_lora import adapter_bytes, int8_base_saving, lora_activation_bytes
 from jaxrl_llm.learner.plan_rewards import ScorerLoad, scorer_loads, scorers_memory
 from jaxrl_llm.learner.plan_shapes import (
@@ -69,7 +55,6 @@ from jaxrl_llm.learner.plan_shapes import (
     kv_pool_bytes,
     param_bytes,
     sampler_copy_bytes,
-    shard_numel,
 )
 from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.mesh import sampler_mesh_shape
@@ -78,16 +63,6 @@ from jaxrl_llm.sharding.rules import SAMPLE_RULES, TRAIN_RULES
 GB = 1e9
 HEADROOM = 0.10  # fraction of device memory left for XLA workspace, code and fragmentation
 GRAD_COPIES = 2.6  # fitted; floor 2: the gradient and the update
-# Buffer counts per activation shape, fitted to XLA:CPU (see the module docstring).
-ACTIVATION_COUNTS = {
-    "scores": 2.8,  # float32 [b, N, t, t] per layer
-    "scores_low_precision": 0.5,  # the probabilities cast to a bf16/f16 compute dtype
-    "bt*D": 1.75,  # per layer, compute dtype: the layer input, norms
-    "bt*F": 5.0,  # per layer: gate, up, silu, their product and its gradient
-    "bt*KH": 1.0,  # per layer: k and v (q and the attention output fuse away)
-    "logits": 1.8,  # float32 [b, chunk, V] once
-    "bt*D_head": 5.4,  # embedding output, final norm and their gradients, once
-}
 MOMENTS = 2  # AdamW
 # What devices set apart for the sampler hold (`MeshConfig.rollout_devices`): its weights
 # and KV pool, and the scorers `run.build_run` loads on the sampler's mesh.
@@ -155,21 +130,6 @@ def _vllm_share(backend: str) -> float:
     return VllmConfig().gpu_memory_utilization if backend == "vllm" else 0.0
 
 
-def gathered_bytes(cfg, mesh) -> int:
-    """FSDP's transient all-gathers: the embedding (and untied LM head) and two layers'
-    weights (one in use, one prefetched), whole over `fsdp`, still split over `tensor`."""
-    if mesh.shape["fsdp"] == 1:
-        return 0
-    unsharded = abstract_mesh(mesh.shape["data"], 1, mesh.shape["tensor"])
-    total, _ = param_bytes(cfg, unsharded, TRAIN_RULES)
-    embed = (
-        shard_numel((cfg.vocab_size, cfg.hidden_size), (ax.VOCAB, None), TRAIN_RULES, unsharded)
-        * np.dtype(cfg.param_dtype).itemsize
-    )
-    heads = embed * (1 if cfg.tie_word_embeddings else 2)
-    return int(heads + 2 * (total - heads) / cfg.num_layers)
-
-
 def _sampling_copy_bytes(cfg, mesh, w: Workload, *, apart: bool = False) -> int:
     """Bytes of the rollout's weight copy: zero when the layouts agree and nothing is cast
     or quantised (weight sync is a pointer), else the sampler's params in the sampling
@@ -179,32 +139,6 @@ def _sampling_copy_bytes(cfg, mesh, w: Workload, *, apart: bool = False) -> int:
     if not apart and mesh.shape["fsdp"] == 1 and w.rollout_dtype is None and not int8:
         return 0
     return sampler_copy_bytes(cfg, mesh, SAMPLE_RULES, w.rollout_dtype, int8)
-
-
-def activation_bytes(cfg, mesh, w: Workload, remat: bool) -> dict[str, int]:
-    """Peak activation bytes of one policy micro-batch (formula in the module docstring)."""
-    a = np.dtype(cfg.dtype).itemsize
-    t, mb = w.seq_len - 1, w.micro_batch
-    R = TRAIN_RULES
-    b = shard_numel((mb,), (ax.BATCH,), R, mesh)
-    N = shard_numel((cfg.num_heads,), (ax.ACT_HEADS,), R, mesh)
-    K = shard_numel((cfg.num_kv_heads,), (ax.ACT_KV_HEADS,), R, mesh)
-    F = shard_numel((cfg.intermediate_size,), (ax.ACT_MLP,), R, mesh)
-    V = shard_numel((cfg.vocab_size,), (ax.ACT_VOCAB,), R, mesh)
-    D, H, bt = cfg.hidden_size, cfg.head_dim, b * t
-    scores = b * N * t * t
-    c = ACTIVATION_COUNTS
-    layer = c["scores"] * scores * 4
-    layer += (c["bt*D"] * D + c["bt*F"] * F + c["bt*KH"] * K * H) * bt * a
-    if a < 4:
-        layer += c["scores_low_precision"] * scores * a
-    from jaxrl_llm.learner.experience import logit_chunk  # the policy step's chunk width
-
-    chunk = min(t, logit_chunk(mb, cfg.vocab_size))
-    logits = c["logits"] * b * chunk * V * 4
-    head = logits + c["bt*D_head"] * bt * D * a
-    saved = cfg.num_layers * bt * D * a + layer if remat else cfg.num_layers * layer
-    return {"per_layer": int(layer), "logits": int(logits), "peak": int(saved + head)}
 
 
 @dataclasses.dataclass
@@ -394,7 +328,9 @@ def plan_memory(
     shape = w.sampler_mesh if w.rollout_devices else host or tuple(mesh_shape)
     apart = bool(w.rollout_devices) or host is not None
     side = _sampler_side(cfg, shape, w, device_memory, apart=apart)
-    act = {r: activation_bytes(cfg, mesh, w, r)["peak"] for r in (False, True)}
+    act = {
+        r: activation_bytes(cfg, mesh, w.micro_batch, w.seq_len, r)["peak"] for r in (False, True)
+    }
     if w.lora is not None:
         act = {
             r: v + lora_activation_bytes(cfg, mesh, w.lora, w.micro_batch, w.seq_len, r)

@@ -1,7 +1,7 @@
 """The planner's check: XLA's memory analysis of the real jitted policy step (and of a reward
 model's scoring forward), compiled from abstract inputs on a mesh (nothing is allocated).
 `tests/learner/test_plan.py`, `test_plan_rewards.py` and `test_lora.py` hold the plan to it;
-`plan.ACTIVATION_COUNTS` and `plan_rewards.SCORING_COUNTS` were fitted to it."""
+`plan_activations.ACTIVATION_COUNTS` and `plan_rewards.SCORING_COUNTS` were fitted to it."""
 
 from __future__ import annotations
 
