@@ -34,7 +34,7 @@ from jaxrl_llm.rewards.model_config import (
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-    from jaxrl_llm.rewards.model import ModelAndRuleRewards
+    from jaxrl_llm.rewards.combined import ModelAndRuleRewards
     from jaxrl_llm.rewards.pool import RewardPool
 
 # What builds an LLM judge from its reward name, its config and the mesh (`rollout.judge`:
@@ -206,7 +206,8 @@ def build_rewards(
     devices, and the rule rewards' pool when there are any). `judges`: what builds a judge
     (`rollout.judge.build_judge`); None: a `judge:` reward is an error. Both have
     `score(responses, examples)`."""
-    from jaxrl_llm.rewards.model import ModelAndRuleRewards, RewardModel
+    from jaxrl_llm.rewards.combined import ModelAndRuleRewards
+    from jaxrl_llm.rewards.model import RewardModel
 
     check_rewards(cfg)
     names = [name for name in cfg.rewards() if on_device(name)]
@@ -235,4 +236,6 @@ def build_rewards(
         for scorer, _ in scorers:
             scorer.close()
         raise
-    return ModelAndRuleRewards(pool, scorers)
+    return ModelAndRuleRewards(
+        pool, scorers, incorrect=cfg.incorrect, max_error_frac=cfg.max_error_frac
+    )

@@ -27,11 +27,8 @@ Shapes: B packed rows, T tokens, D embed, S conversations.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,9 +55,7 @@ from jaxrl_llm.rewards.model_config import (
     RM_PREFIX,
     WHITEN_EPS,
     RewardModelConfig,
-    metric_names,
 )
-from jaxrl_llm.rewards.pool import RewardPart, RewardPool
 
 log = logging.getLogger(__name__)
 
@@ -262,96 +257,7 @@ class RewardModel:
         self.close()
 
 
-class ModelAndRuleRewards:
-    """sum_i weight_i * reward_i over device scorers (reward models and LLM judges, scored
-    here, on device) and the rule rewards' `RewardPool` (already weighted; None when there
-    are none), with the pool's interface: `score`, `last_failures`, `last_parts`,
-    `check_errors`, `close`.
-
-    A device scorer has `name` ("rm:<folder>", "judge:<folder>"), `score(responses,
-    examples) -> float32 [B]`, `close()` and, optionally, `last_counts` (what its last call
-    counted, e.g. a judge's retries). A `score` call runs the pool in a thread while the
-    scorers score in the caller's (its threads mostly wait on the worker processes, so the
-    two overlap), then adds pool + weight * scorer in the same order as one after the other
-    would. `last_parts`: the pool's parts and each scorer's `RewardPart` (its score,
-    unweighted, the wall time of its `score` and its counts), under "rm:<folder basename>"
-    or "judge:<folder basename>" (`model_config.metric_names`). `close` closes the pool and
-    every scorer."""
-
-    def __init__(self, pool: RewardPool | None, models: Sequence[tuple[Any, float]]):
-        self.pool, self.models = pool, list(models)
-        names = metric_names([model.name for model, _ in self.models])
-        self._names = [names[model.name] for model, _ in self.models]
-        self.last_parts: dict[str, RewardPart] = {}
-
-    def score(self, responses: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        rules: list[Any] = []  # the pool's scores, or what it raised
-        thread = None
-        if self.pool is not None:
-            pool = self.pool
-
-            def score_rules() -> None:
-                try:
-                    rules.append(pool.score(responses, examples))
-                except BaseException as e:  # re-raised in the caller's thread below
-                    rules.append(e)
-
-            thread = threading.Thread(target=score_rules, name="rule-rewards", daemon=True)
-            thread.start()
-        parts: dict[str, RewardPart] = {}
-        try:
-            for name, (model, _) in zip(self._names, self.models, strict=True):
-                t0 = time.perf_counter()
-                scores = model.score(responses, examples)
-                counts = dict(getattr(model, "last_counts", {}))
-                parts[name] = RewardPart(scores, time.perf_counter() - t0, counts)
-        finally:
-            if thread is not None:
-                thread.join()
-        total = np.zeros(len(responses), np.float32)
-        if self.pool is not None:
-            if isinstance(rules[0], BaseException):
-                raise rules[0]
-            total += np.asarray(rules[0], np.float32)
-            parts = {**self.pool.last_parts, **parts}
-        for name, (_, weight) in zip(self._names, self.models, strict=True):
-            total += np.float32(weight) * parts[name].scores
-        self.last_parts = parts
-        return total
-
-    @property
-    def last_verdicts(self) -> dict[str, list[str]]:
-        """{judge's metric name: its verdict text per sample} of the last call (judges only)."""
-        return {
-            name: list(model.last_verdicts)
-            for name, (model, _) in zip(self._names, self.models, strict=True)
-            if hasattr(model, "last_verdicts")
-        }
-
-    @property
-    def last_failures(self) -> dict:
-        return self.pool.last_failures if self.pool is not None else {}
-
-    def check_errors(self, errors: int, total: int, first_error: str = "") -> None:
-        if self.pool is not None:
-            self.pool.check_errors(errors, total, first_error)
-
-    def close(self) -> None:
-        """Closes the pool and every scorer, each even when another's close raises."""
-        with contextlib.ExitStack() as stack:
-            for close in (*([self.pool.close] if self.pool else []),
-                          *(model.close for model, _ in self.models)):  # fmt: skip
-                stack.callback(close)
-
-    def __enter__(self) -> ModelAndRuleRewards:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 __all__ = [
-    "ModelAndRuleRewards",
     "RewardModel",
     "bucket",
     "check_reward_model",

@@ -162,7 +162,7 @@ class _Worker:
 
 class Scorer(Protocol):
     """What the RL stage and `eval` score samples with: a `RewardPool` (rule rewards in worker
-    processes) or `rewards.model.ModelAndRuleRewards` (reward models on device, plus a pool)."""
+    processes) or `rewards.combined.ModelAndRuleRewards` (reward models on device, plus a pool)."""
 
     def score(
         self, responses: Sequence[str], examples: Sequence[Mapping[str, Any]]

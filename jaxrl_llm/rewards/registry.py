@@ -14,9 +14,10 @@ The built-ins (`math`, `exact_match`, `format`, `code_failure`) keep their publi
 registered with `gets="answer"`, so the row's "answer" is what they receive. Names, paths and
 options are checked when a reward is built (an error says what exists), so a typo fails at
 start-up, before anything compiles. A reward that returns NaN, inf or something that is not a
-number raises (`finite_score`), so that sample fails as if the reward had raised. `Reward`
-and `CombinedReward` hold the functions themselves, pickled by module and name, so
-`RewardPool`'s spawned workers import them.
+number raises (`finite_score`; its rule, `score_error`, holds reward models and judges too),
+so that sample fails as if the reward had raised. `Reward` and `CombinedReward` hold the
+functions themselves, pickled by module and name, so `RewardPool`'s spawned workers import
+them.
 """
 
 from __future__ import annotations
@@ -128,20 +129,34 @@ def answer_of(example: Any, reward: str) -> Any:
     return example["answer"]
 
 
-def finite_score(name: str, value: Any) -> float:
-    """`value` as a float, or an error naming reward `name` and the value when it is NaN, inf
-    or not a number: such a score would reach the advantages, so the sample fails as when the
-    reward raises (scored `RewardConfig.incorrect`, counted in `reward/errors`)."""
-    fix = "return a finite float (the pool scores this sample as when the reward raises)"
+RULE_FIX = "return a finite float (the pool scores this sample as when the reward raises)"
+
+
+def score_error(
+    name: str, value: Any, *, where: str = "", fix: str = RULE_FIX
+) -> TypeError | ValueError | None:
+    """Why `value` is not a score of reward `name`, or None when it is one: NaN, inf or not a
+    number would reach the advantages, so the sample fails as when the reward raises (scored
+    `RewardConfig.incorrect`, counted in `reward/errors`). The one rule for rule rewards
+    (`finite_score`), reward models and judges (`ModelAndRuleRewards`) and `jaxrl-llm score`;
+    the error names the reward, the value, `where` (e.g. " on sample 3") and `fix`."""
     if isinstance(value, str | bytes):
-        raise TypeError(f"reward {name!r} returned {value!r}, not a number: {fix}")
+        return TypeError(f"reward {name!r} returned {value!r}{where}, not a number: {fix}")
     try:
         score = float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"reward {name!r} returned {value!r}, not a number: {fix}") from None
+        return TypeError(f"reward {name!r} returned {value!r}{where}, not a number: {fix}")
     if not math.isfinite(score):
-        raise ValueError(f"reward {name!r} returned {value!r}, not a finite number: {fix}")
-    return score
+        return ValueError(f"reward {name!r} returned {value!r}{where}, not a finite number: {fix}")
+    return None
+
+
+def finite_score(name: str, value: Any) -> float:
+    """`value` as a float, or `score_error`'s error for it raised."""
+    error = score_error(name, value)
+    if error is not None:
+        raise error
+    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -93,6 +93,7 @@ def score_rows(reward_name: str | None, path: str) -> list[dict[str, Any]]:
     """One output record per row of `path`, scored by `reward_name` (None: the gin-bound
     `RewardConfig`) in one call, so `RewardModelConfig.normalize = "whiten"` spans the file."""
     from jaxrl_llm.rewards.config import RewardConfig, build_rewards, check_rewards
+    from jaxrl_llm.rewards.registry import score_error
     from jaxrl_llm.rollout.judge import build_judge
 
     rows = read_rows(path)
@@ -112,8 +113,12 @@ def score_rows(reward_name: str | None, path: str) -> list[dict[str, Any]]:
     out = []
     for i, ((line, row), score) in enumerate(zip(rows, scores, strict=True)):
         record: dict[str, Any] = {"row": line, "score": float(score)}
-        if not math.isfinite(score) and i not in failures:  # a scorer outside the rule pool
-            failures[i] = f"error: the reward gave {float(score)!r}, not a finite number"
+        # The pool and `ModelAndRuleRewards` fail such a sample themselves; this holds any
+        # other scorer to the same rule (`registry.score_error`), so the line stays JSON.
+        name, fix = " + ".join(cfg.rewards()), "the row scores RewardConfig.incorrect"
+        error = score_error(name, float(score), where=f" on row {line}", fix=fix)
+        if error is not None and i not in failures:
+            failures[i] = f"error: {type(error).__name__}: {error}"
             record["score"] = cfg.incorrect
         if "id" in row:
             record["id"] = row["id"]

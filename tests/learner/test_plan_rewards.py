@@ -129,8 +129,8 @@ def _mesh(*shape):
 def test_a_judge_is_counted_as_it_loads():
     """A judge's weights as `rollout.judge` loads them (sampling layout, its dtype), and its
     engine's KV pool for `max_slots` sequences capped at the judge's context."""
+    from jaxrl_llm.rewards.combined import ModelAndRuleRewards
     from jaxrl_llm.rewards.config import build_rewards
-    from jaxrl_llm.rewards.model import ModelAndRuleRewards
     from jaxrl_llm.rollout.judge import build_judge
 
     options = ("JudgeConfig.max_new_tokens = 8", "JudgeConfig.max_prompt_length = 100")

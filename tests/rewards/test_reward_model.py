@@ -14,6 +14,7 @@ from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.packing import first_fit_rows
 from jaxrl_llm.models.hf_io import CheckpointError
+from jaxrl_llm.rewards.combined import ModelAndRuleRewards
 from jaxrl_llm.rewards.config import (
     RewardConfig,
     build_reward_pool,
@@ -21,7 +22,6 @@ from jaxrl_llm.rewards.config import (
     check_rewards,
 )
 from jaxrl_llm.rewards.model import (
-    ModelAndRuleRewards,
     RewardModel,
     bucket,
     conversation,
@@ -160,11 +160,18 @@ def test_rm_name_in_reward_config_resolves_to_the_model(tmp_path):
         assert isinstance(alone, ModelAndRuleRewards) and alone.pool is None
         np.testing.assert_array_equal(alone.score(RESPONSES, ROWS), raw)
         assert alone.last_failures == {}
+    # Without a rule pool the failure score and the stop rule are still the config's.
+    cfg = RewardConfig(name=f"rm:{tmp_path}", incorrect=-1.0, max_error_frac=0.25)
+    with build_rewards(cfg) as alone:
+        assert (alone.incorrect, alone.max_error_frac) == (-1.0, 0.25)
     weights = {"math": 1.0, f"rm:{tmp_path}": (0.5, {"normalize": "sigmoid"})}
     with build_rewards(RewardConfig(weights=weights, workers=1)) as mixed:
         got = mixed.score(RESPONSES, ROWS)
+        assert list(mixed.last_failures) == [1]  # row 1 has no 'answer': math raises
     math = np.array([1.0, 0, 0, 0, 0, 0])  # only the first response boxes the right answer
-    np.testing.assert_allclose(got, math + 0.5 / (1 + np.exp(-raw)), rtol=1e-6)
+    expected = math + 0.5 / (1 + np.exp(-raw))
+    expected[1] = RewardConfig().incorrect  # a failed sample: `incorrect`, no model part
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
     with pytest.raises(ConfigError, match=r"reward model.*rule rewards only.*jaxrl-llm train"):
         build_reward_pool(RewardConfig(weights=weights))  # rule rewards only (eval's)
 

@@ -9,8 +9,9 @@ import time
 import numpy as np
 import pytest
 
+from jaxrl_llm.rewards.combined import ModelAndRuleRewards
 from jaxrl_llm.rewards.config import RewardConfig, build_rewards
-from jaxrl_llm.rewards.model import ModelAndRuleRewards, RewardModel
+from jaxrl_llm.rewards.model import RewardModel
 from jaxrl_llm.rewards.model_config import RewardModelConfig, metric_names
 from jaxrl_llm.rewards.pool import RewardPart, RewardPool
 from jaxrl_llm.rewards.registry import build_reward, combine_rewards
@@ -106,6 +107,7 @@ class _Pool:
         self.model_started = model_started
         self.last_parts = {"rule": RewardPart(np.ones(2), 0.0)}
         self.last_failures = {}
+        self.timeout_value, self.max_error_frac = -1.0, 0.5  # a failed sample's score, stop rule
 
     def score(self, responses, examples):
         assert self.model_started.wait(10), "the model did not score while the pool ran"

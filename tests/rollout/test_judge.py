@@ -14,9 +14,9 @@ import pytest
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.models import load_tokenizer
+from jaxrl_llm.rewards.combined import ModelAndRuleRewards
 from jaxrl_llm.rewards.config import RewardConfig, build_reward_pool, build_rewards
 from jaxrl_llm.rewards.judge_config import JudgeConfig
-from jaxrl_llm.rewards.model import ModelAndRuleRewards
 from jaxrl_llm.rollout.config import RolloutConfig
 from jaxrl_llm.rollout.judge import Judge
 from jaxrl_llm.rollout.stage import RolloutStage
