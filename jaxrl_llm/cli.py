@@ -15,7 +15,7 @@ import signal
 import sys
 from types import FrameType
 
-from jaxrl_llm import cpu_devices
+from jaxrl_llm import cpu_devices, huge_pages
 from jaxrl_llm.config_checks import ConfigError
 
 # name -> (module, one-line help); the module's add_arguments/main, or the names given.
@@ -116,5 +116,15 @@ def _exit_cleanly_on_sigterm() -> bool:
     return True
 
 
+def entry() -> None:
+    """The `jaxrl-llm` program (and `python -m jaxrl_llm.cli`): before a command runs, the
+    process starts again with huge pages for XLA:CPU's buffers where that changes something
+    (`huge_pages`); then `main`. Tests call `main` itself, which never restarts."""
+    argv = sys.argv[1:]
+    if argv and argv[0] in COMMANDS:
+        huge_pages.reexec_with_huge_pages()
+    sys.exit(main(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

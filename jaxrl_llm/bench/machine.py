@@ -9,6 +9,8 @@ import platform
 import time
 from pathlib import Path
 
+from jaxrl_llm import huge_pages
+
 # Instruction-set extensions that change XLA:CPU's (and PyTorch's) kernels, hence the numbers
 # and float32 summation orders: two hosts of one machine kind differ here (AVX2 only or
 # AVX-512, AMX), so a benchmark names the ones its host has.
@@ -17,8 +19,9 @@ ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx
 
 
 def host(cpuinfo: str | None = None) -> dict:
-    """The CPU (model name, cores this process may use, ISA extensions from ISA_FLAGS), and
-    the JAX build; `cpuinfo`: /proc/cpuinfo's text (read when None, empty off Linux)."""
+    """The CPU (model name, cores this process may use, ISA extensions from ISA_FLAGS), the
+    JAX build and whether large host buffers get huge pages; `cpuinfo`: /proc/cpuinfo's
+    text (read when None, empty off Linux)."""
     import jax
 
     if cpuinfo is None:
@@ -42,6 +45,7 @@ def host(cpuinfo: str | None = None) -> dict:
         "isa": [f for f in ISA_FLAGS if f in flags],
         "jax": jax.__version__,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+        "huge_pages": huge_pages.in_effect(),  # host buffers in 2 MiB pages (huge_pages.py)
     }
 
 
