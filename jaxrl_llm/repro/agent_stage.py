@@ -12,19 +12,15 @@ finds the checkpoint of an SFT with the same settings in its output folder
 
 from __future__ import annotations
 
-import hashlib
 import json
-import time
-from pathlib import Path
 
 import numpy as np
 
 from jaxrl_llm.agents.arithmetic import ArithmeticEnv, demonstration
-from jaxrl_llm.config import resolve_gin_file
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.data.tasks.stepwise import stepwise_solution
-from jaxrl_llm.repro.specs import PREPARED, Prepared, PrepOptions, finished_preparation
-from jaxrl_llm.repro.torl_stage import sft_run
+from jaxrl_llm.repro.specs import Prepared, PrepOptions
+from jaxrl_llm.repro.torl_stage import prepared_sft, sft_run
 
 SFT_GIN = "agent_sft_tiny.gin"
 N_PROBLEMS = 4000
@@ -35,7 +31,7 @@ TOOL_SHARE = 0.5
 
 def prepare_agent(opts: PrepOptions) -> Prepared:
     """Writes the demonstrations, fine-tunes one checkpoint (or reuses the one a run with the
-    same settings left in OUT: `finished_preparation`), points the arm at it."""
+    same settings left in OUT: `torl_stage.prepared_sft`), points the arm at it."""
     problems = arithmetic.generate_problems(N_PROBLEMS, seed=0, id_prefix="sft", split="train")
     tools = ArithmeticEnv().tools
     data = opts.out_dir / "sft_data" / "episodes.jsonl"
@@ -49,17 +45,7 @@ def prepare_agent(opts: PrepOptions) -> Prepared:
     params = [f"SFTConfig.train_file = '{data}'", f"SFTConfig.out_dir = '{out}'"]
     if opts.prep_steps is not None:
         params.append(f"SFTConfig.steps = {opts.prep_steps}")
-    signature = _signature(data, params)
-    notes = finished_preparation(out, signature)
-    if notes is None:
-        t0 = time.perf_counter()
-        last = sft_run([SFT_GIN], params)
-        notes = {
-            "sft_val_loss": round(float(last.get("val/loss", float("nan"))), 4),
-            "sft_s": round(time.perf_counter() - t0, 1),
-        }
-        out.mkdir(parents=True, exist_ok=True)
-        (out / PREPARED).write_text(json.dumps({"signature": signature, **notes}) + "\n")
+    notes = prepared_sft(SFT_GIN, data, out, params, sft_run)
     return Prepared(arm_params={"grpo": (f"CHECKPOINT = '{out / 'hf'}'",)}, notes={"grpo": notes})
 
 
@@ -70,13 +56,3 @@ def _in_words(problem: dict) -> list[dict[str, str]]:
         {"role": "user", "content": str(problem["prompt"])},
         {"role": "assistant", "content": stepwise_solution(problem)},
     ]
-
-
-def _signature(data: Path, params: list[str]) -> str:
-    """What decides the SFT's result besides the code: the gin file, the bindings (the
-    step budget among them) and the demonstrations."""
-    h = hashlib.sha256()
-    for part in (resolve_gin_file(SFT_GIN).read_bytes(), "\n".join(params).encode(),
-                 data.read_bytes()):  # fmt: skip
-        h.update(hashlib.sha256(part).digest())
-    return h.hexdigest()

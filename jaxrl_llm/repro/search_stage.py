@@ -17,12 +17,11 @@ on it).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from jaxrl_llm.data.tasks import arithmetic, retrieval
 from jaxrl_llm.repro.specs import Prepared, PrepOptions
-from jaxrl_llm.repro.torl_stage import sft_run
+from jaxrl_llm.repro.torl_stage import prepared_sft, sft_run
 from jaxrl_llm.tools.search import SEARCH_END, SEARCH_START, make_search_tool
 
 SFT_GIN = "search_sft_tiny.gin"
@@ -57,7 +56,8 @@ def demonstrations(task_dir: Path, n_train: int) -> list[dict[str, str]]:
 
 
 def prepare_search(opts: PrepOptions) -> Prepared:
-    """Writes the demonstrations, fine-tunes one checkpoint, points both arms at it."""
+    """Writes the demonstrations, fine-tunes one checkpoint (or reuses the one a run with the
+    same settings left: `torl_stage.prepared_sft`), points every arm at it."""
     data = arithmetic.write_jsonl(
         demonstrations(opts.out_dir / "search_task", N_TRAIN), opts.out_dir / "search_sft.jsonl"
     )
@@ -65,13 +65,6 @@ def prepare_search(opts: PrepOptions) -> Prepared:
     params = [f"SFTConfig.train_file = '{data}'", f"SFTConfig.out_dir = '{out}'"]
     if opts.prep_steps is not None:
         params.append(f"SFTConfig.steps = {opts.prep_steps}")
-    t0 = time.perf_counter()
-    last = sft_run([SFT_GIN], params)
+    notes = prepared_sft(SFT_GIN, data, out, params, sft_run)
     checkpoint = (f"PolicyConfig.checkpoint = '{out / 'hf'}'",)
-    return Prepared(
-        arm_params={arm: checkpoint for arm in ARMS},
-        notes={
-            "sft_val_loss": round(float(last.get("val/loss", float("nan"))), 4),
-            "sft_s": round(time.perf_counter() - t0, 1),
-        },
-    )
+    return Prepared(arm_params={arm: checkpoint for arm in ARMS}, notes=notes)

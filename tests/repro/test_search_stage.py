@@ -24,9 +24,14 @@ def test_demonstrations_search_the_subject_and_copy_the_answer(tmp_path):
 def test_every_arm_starts_from_one_checkpoint(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(search_stage, "N_TRAIN", 6)
-    monkeypatch.setattr(
-        search_stage, "sft_run", lambda files, params: calls.append(params) or {"val/loss": 0.25}
-    )
+
+    def fake_sft(files, params):
+        calls.append(params)
+        (tmp_path / "sft" / "hf").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sft" / "hf" / "config.json").write_text("{}")
+        return {"val/loss": 0.25}
+
+    monkeypatch.setattr(search_stage, "sft_run", fake_sft)
     prepared = search_stage.prepare_search(PrepOptions(tmp_path, (0,), prep_steps=2))
     (params,) = calls
     assert params[2] == "SFTConfig.steps = 2"
@@ -37,3 +42,6 @@ def test_every_arm_starts_from_one_checkpoint(tmp_path, monkeypatch):
     assert prepared.notes["sft_val_loss"] == 0.25
     assert len((tmp_path / "search_sft.jsonl").read_text().splitlines()) == 6
     assert get_repro("search-r1").prepare_fn() is search_stage.prepare_search
+    # The same settings again: the finished SFT is reused, not trained again.
+    again = search_stage.prepare_search(PrepOptions(tmp_path, (0, 1), prep_steps=2))
+    assert len(calls) == 1 and again.notes == {**prepared.notes, "reused": True}

@@ -3,6 +3,8 @@ and budget, their own response style, and their own checkpoint."""
 
 import json
 
+import pytest
+
 from jaxrl_llm.repro import torl_stage
 from jaxrl_llm.repro.specs import PrepOptions
 
@@ -12,6 +14,9 @@ def test_each_arm_gets_its_own_sft_data_and_checkpoint(tmp_path, monkeypatch):
 
     def fake_sft(gin_files, params):
         calls.append((gin_files, params))
+        out = params[1].split("'")[1]  # SFTConfig.out_dir's value
+        (tmp_path / out / "hf").mkdir(parents=True, exist_ok=True)
+        (tmp_path / out / "hf" / "config.json").write_text("{}")
         return {"val/loss": 0.5}
 
     monkeypatch.setattr(torl_stage, "sft_run", fake_sft)
@@ -30,3 +35,15 @@ def test_each_arm_gets_its_own_sft_data_and_checkpoint(tmp_path, monkeypatch):
     assert not any("```" in r["response"] for r in text)
     assert prepared.notes["no_tool"]["sft_style"] == "stepwise"
     assert prepared.notes["tool"]["sft_val_loss"] == 0.5
+    # The same settings again: both finished SFTs are reused, not trained again (a resumed
+    # reproduction keeps its checkpoints); another budget trains both again.
+    again = torl_stage.prepare_torl(PrepOptions(tmp_path, (0,), prep_steps=3))
+    assert len(calls) == 2 and again.notes["tool"]["reused"] is True
+    assert again.notes["no_tool"] == {**prepared.notes["no_tool"], "reused": True}
+    torl_stage.prepare_torl(PrepOptions(tmp_path, (0,), prep_steps=4))
+    assert len(calls) == 4 and calls[3][1][2] == "SFTConfig.steps = 4"
+    # A training that dies leaves no record: its checkpoint may be half overwritten.
+    monkeypatch.setattr(torl_stage, "sft_run", lambda *a: (_ for _ in ()).throw(OSError("killed")))
+    with pytest.raises(OSError, match="killed"):
+        torl_stage.prepare_torl(PrepOptions(tmp_path, (0,), prep_steps=3))
+    assert not (tmp_path / "sft" / "tool" / "prepared.json").exists()
