@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import MutableMapping
 from types import FrameType
 
 from jaxrl_llm import cpu_devices, huge_pages
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         top.error(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}")
     entry = COMMANDS[name]
     cpu_devices.size_thread_pool()  # before JAX starts: simulated CPU devices cannot deadlock
+    compile_cache()
     # gs:// paths through fsspec/gcsfs: etils' default with TensorFlow installed (jetstream
     # pulls it in) is TF's gfile, which would import TensorFlow into every cloud run.
     os.environ.setdefault("EPATH_USE_TF", "false")
@@ -90,6 +92,30 @@ def main(argv: list[str] | None = None) -> int:
         if installed:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return int(code or 0)
+
+
+CACHE_MAX_BYTES = 4 << 30  # the compile cache's size limit; JAX evicts the least recently used
+
+
+def compile_cache(env: MutableMapping[str, str] = os.environ) -> str | None:
+    """A persistent XLA compilation cache shared by every command and run of this user, so a
+    program compiled once (the update step, decode, the experience pass) loads from disk in
+    the next run instead of compiling again: `$XDG_CACHE_HOME/jaxrl-llm/xla` (else
+    `~/.cache/jaxrl-llm/xla`), at most `CACHE_MAX_BYTES`, programs of 1 s of compile or more
+    (JAX's default). JAX's own settings win: `JAX_COMPILATION_CACHE_DIR` elsewhere (a bucket
+    on a pod), `JAX_ENABLE_COMPILATION_CACHE=false` for none. Set before JAX is imported;
+    returns the folder set, or None (left to JAX, or the folder cannot be made)."""
+    if "JAX_COMPILATION_CACHE_DIR" in env:
+        return None
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "jaxrl-llm", "xla")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:  # a read-only home: run without the cache
+        return None
+    env["JAX_COMPILATION_CACHE_DIR"] = folder
+    env.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(CACHE_MAX_BYTES))
+    return folder
 
 
 def _raise_exit(signum: int, _frame: FrameType | None) -> None:

@@ -3,6 +3,7 @@ a bad path ends a command with one line and exit 2."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -162,3 +163,28 @@ def test_a_missing_checkpoint_ends_the_process_without_a_traceback(tmp_path):
         "expected a Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json) "
         "or 'builtin'; fix the path"
     ]
+
+
+def test_the_compile_cache_defaults_to_the_user_cache_and_yields_to_jax_settings(tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    assert cli.compile_cache(env) == str(tmp_path / "jaxrl-llm" / "xla")
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jaxrl-llm" / "xla")
+    assert env["JAX_COMPILATION_CACHE_MAX_SIZE"] == str(cli.CACHE_MAX_BYTES)
+    mine = {"XDG_CACHE_HOME": str(tmp_path), "JAX_COMPILATION_CACHE_DIR": "gs://b/xla"}
+    assert cli.compile_cache(mine) is None and mine["JAX_COMPILATION_CACHE_DIR"] == "gs://b/xla"
+    (tmp_path / "file").write_text("")  # a cache home that cannot hold a folder
+    blocked = {"XDG_CACHE_HOME": str(tmp_path / "file")}
+    assert cli.compile_cache(blocked) is None and "JAX_COMPILATION_CACHE_DIR" not in blocked
+
+
+def test_jax_writes_its_programs_to_the_default_compile_cache(tmp_path):
+    """In a fresh interpreter, as the `jaxrl-llm` program: the folder set before JAX starts is
+    the one JAX's persistent cache writes (every program cached here: threshold 0)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env |= {"XDG_CACHE_HOME": str(tmp_path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    code = (
+        "from jaxrl_llm import cli; cli.compile_cache(); import jax, jax.numpy as jnp; "
+        "jax.jit(lambda x: jnp.sin(x) * 2)(jnp.ones(3)).block_until_ready()"
+    )
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    assert any((tmp_path / "jaxrl-llm" / "xla").iterdir())
