@@ -4,7 +4,8 @@ record, `types.py`) once done.
 `LiveSample` gathers the tokens a slot sampled from the engine's step records (`absorb`)
 and searches its current turn for stop strings incrementally (`find_stop`): only the text
 of tokens new since the last search, with enough look-back to hold the start of a stop
-string they complete. `pad_completions` turns completions into the trainer's [N, T] arrays.
+string they complete; `first_stop` names the match, for both backends. `pad_completions`
+turns completions into the trainer's [N, T] arrays.
 
 Shapes: N completions, T response tokens (model and inserted).
 """
@@ -21,6 +22,16 @@ from jaxrl_llm.rollout.sampling import SamplingParams
 from jaxrl_llm.types import Completion
 
 _STOP_CONTEXT = 4  # tokens of look-back per stop-string character
+
+
+def first_stop(text: str, stops: Sequence[str]) -> str | None:
+    """The stop string whose match in `text` starts first (at one start, the shorter: the
+    other extends it), or None. Both backends name a turn's stop string by this rule, which
+    `tools.protocol.hands_over` decides on: for a token that completes two at once (the
+    "e" of "The" completing "he" and "The") it names the earlier one in the text ("The"),
+    where vLLM names the first of its list among matches that end together ("he")."""
+    hits = [(text.find(x), len(x), x) for x in stops if x in text]
+    return min(hits)[2] if hits else None
 
 
 @dataclasses.dataclass
@@ -99,9 +110,7 @@ class LiveSample:
         lo = max(0, self.checked - _STOP_CONTEXT * max(len(x) for x in stops))
 
         def match(count: int) -> str | None:
-            text = decode(turn[lo:count])
-            hits = [(text.find(x), x) for x in stops if x in text]
-            return min(hits)[1] if hits else None
+            return first_stop(decode(turn[lo:count]), stops)
 
         if len(turn) <= self.checked or match(len(turn)) is None:
             self.checked = len(turn)

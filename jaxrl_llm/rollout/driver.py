@@ -21,7 +21,10 @@
   Stop strings are searched incrementally, in the text of the new tokens only.
 - Stops: EOS and the token budget on device; stop strings on the host, on decoded text
   (they may span tokens): the sample is cut right after the token that completes the
-  first match, and the stop string stays in the output.
+  first match, and the stop string stays in the output; a token completing several names
+  the one that starts first (`completions.first_stop`, the vLLM sampler's rule too).
+- Prompts that cannot be generated (empty, too long, an id outside the vocabulary:
+  `prompt_checks`, the vLLM sampler's rule too) raise before any compute, or are skipped.
 - Tool turns: when a sample stops on one of the tool's stop strings (`tool.stop_strings`;
   any, for a callable without them) and `tool` is given, `tool(text)` runs in a worker
   thread on the response text so far (everything after the prompt, earlier tool outputs
@@ -62,6 +65,7 @@ from jaxrl_llm.rollout.call_state import CallState, Refresh
 from jaxrl_llm.rollout.completions import LiveSample
 from jaxrl_llm.rollout.completions import pad_completions as pad_completions  # importable here
 from jaxrl_llm.rollout.engine import Engine
+from jaxrl_llm.rollout.prompt_checks import prompt_problems, refusal
 from jaxrl_llm.rollout.records import DecodeState, StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_seed
 from jaxrl_llm.tools.protocol import ToolCallback, ask, hands_over, text_for_tool, turn_rules
@@ -95,6 +99,10 @@ class RolloutDriver:
         self.tool_workers = int(tool_workers)
         self.prefill_batch = int(prefill_batch)
         self.eos_ids = {int(i) for i in engine.eos_ids if i >= 0}
+        # Prompt ids must index the embedding table (`prompt_checks`); a scripted test
+        # engine, which has no model config, is checked for lengths only.
+        config = getattr(engine, "config", None)
+        self.vocab_size = None if config is None else int(config.vocab_size)
         self.stats: collections.Counter[str] = collections.Counter()
 
     # -------------------------------------------------------------- helpers
@@ -109,16 +117,6 @@ class RolloutDriver:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
-
-    def _too_long(self, ids: np.ndarray) -> str | None:
-        if len(ids) == 0:
-            return "empty prompt"
-        if len(ids) > self.engine.max_prefill_length:
-            return (
-                f"prompt of {len(ids)} tokens exceeds max_prefill_length "
-                f"{self.engine.max_prefill_length}"
-            )
-        return None
 
     def _completion(self, s: LiveSample, reason: str, stop: str | None = None) -> Completion:
         return s.completion(reason, self._decode(s.tokens, skip_special=True), stop)
@@ -143,8 +141,10 @@ class RolloutDriver:
         `params`: the policy params to sample with (the trainer's current params: no copy
         on a shared layout); None uses the engine's own. `sampling`: one SamplingParams for
         all prompts or one per prompt (their `n` may differ; results stay prompt-major).
-        `on_long_prompt`: "raise" (ValueError before any compute) or "skip" (those
-        prompts' samples end with finish reason "prompt_too_long").
+        `on_long_prompt`, for prompts that cannot be generated (empty, longer than
+        `max_prefill_length` or holding an id outside the vocabulary: `prompt_checks`, the
+        vLLM sampler's rule too): "raise" (ValueError before any compute) or "skip" (those
+        prompts' samples end with finish reason "prompt_too_long", the reason in `error`).
         `progress(done, total)` is called as samples finish (for progress bars; its result
         is ignored).
         `prompt_indices`: each prompt's index for its samples' seeds (default 0, 1, ...);
@@ -199,8 +199,8 @@ class RolloutDriver:
         on_long_prompt: str,
         prompt_indices: Sequence[int] | None,
     ) -> CallState:
-        """Check and encode `generate`'s arguments; prompts that cannot be generated end
-        here ("prompt_too_long") or raise, before any compute."""
+        """Check and encode `generate`'s arguments; prompts that cannot be generated
+        (`prompt_checks`) end here ("prompt_too_long") or raise, before any compute."""
         if on_long_prompt not in ("raise", "skip"):
             raise ValueError(f"on_long_prompt must be 'raise' or 'skip', got {on_long_prompt!r}")
         if isinstance(sampling, SamplingParams):
@@ -211,10 +211,9 @@ class RolloutDriver:
         seed_index = list(range(len(ids))) if prompt_indices is None else list(prompt_indices)
         if len(seed_index) != len(ids):
             raise ValueError(f"{len(seed_index)} prompt_indices for {len(ids)} prompts")
-        problems = {i: msg for i, p in enumerate(ids) if (msg := self._too_long(p))}
+        problems = prompt_problems(ids, self.engine.max_prefill_length, self.vocab_size)
         if problems and on_long_prompt == "raise":
-            shown = "; ".join(f"prompt {i}: {m}" for i, m in list(problems.items())[:5])
-            raise ValueError(f"{len(problems)} prompt(s) cannot be generated: {shown}")
+            raise refusal(problems)
         batch = self.engine.batch
         queue = collections.deque(i for i in range(len(ids)) if i not in problems)
         free = collections.deque(range(batch))

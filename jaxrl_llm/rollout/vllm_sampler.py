@@ -17,7 +17,11 @@
   sampled from (`logprobs_mode="processed_logprobs"`); greedy samples get 0, as on the JAX
   engine. Finish reasons map to ours: EOS / a stop token id -> "eos", a stop string ->
   "stop" (the string kept, `include_stop_str_in_output`), the token budget -> "length".
+  The stop string is named by the driver's rule (`completions.first_stop` on the turn's
+  text: the match that starts first), not vLLM's (the match that ends first, the first of
+  its list among those ending together), so that a tool's hand-over is decided alike.
   The response text is decoded from the tokens by our tokenizer, as the JAX driver does.
+  Prompts are refused by the driver's rule and words (`prompt_checks`).
 - **Tool turns.** A sample that stops on a tool's stop string hands its response text, ending
   at the stop string (`protocol.text_for_tool`), to the tool in a worker thread while vLLM
   goes on decoding the others (a stop string of the run's own ends the sample); the
@@ -54,8 +58,9 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.config_checks import ConfigError
-from jaxrl_llm.rollout.completions import LiveSample
+from jaxrl_llm.rollout.completions import LiveSample, first_stop
 from jaxrl_llm.rollout.config import VllmConfig
+from jaxrl_llm.rollout.prompt_checks import prompt_problems, refusal
 from jaxrl_llm.rollout.sampler import (
     OnFinish,
     Progress,
@@ -225,20 +230,10 @@ class VllmSampler:
         return [call.results[i] for i in range(call.total)]
 
     def _check_prompts(self, ids: list[np.ndarray]) -> None:
-        bad = [
-            f"prompt {i}: " + ("empty prompt" if not len(x) else f"{len(x)} tokens")
-            for i, x in enumerate(ids)
-            if not len(x) or len(x) > self.max_prompt_length
-        ] + [
-            f"prompt {i}: a token id outside the vocabulary [0, {self.vocab_size})"
-            for i, x in enumerate(ids)
-            if len(x) and (x.min() < 0 or x.max() >= self.vocab_size)
-        ]
-        if bad:
-            raise ValueError(
-                f"{len(bad)} prompt(s) cannot be generated (max_prefill_length "
-                f"{self.max_prompt_length}): {'; '.join(bad[:5])}"
-            )
+        """Refuse the call, before any request, as the JAX driver does (`prompt_checks`)."""
+        problems = prompt_problems(ids, self.max_prompt_length, self.vocab_size)
+        if problems:
+            raise refusal(problems)
 
     def _submit(self, call: _Call, s: LiveSample, seed: int) -> None:
         """One turn of `s` as a request: its prompt and response so far, the budget left."""
@@ -308,7 +303,10 @@ class VllmSampler:
         self._absorb(call, s, out.outputs[0])
         if out.finished:
             del call.live[out.request_id]
-            self._end_turn(call, s, *_finish_reason(out.outputs[0]))
+            reason, stop = _finish_reason(out.outputs[0])
+            if stop is not None:  # named as the driver names it, from the turn's own text
+                stop = first_stop(self._text(s, True, s.turn_start), s.params.stop) or stop
+            self._end_turn(call, s, reason, stop)
         elif call.swaps and s.params.stop:
             found = s.find_stop(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))
             if found is not None:  # searched as the JAX driver does; cut right after it
@@ -380,7 +378,7 @@ class VllmSampler:
 
 
 def _finish_reason(out: Any) -> tuple[str, str | None]:
-    """Ours from vLLM's: ("eos" | "stop" | "length", the stop string)."""
+    """Ours from vLLM's: ("eos" | "stop" | "length", the stop string as vLLM names it)."""
     if out.finish_reason == "length":
         return "length", None
     if out.finish_reason == "stop":

@@ -130,6 +130,22 @@ def test_long_prompt_is_a_clear_error_or_a_skip(tiny_engine):
     assert out[0].finish_reason in ("eos", "length") and len(out[0].token_ids) > 0
 
 
+@pytest.mark.slow  # the engine's prefill and decode compiles, shared with the test above
+def test_prompt_ids_outside_the_vocabulary_are_refused_or_skipped(tiny_engine):
+    """An id >= V would embed as NaN and a negative one as the last row: the driver refuses
+    them as it refuses over-long prompts (vLLM's rule and words, `prompt_checks`)."""
+    vocab = tiny_engine.config.vocab_size
+    bad = [[*MIXED[0], vocab], [-1, *MIXED[0]]]
+    driver = RolloutDriver(tiny_engine)
+    for prompt in bad:
+        with pytest.raises(ValueError, match=rf"outside the vocabulary \[0, {vocab}\)"):
+            driver.generate([MIXED[0], prompt], GREEDY)
+    out = driver.generate([MIXED[0], *bad], GREEDY, on_long_prompt="skip")
+    assert [c.finish_reason for c in out[1:]] == ["prompt_too_long"] * 2
+    assert all(len(c.token_ids) == 0 and "outside the vocabulary" in str(c.error) for c in out[1:])
+    assert out[0].finish_reason in ("eos", "length") and len(out[0].token_ids) > 0
+
+
 @pytest.mark.slow  # 25 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_stop_strings_span_tokens_and_cut_exactly(builtin):
     _, tok, engine = builtin

@@ -468,6 +468,49 @@ def test_too_long_prompt_is_refused_before_any_compute(setup):
         vllm_s.generate([np.arange(MAX_PROMPT + 1, dtype=np.int32)], _greedy())
 
 
+def test_prompts_outside_the_vocabulary_are_refused_alike(setup):
+    """One rule on both backends (`prompt_checks`): an id >= V or < 0 refused, same words."""
+    _, _, jax_s, vllm_s, prompts = setup
+    vocab = vllm_s.vocab_size
+    for bad in ([*prompts[0], vocab], [-1, *prompts[0]]):
+        errors = []
+        for s in (jax_s, vllm_s):
+            with pytest.raises(ValueError, match=rf"outside the vocabulary \[0, {vocab}\)") as e:
+                s.generate([prompts[1], np.asarray(bad, np.int32)], _greedy())
+            errors.append(str(e.value))
+        assert errors[0] == errors[1]
+
+
+def test_one_token_completing_two_stop_strings_names_the_same_one(setup):
+    """A token completing two stop strings at once (a suffix of the other, listed first):
+    both backends name the one that starts first in the text (`completions.first_stop`),
+    so the tool, whose stop string it is, gets the turn on both."""
+    _, _, jax_s, vllm_s, prompts = setup
+    plain = jax_s.generate(prompts, _greedy())
+    # Three characters of a response whose last two appear nowhere earlier in it.
+    text, at = next(
+        (c.text, i) for c in plain for i in range(1, len(c.text) - 2)
+        if c.text.find(c.text[i + 1 : i + 3]) == i + 1
+    )  # fmt: skip
+    whole, suffix = text[at : at + 3], text[at + 1 : at + 3]
+    sp = _greedy(stop=(suffix, whole))  # the run's own first, then the tool's
+    a, b = (s.generate(prompts, sp) for s in (jax_s, vllm_s))
+    for x, y in zip(a, b, strict=True):
+        assert (x.finish_reason, x.stop_string, x.text) == (y.finish_reason, y.stop_string, y.text)
+    assert any(c.stop_string == whole for c in b)
+    got = []
+    for s in (jax_s, vllm_s):
+        tool = _EchoTool(whole)
+        got.append((s.generate(prompts, sp, tool=tool), tool.calls))
+    (a, calls_a), (b, calls_b) = got
+    assert calls_a and sorted(calls_a) == sorted(calls_b)
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids.tolist() == y.token_ids.tolist()
+        assert (x.tool_calls, x.finish_reason, x.stop_string) == (
+            y.tool_calls, y.finish_reason, y.stop_string
+        )  # fmt: skip
+
+
 def _count_chars(n: int) -> str:
     """Say how long the turn was.
 
