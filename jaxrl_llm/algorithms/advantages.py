@@ -32,6 +32,14 @@ def _grouped(rewards: Array, group_size: int) -> Array:
     return rewards.astype(compute_dtype(rewards)).reshape(-1, group_size)
 
 
+def _group_offsets(grouped: Array) -> Array:
+    """``grouped[g, i] - grouped[g, 0]`` [B // G, G]: each group measured from its first
+    sample. Its mean and std are those of ``grouped`` in exact arithmetic, and a group of
+    equal rewards gives exact zeros, where the float32 mean of G equal values such as 0.7
+    can miss the value by a rounding that ``/ (std + eps)`` would then magnify to 0.1."""
+    return grouped - grouped[:, :1]
+
+
 def grpo_advantages(
     rewards: Array, group_size: int, *, eps: float = 1e-6, norm_by_std: bool = True
 ) -> Array:
@@ -49,14 +57,18 @@ def grpo_advantages(
 
     Deviations: a group of one sample gets advantage 0 (verl uses mean 0, std 1, i.e. the raw
     reward; a lone sample has no baseline to be compared against). The paper's std is not
-    specified as biased or unbiased; verl, TRL and Tunix use unbiased.
+    specified as biased or unbiased; verl, TRL and Tunix use unbiased. The mean and std are
+    taken of the offsets from the group's first reward (``_group_offsets``; the same in exact
+    arithmetic), so a group of equal rewards gets exactly 0, where verl's float32 can give
+    up to 0.1 (16 x 0.7).
     """
     grouped = _grouped(rewards, group_size)
     if group_size == 1:
         return jnp.zeros(grouped.shape[0], grouped.dtype)
-    centred = grouped - grouped.mean(axis=1, keepdims=True)
+    offsets = _group_offsets(grouped)
+    centred = offsets - offsets.mean(axis=1, keepdims=True)
     if norm_by_std:
-        centred = centred / (grouped.std(axis=1, ddof=1, keepdims=True) + eps)
+        centred = centred / (offsets.std(axis=1, ddof=1, keepdims=True) + eps)
     return centred.reshape(-1)
 
 
@@ -70,12 +82,15 @@ def rloo_advantages(rewards: Array, group_size: int) -> Array:
 
     Shapes: ``rewards`` Float[Array, "B"], groups consecutive; returns Float[Array, "B"].
 
-    Deviation: a group of one sample gets 0 (verl leaves the raw reward there).
+    Deviations: a group of one sample gets 0 (verl leaves the raw reward there); the mean is
+    taken of the offsets from the group's first reward (``_group_offsets``), so a group of
+    equal rewards gets exactly 0.
     """
     grouped = _grouped(rewards, group_size)
     if group_size == 1:
         return jnp.zeros(grouped.shape[0], grouped.dtype)
-    centred = grouped - grouped.mean(axis=1, keepdims=True)
+    offsets = _group_offsets(grouped)
+    centred = offsets - offsets.mean(axis=1, keepdims=True)
     return (centred * (group_size / (group_size - 1))).reshape(-1)
 
 
@@ -98,7 +113,9 @@ def reinforce_pp_advantages(
 
     Baseline variant (``baseline_group_size=G``): the sequence score ``s_i = sum_t r_{i,t}`` minus
     its group mean, put on every response token, then whitened over the batch's response tokens;
-    returns equal advantages (verl's convention).
+    returns equal advantages (verl's convention). The group mean is taken of the offsets from
+    the group's first score (``_group_offsets``), so an equal group is exactly 0 before the
+    whitening, which would otherwise blow its rounding up to about +-1.
 
     Source: Hu 2025, REINFORCE++ (arXiv:2501.03262). Semantics of verl
     ``compute_reinforce_plus_plus_outcome_advantage`` and
@@ -119,7 +136,8 @@ def reinforce_pp_advantages(
         scores = rewards.sum(axis=-1)
         grouped = _grouped(scores, baseline_group_size)
         if baseline_group_size > 1:  # verl: a lone sample keeps its score (mean 0)
-            grouped = grouped - grouped.mean(axis=1, keepdims=True)
+            offsets = _group_offsets(grouped)
+            grouped = offsets - offsets.mean(axis=1, keepdims=True)
         adv = masked_whiten(grouped.reshape(-1, 1) * mask, mask) * mask
         return adv, adv
 

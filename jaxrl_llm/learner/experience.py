@@ -23,6 +23,7 @@ from jaxrl_llm.algorithms import head_logprobs, kl_shaped_rewards, outcome_token
 from jaxrl_llm.algorithms.logprobs import EntropyMode
 from jaxrl_llm.algorithms.masked import compute_dtype, masked_max, masked_mean, masked_min
 from jaxrl_llm.algorithms.registry import resolve_declared
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.learner.packing import Packing, pack, unpack
 from jaxrl_llm.sharding.hosts import batch_sharding
 from jaxrl_llm.types import Completion, TrainBatch
@@ -100,6 +101,28 @@ def turn_token_rewards(completions: Sequence[Completion], seq_len: int) -> np.nd
         at = np.minimum(np.arange(len(c.turn_rewards)), len(ends) - 1)
         np.add.at(out[b], len(c.prompt_ids) + ends[at], np.asarray(c.turn_rewards, np.float32))
     return out
+
+
+def micro_batch_rows(micro_batch_size: int, batch: int, mini_batches: int = 1) -> int:
+    """Rows per micro-batch when `batch` rows are cut into `mini_batches` mini-batches, each
+    into micro-batches: `micro_batch_size`, or the whole mini-batch when that is smaller.
+    The experience pass (the whole batch) and the update (a mini-batch at a time) both cut
+    with it, so they run the same micro-batches; `RLConfig.validate` refuses a split it
+    cannot make, by the fields' names."""
+    if batch % mini_batches:
+        raise ConfigError(
+            f"AlgoConfig.mini_batches = {mini_batches} does not divide the batch of {batch} "
+            "samples (DataConfig.prompts_per_step x RolloutConfig.n)"
+        )
+    mini = batch // mini_batches
+    rows = min(micro_batch_size, mini)
+    if mini % rows:
+        raise ConfigError(
+            f"AlgoConfig.micro_batch_size = {micro_batch_size} does not divide the mini-batch "
+            f"of {mini} samples (batch {batch} / AlgoConfig.mini_batches = {mini_batches}): "
+            f"use a divisor of {mini}, or {mini} or more for one micro-batch per mini-batch"
+        )
+    return rows
 
 
 def shift_right(x: jax.Array) -> jax.Array:
@@ -198,7 +221,8 @@ def make_experience_fn(
             -> (TrainBatch, sequence rewards [B], metrics)
 
     All arrays [B, T] unless noted, in and out on the mesh; `rewards` are the scores [B] or
-    rewards on tokens [B, T] (`advantage_fn`). Per micro-batch (`lax.map`) one
+    rewards on tokens [B, T] (`advantage_fn`). Per micro-batch of mb =
+    `micro_batch_rows(micro_batch, B, algo.mini_batches)` rows (the update's; `lax.map`) one
     body runs the policy (old logprobs; skipped with `old_logprobs=False`, the on-policy
     shortcut, leaving zeros), the reference and the critic, each only where the run has it;
     logprobs are computed on the positions of `response_mask` (model tokens) or
@@ -243,7 +267,7 @@ def make_experience_fn(
     def fn(params, ref_params, critic_params, input_ids, response_mask, trained_mask, rewards,
            rollout_logprobs, packing=None, sample_mask=None):  # fmt: skip
         B, T = input_ids.shape
-        mb = min(micro_batch, B)
+        mb = micro_batch_rows(micro_batch, B, algo.mini_batches)  # the update's micro-batches
         split = lambda x: x.reshape(B // mb, mb, T)
         one = lambda x: forwards(params, ref_params, critic_params, *x)
         logprob_mask = jnp.maximum(response_mask, trained_mask)

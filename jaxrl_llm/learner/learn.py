@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_llm.learner.experience import pack_sequences, turn_token_rewards
+from jaxrl_llm.learner.experience import micro_batch_rows, pack_sequences, turn_token_rewards
 from jaxrl_llm.learner.packing import (
     Packing,
     forward_positions,
@@ -43,7 +43,8 @@ def make_experience(
     seqs = pack_sequences(samples.completions, cfg.seq_len, 0 if pad is None else pad)
     state, mesh = learner.state, learner.mesh
     B = len(samples.completions)
-    packing = _packing(cfg, mesh, seqs.length, min(cfg.algo.micro_batch_size, B))
+    micro = micro_batch_rows(cfg.algo.micro_batch_size, B, cfg.algo.mini_batches)  # the update's
+    packing = _packing(cfg, mesh, seqs.length, micro)
     trained_mask = seqs.response_mask
     if not cfg.algo.mask_tool_output:  # the ablation: tool output trained too
         trained_mask = trained_mask + seqs.tool_mask
@@ -134,7 +135,7 @@ def update(
             rows = hosts.put_batch(order[k * mini : (k + 1) * mini], replicated)
             mb = learner.micro_batches(batch, rows)
             lengths = exp.length[order[k * mini : (k + 1) * mini]]
-            packing = _packing(cfg, mesh, lengths, min(a.micro_batch_size, mini))
+            packing = _packing(cfg, mesh, lengths, micro_batch_rows(a.micro_batch_size, mini))
             positions += forward_positions(lengths.size, packing, cfg.seq_len)
             packing = _put_packing(mesh, packing)
             if learner.critic_step is not None:

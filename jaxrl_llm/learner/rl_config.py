@@ -296,6 +296,7 @@ class RLConfig:
         built-in task needs is registered with it), before any model loads."""
         from jaxrl_llm.agents.factory import NO_ENV
         from jaxrl_llm.algorithms import registry
+        from jaxrl_llm.learner.experience import micro_batch_rows
         from jaxrl_llm.rewards.config import check_rewards
         from jaxrl_llm.tools.factory import NO_TOOL
 
@@ -307,11 +308,13 @@ class RLConfig:
         registry.lookup("kl", a.kl_loss_kind)
         registry.lookup("kl", a.kl_in_reward_kind)
         batch = self.data.prompts_per_step * self.rollout.n
-        if batch % a.mini_batches:
-            raise ValueError(f"batch {batch} (prompts x n) not divisible by {a.mini_batches=}")
-        mini = batch // a.mini_batches
-        if mini % a.micro_batch_size and a.micro_batch_size < mini:
-            raise ValueError(f"mini-batch {mini} not divisible by {a.micro_batch_size=}")
+        micro_batch_rows(a.micro_batch_size, batch, a.mini_batches)  # the experience's and update's
+        if self.rollout.temperature <= 0:
+            raise ConfigError(
+                f"RolloutConfig.temperature = {self.rollout.temperature} (greedy) cannot train: "
+                "the PPO ratio needs the sampling distribution's logprobs, log softmax(logits / "
+                "temperature); use a temperature > 0 (greedy: val_temperature, eval, generate)"
+            )
         _check_tool_settings(self)
         _check_partial_rollouts(self)
         check_rewards(self.reward)  # names, options and `rm:` folders, nothing loaded

@@ -23,7 +23,12 @@ from jaxrl_llm.algorithms import aggregate_loss, kl_penalty, loss_normalizer, va
 from jaxrl_llm.algorithms.masked import masked_max, masked_min, safe_divide
 from jaxrl_llm.algorithms.off_policy import importance_weights, rejection_mask
 from jaxrl_llm.algorithms.registry import resolve_declared
-from jaxrl_llm.learner.experience import logprob_diff_metrics, policy_logprobs, sequence_values
+from jaxrl_llm.learner.experience import (
+    logprob_diff_metrics,
+    micro_batch_rows,
+    policy_logprobs,
+    sequence_values,
+)
 from jaxrl_llm.learner.packing import Packing
 from jaxrl_llm.learner.state import (
     TrainState,
@@ -147,7 +152,10 @@ def make_policy_step(
         return total, (metrics, jax.lax.stop_gradient(logp) if on_policy else None)
 
     summed = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
-    token_means = ("is/weight/mean", "is/clipped_frac")  # over the trained tokens
+    token_means = (  # over the trained tokens
+        "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "is/weight/mean",
+        "is/clipped_frac",
+    )  # fmt: skip
     prepare = _rejecting(algo) if rejects(algo) else None
     return _make_update(loss_fn, tx, agg, "actor", summed, token_means, prepare)
 
@@ -170,7 +178,7 @@ def make_critic_step(
         )  # fmt: skip
         return loss, ({"critic/vf_loss": loss, "critic/vf_clipfrac": m["vf_clipfrac"]}, None)
 
-    return _make_update(loss_fn, tx, agg, "critic", ("critic/vf_loss",))
+    return _make_update(loss_fn, tx, agg, "critic", ("critic/vf_loss",), ("critic/vf_clipfrac",))
 
 
 def _make_update(
@@ -226,9 +234,11 @@ def reduce_micro_batches(
     """Each metric [M] (one value per micro-batch, `tokens` [M] trained tokens in each) to
     the mini-batch's value. `summed`: loss terms already normalised globally, so their sum
     is exact. `.../max`, `.../min` (`extreme`): the extreme over the micro-batches with a
-    trained token. `token_means`: means over the trained tokens, weighted by each
-    micro-batch's count (so an empty micro-batch does not pull them toward 0). The others
-    (ratios such as clip fractions): the mean over micro-batches, as verl does."""
+    trained token. `token_means` (the clip fractions, `ppo_kl`, `is/*`): means over the
+    trained tokens, weighted by each micro-batch's count, so an empty micro-batch (every
+    sample overlong-filtered) does not pull them toward 0 and the value does not depend on
+    micro_batch_size (verl takes the plain mean over micro-batches). The others: the mean
+    over micro-batches."""
     has = tokens > 0
     out = {}
     for k, v in metrics.items():
@@ -246,11 +256,11 @@ def reduce_micro_batches(
 
 
 def to_micro_batches(batch: TrainBatch[Leaf], idx: Any, micro_batch_size: int) -> TrainBatch[Leaf]:
-    """Rows `idx` of `batch`, reshaped [M, mb, T]."""
+    """Rows `idx` of `batch` (a mini-batch), reshaped [M, mb, T] (`micro_batch_rows`)."""
 
     def take(x):
         x = x[idx]
-        mb = min(micro_batch_size, x.shape[0])
+        mb = micro_batch_rows(micro_batch_size, x.shape[0])
         return x.reshape(x.shape[0] // mb, mb, *x.shape[1:])
 
     return jax.tree.map(take, batch)

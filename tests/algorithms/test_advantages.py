@@ -90,18 +90,22 @@ def whiten_tolerance(x, e_x, mask, whitened):
 
 def grpo_tolerance(r):
     """The bound on |float32 - exact| for `grpo_advantages` of ``r`` [groups, G] (float64
-    values of float32 rewards), per element: the group mean errs by its sum's and
-    division's roundings (e_m), each centred value by e_m and the subtraction (e_c), the
+    values of float32 rewards), per element: each offset from the group's first reward
+    d = r - r_0 rounds once (e_d), their mean errs by the mean of e_d and its sum's and
+    division's roundings (e_m), each centred value by e_d, e_m and the subtraction (e_c), the
     unbiased variance by 2 sum|c| e_c, its sum's roundings and the division, the std by
     half that over s (at most the root of it when s ~ 0) and the sqrt; then s + 1e-6 and the
     final division round once each. First order in eps32."""
     g = r.shape[1]
-    m = r.mean(1, keepdims=True)
-    c = r - m
+    d = r - r[:, :1]
+    m = d.mean(1, keepdims=True)
+    c = d - m
     var = (c**2).sum(1, keepdims=True) / (g - 1)
     s, eps = np.sqrt(var), FLOAT32_EPS
-    e_m = float32_sum_tolerance(r, axis=1)[:, None] / g + eps * np.abs(m)
-    e_c = e_m + eps * np.abs(c)
+    e_d = eps * np.abs(d)
+    e_m = (float32_sum_tolerance(d, axis=1)[:, None] + e_d.sum(1, keepdims=True)) / g
+    e_m = e_m + eps * np.abs(m)
+    e_c = e_d + e_m + eps * np.abs(c)
     e_var = (
         2 * (np.abs(c) * e_c).sum(1, keepdims=True) + float32_sum_tolerance(c**2, axis=1)[:, None]
     )
@@ -162,11 +166,13 @@ def test_grpo_group_properties(groups, group_size, seed):
     adv = np.asarray(grpo_advantages(jnp.asarray(rewards), group_size)).reshape(groups, group_size)
     r = rewards.reshape(groups, group_size).astype(np.float64)
     s = r.std(axis=1, ddof=1)
-    # Mean zero up to float32 rounding: the group mean's error (n eps max|r|) is divided by
-    # s + eps, then n advantages are summed; a fixed atol of 1e-5 failed 7 of 9,000 random
-    # groups (close rewards: small s), this bound held with err / bound <= 0.06.
+    # Mean zero up to float32 rounding: the mean of the offsets d = r - r_0 errs by at most
+    # n eps max|d|, divided by s + eps, then n advantages are summed; a fixed atol of 1e-5
+    # failed 7 of 9,000 random groups (close rewards: small s); this bound held on 9,000
+    # with err / bound <= 0.03.
     n, eps32 = group_size, np.finfo(np.float32).eps
-    bound = 4 * n * eps32 * (np.abs(r).max(axis=1) / (s + 1e-6) + np.abs(adv).max(axis=1))
+    d = np.abs(r - r[:, :1]).max(axis=1)
+    bound = 4 * n * eps32 * (d / (s + 1e-6) + np.abs(adv).max(axis=1))
     assert np.all(np.abs(adv.astype(np.float64).mean(axis=1)) <= bound)
     # The std (in float64) of advantages each within e of the exact ones is within
     # ||e|| / sqrt(n - 1) of the exact advantages' std, s / (s + 1e-6): a seminorm.
