@@ -293,7 +293,17 @@ class RLConfig:
 
     def validate(self) -> None:
         """Cross-field rules, asked of the registries (what an estimator, loss, tool or
-        built-in task needs is registered with it), before any model loads."""
+        built-in task needs is registered with it), before any model loads. Every refusal is
+        a `ConfigError` (one line from the CLI), the registries' and reward checks' own
+        ValueError / KeyError included."""
+        try:
+            self._validate()
+        except ConfigError:
+            raise
+        except (ValueError, KeyError) as e:  # a registry's or reward's unknown name
+            raise ConfigError(e.args[0] if e.args else str(e)) from e
+
+    def _validate(self) -> None:
         from jaxrl_llm.agents.factory import NO_ENV
         from jaxrl_llm.algorithms import registry
         from jaxrl_llm.learner.experience import micro_batch_rows
@@ -322,7 +332,7 @@ class RLConfig:
             check_rewards(self.validation_reward(), field="RLConfig.val_reward")
         group = registry.capabilities("advantage", a.estimator).min_group_size
         if self.rollout.n < group:
-            raise ValueError(
+            raise ConfigError(
                 f"estimator {a.estimator!r} needs rollout.n >= {group} samples per prompt (a "
                 f"lone sample is its own group baseline), got rollout.n = {self.rollout.n}"
             )
@@ -361,7 +371,7 @@ def _check_tool_settings(cfg: RLConfig) -> None:
             settings[field] = settings[field] or f"data.builtin_task {d.builtin_task!r}"
     problem = missing_requirement(r.tool, settings)
     if problem:
-        raise ValueError(problem)
+        raise ConfigError(problem)
 
 
 def _check_partial_rollouts(cfg: RLConfig) -> None:
@@ -372,14 +382,14 @@ def _check_partial_rollouts(cfg: RLConfig) -> None:
     if not cfg.partial_rollouts:
         return
     if cfg.max_staleness < 1:
-        raise ValueError(
+        raise ConfigError(
             "RLConfig.partial_rollouts needs RLConfig.max_staleness >= 1: a synchronous run "
             "samples every batch with the weights of its own step, none arrive mid-sample"
         )
     backend = BACKENDS.get(cfg.rollout.backend)
     if backend is None or not backend.partial_rollouts:
         able = [name for name, b in BACKENDS.items() if b.partial_rollouts]
-        raise ValueError(
+        raise ConfigError(
             f"RLConfig.partial_rollouts: rollout.backend = {cfg.rollout.backend!r} does not "
             f"continue running samples with newer weights; backends that do: {able}"
         )
@@ -394,7 +404,7 @@ def _refuse_placeholders(cfg: object, where: str) -> None:
             _refuse_placeholders(value, f"{where}.{field.name}")
         elif isinstance(value, str) and value.startswith("SET_"):
             name = f"{type(cfg).__name__}.{field.name}"
-            raise ValueError(
+            raise ConfigError(
                 f"{name} = {value!r} ({where}.{field.name}) is a placeholder left unset: give "
                 f"it with --gin_param='{name}=\"...\"' or the macro the gin file's header names"
             )
