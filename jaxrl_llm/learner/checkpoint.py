@@ -9,19 +9,30 @@ Every process must call `save`/`restore` (collective in multi-host runs).
 The directory may be on `gs://`: Orbax reads and writes it through `etils.epath` and
 TensorStore; a local directory is made absolute first.
 
+A damaged step is bad input, met with a warning or one line (a `CheckpointError`), and
+nothing is removed: a step folder visibly incomplete (no `state/_METADATA` or no
+`extra/metadata`, as a partial copy leaves it) is not a step (`all_steps`, `latest_step`
+skip it, warning once); one that cannot be read (a truncated file, corrupt JSON) ends the
+read naming the folder and the fix: move it aside, and the latest complete step before it
+is taken.
+
 Two checks keep a checkpoint on the run it belongs to, each ending the command with one line
 (a `CheckpointError`) instead of a wrong model or Orbax's traceback:
 - `restore` compares the saved arrays' paths and shapes (Orbax's metadata, no array read)
   with the state it restores into, and names the first that differ.
-- `extra["base"]` records the model a run's frozen weights come from (`base_identity`: the
-  folder's content fingerprint and how it was loaded), which a LoRA run's checkpoint does
-  not hold; `check_base` refuses a resume or an export onto another base.
+- `extra["base"]` records the model a run starts from (`base_identity`: the folder's content
+  fingerprint, its model config and how it was loaded); `check_base` refuses a resume or an
+  export onto another model config (any run: the checkpoint holds weights, not the config
+  they are computed with), and onto another base where its weights are part of the run (a
+  LoRA run's frozen base, which its checkpoint does not hold; a KL reference).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -29,7 +40,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxrl_llm.models.config import CheckpointError, as_dtype
-from jaxrl_llm.models.fingerprint import checkpoint_fingerprint
+from jaxrl_llm.models.fingerprint import checkpoint_fingerprint, model_config
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +71,35 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=handlers
         )  # handlers named up front: a manager that has not saved reads the metadata too
-        self.base: dict[str, str] | None = None  # `base_identity`, saved in every step's extra
+        self.base: dict[str, Any] | None = None  # `base_identity`, saved in every step's extra
+        self._warned: set[int] = set()  # incomplete steps already warned about
 
     def latest_step(self) -> int | None:
-        return self._manager.latest_step()
+        """The latest complete step (`all_steps`); None: none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
 
     def all_steps(self) -> list[int]:
-        return list(self._manager.all_steps())
+        """The complete steps, oldest first; each incomplete one (`incomplete_steps`) is left
+        out with a warning naming it (once per step and checkpointer)."""
+        incomplete = self.incomplete_steps()
+        for step in sorted(set(incomplete) - self._warned):
+            self._warned.add(step)
+            log.warning("checkpoint %s is incomplete (no %s): skipped; move it aside (out of "
+                        "%s) once it is not needed", self.directory / str(step),
+                        incomplete[step], self.directory)  # fmt: skip
+        return sorted(s for s in self._manager.all_steps() if s not in incomplete)
+
+    def incomplete_steps(self) -> dict[int, str]:
+        """Step -> the file it lacks, for each step folder that lacks one of `_COMPLETE`: not a
+        step Orbax wrote whole (it renames a step into place only once written)."""
+        out = {}
+        for step in self._manager.all_steps():
+            step_dir = self.directory / str(step)
+            missing = [name for name in _COMPLETE if not (step_dir / name).exists()]
+            if missing:
+                out[step] = missing[0]
+        return out
 
     def save(self, step: int, state: Any, extra: dict[str, Any]) -> None:
         if self.base is not None:
@@ -88,24 +121,25 @@ class Checkpointer:
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like
         )
-        out = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), extra=ocp.args.JsonRestore()
-            ),
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), extra=ocp.args.JsonRestore()
         )
-        return out["state"], out["extra"]
+        with self._reading(step):
+            out = self._manager.restore(step, args=args)
+            return out["state"], _json_object(out["extra"])
 
     def read_extra(self, step: int) -> dict[str, Any]:
         """Step `step`'s JSON `extra` alone (no array is read)."""
-        out = self._manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))
-        return out["extra"]
+        args = ocp.args.Composite(extra=ocp.args.JsonRestore())
+        with self._reading(step):
+            return _json_object(self._manager.restore(step, args=args)["extra"])
 
     def check_fits(self, step: int, like: Any, under: str = "") -> None:
         """Raise a `CheckpointError` unless the arrays saved at `step` (below the path
         `under`, e.g. 'policy/params') have the paths and shapes of `like`'s leaves. Read
         from Orbax's metadata; dtypes may differ (a restore casts)."""
-        tree = self._manager.item_metadata(step)["state"]
+        with self._reading(step):
+            tree = self._manager.item_metadata(step)["state"]
         if tree is None:  # no metadata to compare: Orbax's own check stands
             return
         prefix = f"{under}/" if under else ""
@@ -123,11 +157,43 @@ class Checkpointer:
 
     def restore_raw(self, step: int) -> dict[str, Any]:
         """The saved `state` tree as nested dicts of arrays, without a template."""
-        out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-        return out["state"]
+        args = ocp.args.Composite(state=ocp.args.StandardRestore())
+        with self._reading(step):
+            return self._manager.restore(step, args=args)["state"]
+
+    @contextlib.contextmanager
+    def _reading(self, step: int) -> Iterator[None]:
+        """An error reading step `step` (Orbax's, TensorStore's, json's, the file system's)
+        as one `CheckpointError` naming the step folder, what failed and the fix."""
+        try:
+            yield
+        except CheckpointError:
+            raise
+        except (ValueError, OSError, KeyError, TypeError) as e:
+            step_dir = self.directory / str(step)
+            why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            why = why.split(" [tensorstore_spec=")[0]  # TensorStore appends its whole spec
+            why = why if len(why) <= 400 else why[:400] + "..."
+            others = [s for s in self.all_steps() if s != step]
+            then = (f"a resume or an export then takes the latest of the other complete steps "
+                    f"{others}") if others else "there is no other complete step"  # fmt: skip
+            raise CheckpointError(
+                f"cannot read checkpoint {step_dir} ({type(e).__name__}: {why}); it is damaged: "
+                f"move it aside (mv {step_dir} {step_dir}.damaged); {then}"
+            ) from e
 
     def close(self) -> None:
         self._manager.close()
+
+
+# What every step Orbax writes holds: the arrays' metadata and the JSON extra.
+_COMPLETE = ("state/_METADATA", "extra/metadata")
+
+
+def _json_object(extra: Any) -> dict[str, Any]:
+    if not isinstance(extra, dict):
+        raise TypeError(f"extra/metadata holds a JSON {type(extra).__name__}, not an object")
+    return extra
 
 
 def _shapes(tree: Any) -> dict[str, tuple[int, ...] | None]:
@@ -154,15 +220,15 @@ def _differences(saved: dict, expected: dict) -> list[tuple[str, list[str]]]:
     return [(kind, paths) for kind, paths in kinds if paths]
 
 
-def base_identity(checkpoint: str | os.PathLike, policy: Any) -> dict[str, str]:
-    """What a run's frozen base is: the checkpoint folder (`PolicyConfig.checkpoint`,
-    resolved), its content (`models.fingerprint`) and how it was loaded (the
-    weights' dtype; with LoRA, `quantize_base`), for `check_base`. `policy`: a
-    `PolicyConfig`."""
+def base_identity(checkpoint: str | os.PathLike, policy: Any) -> dict[str, Any]:
+    """What a run's base is: the checkpoint folder (`PolicyConfig.checkpoint`, resolved),
+    its content and model config (`models.fingerprint`) and how it was loaded (the weights'
+    dtype; with LoRA, `quantize_base`), for `check_base`. `policy`: a `PolicyConfig`."""
     lora = policy.lora
     return {
         "checkpoint": os.fspath(checkpoint),
         "fingerprint": checkpoint_fingerprint(checkpoint),
+        "config": model_config(checkpoint),
         "param_dtype": str(as_dtype(policy.param_dtype)),
         "quantize_base": "none" if lora is None else lora.quantize_base,
         "lora_alpha": "none" if lora is None else repr(float(lora.alpha)),
@@ -180,20 +246,26 @@ _LOADED_AS = {
 
 
 def check_base(
-    saved: dict[str, str] | None, current: dict[str, str], *, field: str, step_dir: str,
-    loaded_as: bool, fix: str = "or start a new run_dir",
+    saved: dict[str, Any] | None, current: dict[str, Any], *, field: str, step_dir: str,
+    loaded_as: bool, weights: bool = True, fix: str = "or start a new run_dir",
 ) -> None:  # fmt: skip
     """Refuse a base other than the one checkpoint `step_dir` recorded (`saved`: its
-    `extra.get("base")`): another content, or with `loaded_as` another dtype or int8
-    quantisation (the base the adapters trained on, as the trainer sees it). The same
-    content in another folder is the same base. `field` names where `current` came from;
-    `fix` ends the message after 'point <field> at that model'. A checkpoint saved before
-    bases were recorded passes, with a warning."""
+    `extra.get("base")`): another model config (`_check_config`, every run); with `weights`
+    (the base's weights are part of the run: a LoRA run's frozen base, a KL reference)
+    another content, or with `loaded_as` another dtype or int8 quantisation (the base the
+    adapters trained on, as the trainer sees it). The same content in another folder is the
+    same base. `field` names where `current` came from; `fix` ends the message after
+    'point <field> at that model'. A checkpoint saved before bases were recorded passes,
+    with a warning."""
     here = f"{field} = {current['checkpoint']!r}"
     if saved is None:
         log.warning("checkpoint %s records no base model (saved before jaxrl-llm recorded "
                     "one): cannot check that %s is the base it was trained on; using it as "
                     "it is", step_dir, here)  # fmt: skip
+        return
+    _check_config(saved, current, here=here, field=field, step_dir=step_dir, weights=weights,
+                  fix=fix)  # fmt: skip
+    if not weights:
         return
     if saved["fingerprint"] != current["fingerprint"]:
         raise CheckpointError(
@@ -213,3 +285,29 @@ def check_base(
             )
     if saved["checkpoint"] != current["checkpoint"]:
         log.info("base %r found at %s (same content)", saved["checkpoint"], here)
+
+
+def _check_config(
+    saved: dict[str, Any], current: dict[str, Any], *, here: str, field: str, step_dir: str,
+    weights: bool, fix: str,
+) -> None:  # fmt: skip
+    """Refuse a model config (`fingerprint.model_config`) other than the one `saved` records,
+    naming the fields that differ: a full run's checkpoint holds its weights, not the config
+    they are computed with (another rope_theta would continue silently). A record saved
+    before configs were recorded passes; with `weights`, the fingerprint covers config.json."""
+    if "config" not in saved:
+        if not weights and saved["fingerprint"] != current["fingerprint"]:
+            log.warning("checkpoint %s records no model config (saved before jaxrl-llm "
+                        "recorded one) and %s is another folder content: cannot check that its "
+                        "config is the one the run trained with; using it as it is", step_dir,
+                        here)  # fmt: skip
+        return
+    old, new = saved["config"], current["config"]
+    keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+    if keys:
+        what = "; ".join(f"{k}: saved {old.get(k)!r}, now {new.get(k)!r}" for k in keys)
+        raise CheckpointError(
+            f"{here} is not the model this run was trained as: its config.json differs from "
+            f"the one checkpoint {step_dir} records ({what}); restore those fields or point "
+            f"{field} at the model it records ({saved['checkpoint']!r}), {fix}"
+        )

@@ -106,8 +106,9 @@ def export_policy(
 ) -> int:
     """Write the policy of `run_dir`'s checkpoint `step` (latest if None) to `out`: HF
     safetensors (`fmt='merged'`; a LoRA run's adapters folded in) or, for a LoRA run, a
-    PEFT adapter folder (`fmt='peft'`). A LoRA run's adapters go only onto the base they
-    trained on (`checkpoint.check_base`, by content: the base may have moved)."""
+    PEFT adapter folder (`fmt='peft'`). The base must have the model config the run
+    trained as, and a LoRA run's adapters go only onto the base they trained on
+    (`checkpoint.check_base`, by content: the base may have moved)."""
     from jaxrl_llm.assets import resolve_checkpoint
     from jaxrl_llm.config import ConfigError
     from jaxrl_llm.learner.checkpoint import base_identity, check_base
@@ -123,16 +124,16 @@ def export_policy(
     field = f"{run_dir / 'config.gin'}: PolicyConfig.checkpoint"
     src = resolve_checkpoint(cfg.policy.checkpoint, field, tokenizer=fmt != "peft")
     ckpt, step = _open_step(run_dir, step)
-    try:
-        if lora is not None:  # the checkpoint holds adapters: they merge onto their own base
-            check_base(
-                ckpt.read_extra(step).get("base"),
-                base_identity(src, cfg.policy),
-                field=f"PolicyConfig.checkpoint in {run_dir / 'config.gin'}",
-                step_dir=str(ckpt.directory / str(step)),
-                loaded_as=False,  # the export merges into the float weights either way
-                fix="then export again",
-            )
+    try:  # the exported config.json is the base's: it must be the one the run trained as
+        check_base(
+            ckpt.read_extra(step).get("base"),
+            base_identity(src, cfg.policy),
+            field=f"PolicyConfig.checkpoint in {run_dir / 'config.gin'}",
+            step_dir=str(ckpt.directory / str(step)),
+            loaded_as=False,  # the export merges into the float weights either way
+            weights=lora is not None,  # a LoRA checkpoint's adapters merge onto their own base
+            fix="then export again",
+        )
         model = from_pretrained(src, dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype)
         graphdef, params, frozen, _ = split_trainable(model, lora, seed=cfg.seed, reference=False)
         ckpt.check_fits(step, params, under="policy/params")
@@ -176,9 +177,14 @@ def _open_step(run_dir: epath.Path, step: int | None) -> tuple[Any, int]:
     steps = ckpt.all_steps()
     step = ckpt.latest_step() if step is None else step
     if step is None or step not in steps:
+        incomplete = sorted(ckpt.incomplete_steps())
         ckpt.close()
-        flag = f"--step {step}: no complete checkpoint" if step is not None else "no checkpoint"
+        flag = (
+            "no complete checkpoint" if step is None else f"--step {step}: no complete checkpoint"
+        )
         fix = f"pass --step with one of {steps}" if steps else "export after the first save"
+        if incomplete and not steps:
+            fix = f"steps {incomplete} are incomplete (the warnings say what each lacks)"
         raise ConfigError(f"--run {str(run_dir)!r}: {flag} in {ckpt.directory}; {fix}")
     return ckpt, step
 

@@ -45,6 +45,8 @@ from jaxrl_llm.learner.steps import (
 )
 from jaxrl_llm.metrics.generations import GenerationLog
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer
+from jaxrl_llm.models.config import CheckpointError, ModelConfig
+from jaxrl_llm.models.hf_io import read_config
 from jaxrl_llm.models.lora import int8_weights
 from jaxrl_llm.rewards.config import build_rewards
 from jaxrl_llm.rewards.pool import Scorer
@@ -90,10 +92,28 @@ class Learner:
         return lora_lib.full_params(self.state.policy.params, self.frozen)
 
 
+def check_context(seq_len: int, src: str | os.PathLike) -> None:
+    """A sample's positions (prompt and response: `RLConfig.seq_len`) must be ones the model
+    at `src` was trained on, `max_position_embeddings` of its config.json: past it RoPE gives
+    angles the model never saw. Refused with plain rotary embeddings; warned with a RoPE
+    scaling, which may extend the context beyond that field."""
+    model = ModelConfig.from_hf(read_config(src))
+    limit = model.max_position_embeddings
+    if seq_len <= limit:
+        return
+    what = (f"DataConfig.max_prompt_length + RolloutConfig.max_new_tokens = {seq_len} tokens "
+            f"exceed the model's context ({src}: max_position_embeddings = {limit})")  # fmt: skip
+    if model.rope.type != "default":
+        log.warning("%s; its RoPE scaling (%r) may cover them", what, model.rope.type)
+        return
+    raise ConfigError(f"{what}: lower them, or use a checkpoint with a longer context")
+
+
 def build_learner(cfg: RLConfig) -> Learner:
     """Load the policy (and critic) straight into the training layout; build the steps."""
     mesh, sampling_mesh = _meshes(cfg.mesh)
     src = resolve_checkpoint(cfg.policy.checkpoint, "PolicyConfig.checkpoint")
+    check_context(cfg.seq_len, src)
     load = functools.partial(
         from_pretrained,
         dtype=cfg.policy.dtype,
@@ -224,8 +244,7 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
         if step0 is not None:
             restored, extra = ckpt.restore(step0, device_state(state))
             state.policy, state.critic = restored["policy"], restored.get("critic")
-            prompts.set_state(extra["data"])
-            ahead = dict(ahead_lib.decode(record) for record in extra.get("ahead", []))
+            ahead = _restore_data(prompts, extra, ckpt.directory / str(step0), run_dir)
             state.step = step0
             log.info("resumed from %s step %d", ckpt.directory, step0)
     except BaseException:
@@ -260,33 +279,73 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
     )  # fmt: skip
 
 
+def _restore_data(
+    prompts: PromptIterator, extra: dict[str, Any], step_dir: epath.Path, run_dir: epath.Path
+) -> dict[int, ahead_lib.Batch]:
+    """Continue `prompts` where checkpoint `step_dir` left them; the batches it had sampled
+    ahead. A checkpoint of other data (another file, size, seed or pipeline setting) is
+    refused as the iterator refuses it, in one line with the fix."""
+    try:
+        prompts.set_state(extra["data"])
+        return dict(ahead_lib.decode(record) for record in extra.get("ahead", []))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"checkpoint {step_dir} cannot continue with this run's data ({e}); resume with "
+            f"the data settings it was saved with (DataConfig, as in {run_dir / 'config.gin'}),"
+            " or start a new run_dir"
+        ) from e
+
+
 def _open_checkpoints(
     cfg: RLConfig, run_dir: epath.Path, resume: bool
 ) -> tuple[Checkpointer, int | None]:
     """The run's checkpointer, recording the policy's base (`checkpoint.base_identity`) in
     every save, and the step to resume from (None: a fresh start). A run directory with
-    checkpoints needs `resume`; with it, a base other than the checkpoint's is refused here,
-    before any model loads, when its weights are part of the resumed run (a LoRA run's
-    frozen base, or a KL term's reference)."""
+    checkpoints needs `resume`; with it, a base of another model config than the
+    checkpoint's is refused here, before any model loads, and so is another base when its
+    weights are part of the resumed run (a LoRA run's frozen base, or a KL term's
+    reference)."""
     ckpt = Checkpointer(run_dir / "checkpoints")
     try:
         step0 = ckpt.latest_step()
-        if step0 is not None and not resume:
-            raise RunDirInUseError(
-                f"run_dir {run_dir} already has checkpoints (step {step0}): pass --resume to "
-                "continue that run, or choose another run_dir (--run_dir / RLConfig.run_dir)"
-            )
+        _check_incomplete(ckpt, step0, run_dir, resume)
         src = resolve_checkpoint(cfg.policy.checkpoint, "PolicyConfig.checkpoint")
         ckpt.base = base_identity(src, cfg.policy)
-        if step0 is not None and (cfg.policy.lora is not None or cfg.needs_reference):
+        if step0 is not None:
             check_base(
                 ckpt.read_extra(step0).get("base"), ckpt.base, field="PolicyConfig.checkpoint",
                 step_dir=str(ckpt.directory / str(step0)), loaded_as=cfg.policy.lora is not None,
+                weights=cfg.policy.lora is not None or cfg.needs_reference,
             )  # fmt: skip
     except BaseException:
         ckpt.close()
         raise
     return ckpt, step0
+
+
+def _check_incomplete(
+    ckpt: Checkpointer, step0: int | None, run_dir: epath.Path, resume: bool
+) -> None:
+    """Without `resume`, refuse a run directory with step folders, complete or not. With it,
+    refuse an incomplete step after `step0` (the latest complete one): the resumed run's
+    saves would meet its folder (Orbax refuses a step it lists) after the steps between."""
+    incomplete = ckpt.incomplete_steps()
+    if not resume and (step0 is not None or incomplete):
+        what = f"step {step0}" if step0 is not None else f"incomplete steps {sorted(incomplete)}"
+        raise RunDirInUseError(
+            f"run_dir {run_dir} already has checkpoints ({what}): pass --resume to "
+            "continue that run, or choose another run_dir (--run_dir / RLConfig.run_dir)"
+        )
+    after = sorted(s for s in incomplete if step0 is None or s > step0)
+    if resume and after:
+        folder = ckpt.directory / str(after[0])
+        then = f"from step {step0}, the latest complete one" if step0 is not None else (
+            "from the start: no complete step is left")  # fmt: skip
+        raise CheckpointError(
+            f"checkpoint {folder} is incomplete (no {incomplete[after[0]]}): move it aside (mv "
+            f"{folder} {folder}.incomplete) and resume again, {then}; it is not skipped here, "
+            "as this run's saves would meet it"
+        )
 
 
 def _data_root(run_dir: epath.Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:

@@ -18,6 +18,7 @@ chat template's end-of-turn token, read by `hf_io`), and `eos_token_ids` is thei
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import jax
@@ -120,6 +121,9 @@ class ModelConfig:
     pad_token_id: int | None = None
     # Further ids that end a sample (generation_config.json, the chat template's end of turn).
     stop_token_ids: tuple[int, ...] = ()
+    # The source folder's generation_config.json as read ("": none), written back by
+    # `generation_to_hf`; not part of the model (left out of ==, the hash and the repr).
+    generation_config: str = dataclasses.field(default="", compare=False, repr=False)
     # Numerics, not part of the checkpoint: parameter storage and activation dtypes.
     param_dtype: str = "float32"
     dtype: str = "float32"
@@ -163,7 +167,11 @@ class ModelConfig:
 
     # ---- Hugging Face config.json ----
     @classmethod
-    def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> ModelConfig:
+    def from_hf(
+        cls, hf: dict[str, Any], *, source: str = "config.json", **overrides: Any
+    ) -> ModelConfig:
+        """The config of HF `config.json` dict `hf`; `source`: the file, named when a field
+        the shape needs is missing."""
         model_type = hf.get("model_type")
         if model_type not in SUPPORTED_ARCHITECTURES:
             archs = hf.get("architectures") or [model_type]
@@ -175,6 +183,12 @@ class ModelConfig:
             raise UnsupportedModelError("use_sliding_window=true is not supported")
         if model_type == "llama" and hf.get("pretraining_tp", 1) != 1:
             raise UnsupportedModelError("pretraining_tp != 1 is not supported")
+        for key in _REQUIRED_HF_KEYS:
+            if key not in hf:
+                raise CheckpointError(
+                    f"{source!r} has no {key!r}, which the model's shape needs: not a complete "
+                    "Hugging Face config; restore the field (the model's own config.json has it)"
+                )
         hidden = hf["hidden_size"]
         heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hidden // heads
@@ -187,7 +201,7 @@ class ModelConfig:
         else:
             qkv_bias = o_bias = bool(hf.get("attention_bias", False))
             mlp_bias = bool(hf.get("mlp_bias", False))
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             model_type=model_type,
             vocab_size=hf["vocab_size"],
             hidden_size=hidden,
@@ -213,6 +227,20 @@ class ModelConfig:
             raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only 'silu')")
         kwargs.update(overrides)
         return cls(**kwargs)
+
+    def generation_to_hf(self) -> dict[str, Any] | None:
+        """The generation_config.json to write: the source's (`generation_config`; its
+        sampling defaults, which transformers' `generate` uses, kept) with every id that ends a
+        sample (`eos_token_ids`) and, unless it has one, the pad id merged in. None: the source
+        had none and no id beyond config.json's eos ends a sample."""
+        out = json.loads(self.generation_config) if self.generation_config else {}
+        if self.stop_token_ids:  # where transformers' generate (and our loader) read them
+            out["eos_token_id"] = list(self.eos_token_ids)
+        elif not out:
+            return None
+        if self.pad_token_id is not None:
+            out.setdefault("pad_token_id", self.pad_token_id)
+        return out
 
     def to_hf(self) -> dict[str, Any]:
         """A config.json dict that transformers 4.4x and 5.x both read."""
@@ -256,6 +284,12 @@ class ModelConfig:
         if self.model_type == "qwen3":
             out["attention_bias"] = self.qkv_bias
         return out
+
+
+# config.json keys `from_hf` cannot do without (the shape); the rest have defaults.
+_REQUIRED_HF_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+)  # fmt: skip
 
 
 def merge_token_ids(*groups: int | list[int] | tuple[int, ...] | None) -> tuple[int, ...]:

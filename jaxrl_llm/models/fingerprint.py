@@ -1,7 +1,8 @@
-"""A checkpoint folder's identity by content, `checkpoint_fingerprint`: what a LoRA run records
-of the base it trains on (`learner.checkpoint.base_identity`), so that a resume or an export
-onto another base is refused rather than silently wrong (docs/lora.md: what it reads, its
-cost, what it misses)."""
+"""A checkpoint folder's identity by content, `checkpoint_fingerprint`, and its model config as
+this package reads it, `model_config`: what every run records of the base it trains on
+(`learner.checkpoint.base_identity`), so that a resume or an export onto another base (a LoRA
+run's, a KL reference's) or onto another model config (any run's) is refused rather than
+silently wrong (docs/lora.md: what it reads, its cost, what it misses)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
-from jaxrl_llm.models.config import CheckpointError
+from jaxrl_llm.models.config import CheckpointError, ModelConfig
 from jaxrl_llm.models.hf_io import read_config, weight_files
 
 # config.json keys that name a tool or a storage default, not the model.
@@ -49,6 +51,15 @@ def checkpoint_fingerprint(path: str | os.PathLike) -> str:
                 f.seek(start)
                 digest.update(f.read(length))
     return digest.hexdigest()[:16]
+
+
+def model_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The folder's config.json as the model computes it: `ModelConfig.from_hf` written back
+    (`to_hf`), less `_NOT_THE_MODEL`, in JSON's types. The same model spelt another way (4.x's
+    `rope_theta` or 5.x's `rope_parameters`, keys this package does not read) gives the same."""
+    source = str(Path(path) / "config.json")
+    config = ModelConfig.from_hf(read_config(path), source=source).to_hf()
+    return json.loads(json.dumps({k: v for k, v in config.items() if k not in _NOT_THE_MODEL}))
 
 
 def _header(file: Path) -> tuple[dict, int]:

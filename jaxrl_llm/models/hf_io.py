@@ -134,9 +134,15 @@ def read_config(path: str | os.PathLike) -> dict:
     if not cfg_file.is_file():
         raise CheckpointError(f"{str(cfg_file)!r} is missing: not a Hugging Face checkpoint")
     try:
-        return json.loads(cfg_file.read_text())
+        config = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{str(cfg_file)!r} is not valid JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{str(cfg_file)!r} must hold a JSON object (the model's config), not a "
+            f"{type(config).__name__}: not a Hugging Face config.json"
+        )
+    return config
 
 
 def weight_files(path: Path) -> dict[str, Path]:
@@ -144,9 +150,15 @@ def weight_files(path: Path) -> dict[str, Path]:
     index = path / INDEX_FILE
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
+            weight_map = json.loads(index.read_text())
+        except json.JSONDecodeError as e:
             raise CheckpointError(f"{str(index)!r} is not a valid safetensors index: {e}") from e
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(name, str) for name in weight_map.values()
+        ):
+            raise CheckpointError(f"{str(index)!r} is not a valid safetensors index: expected "
+                                  "a 'weight_map' object of tensor name -> file name")  # fmt: skip
         files = {name: path / fname for name, fname in weight_map.items()}
         for f in set(files.values()):
             if not f.is_file():
@@ -210,13 +222,16 @@ def from_pretrained(
     path = Path(path)
     param_dtype = param_dtype or dtype
     hf = read_config(path)
+    generation = path / GENERATION_CONFIG  # its JSON is checked by `extra_stop_ids`
     cfg = ModelConfig.from_hf(
         hf,
+        source=str(path / "config.json"),
         dtype=str(as_dtype(dtype)),
         param_dtype=str(as_dtype(param_dtype)),
         remat=remat,
         scan_layers=scan_layers,
         stop_token_ids=extra_stop_ids(path, hf.get("eos_token_id")),
+        generation_config=generation.read_text() if generation.is_file() else "",
     )
     files = weight_files(path)
     ctx = ShardingContext(mesh, rules) if mesh is not None else None
@@ -365,10 +380,8 @@ def save_pretrained(
             architectures=[arch], num_labels=1, id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0}
         )
     (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    if cfg.stop_token_ids:  # where transformers' generate (and our loader) read them
-        generation: dict[str, list[int] | int] = {"eos_token_id": list(cfg.eos_token_ids)}
-        if cfg.pad_token_id is not None:
-            generation["pad_token_id"] = cfg.pad_token_id
+    generation = cfg.generation_to_hf()
+    if generation is not None:
         (path / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
     meta = {"format": "pt"}
     if len(shards) == 1:

@@ -14,7 +14,7 @@ from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.learner.checkpoint import base_identity, check_base
 from jaxrl_llm.learner.rl_config import PolicyConfig
 from jaxrl_llm.models.config import CheckpointError
-from jaxrl_llm.models.fingerprint import checkpoint_fingerprint
+from jaxrl_llm.models.fingerprint import checkpoint_fingerprint, model_config
 from jaxrl_llm.models.hf_io import INDEX_FILE, SINGLE_FILE
 from jaxrl_llm.models.lora import LoraConfig
 
@@ -73,8 +73,8 @@ def test_check_base_compares_content_and_how_the_base_was_loaded(base, tmp_path,
     lora = PolicyConfig(lora=LoraConfig(rank=4))
     saved = base_identity(base, lora)
     assert saved == {"checkpoint": str(base), "fingerprint": checkpoint_fingerprint(base),
-                     "param_dtype": "float32", "quantize_base": "none",
-                     "lora_alpha": "32.0"}  # fmt: skip
+                     "config": model_config(base), "param_dtype": "float32",
+                     "quantize_base": "none", "lora_alpha": "32.0"}  # fmt: skip
     args = dict(field="PolicyConfig.checkpoint", step_dir="run/checkpoints/3", loaded_as=True)
 
     moved = tmp_path / "moved"
@@ -97,6 +97,16 @@ def test_check_base_compares_content_and_how_the_base_was_loaded(base, tmp_path,
     other = base_identity(moved, lora)
     with pytest.raises(CheckpointError) as error:
         check_base(saved, other, **args)
+    assert str(error.value) == (
+        f"PolicyConfig.checkpoint = '{moved}' is not the model this run was trained as: its "
+        "config.json differs from the one checkpoint run/checkpoints/3 records (rms_norm_eps: "
+        "saved 1e-06, now 1e-05); restore those fields or point PolicyConfig.checkpoint at the "
+        f"model it records ('{base}'), or start a new run_dir"
+    )
+    # A record saved before model configs were recorded: the fingerprint covers config.json.
+    no_config = {k: v for k, v in saved.items() if k != "config"}
+    with pytest.raises(CheckpointError) as error:
+        check_base(no_config, other, **args)
     assert str(error.value) == (
         f"PolicyConfig.checkpoint = '{moved}' (fingerprint {other['fingerprint']}) is not the "
         "base this run was trained on: checkpoint run/checkpoints/3 records "

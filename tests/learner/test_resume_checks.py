@@ -77,7 +77,8 @@ def test_a_full_runs_checkpoint_into_a_lora_run_or_another_model_ends_with_one_l
     line = _one_line(capsys, "train")
     assert f"{MLP0}down_proj_lora_a: not in the checkpoint" in line
 
-    # Another model size (a wider copy of the tiny model's config): shapes differ.
+    # Another model size (a wider copy of the tiny model's config): its config.json differs
+    # from the one the run recorded, named before any model loads.
     other = tmp_path / "wide"
     shutil.copytree(builtin_checkpoint(), other)
     cfg = json.loads((other / "config.json").read_text())
@@ -87,7 +88,7 @@ def test_a_full_runs_checkpoint_into_a_lora_run_or_another_model_ends_with_one_l
     save_file(tensors, other / "model.safetensors")
     assert _train(run, f"PolicyConfig.checkpoint = '{other}'", resume=True) == 2
     line = _one_line(capsys, "train")
-    assert f"{MLP0}down_proj: saved (384, 128), expected (768, 128)" in line
+    assert "intermediate_size: saved 384, now 768" in line, line
 
 
 def _widened(w: np.ndarray, cfg: dict) -> np.ndarray:
