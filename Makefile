@@ -87,11 +87,12 @@ format: $(TEST_STAMP)
 
 # Rebuild the shipped tiny checkpoint from scratch (about 1 hour on 2 cores): a seeded
 # random init, SFT stage 1 (configs/sft_tiny.gin), stage 2 (configs/sft_tiny_stage2.gin),
-# then copy the result over jaxrl_llm/assets/tiny-qwen2.
+# then copy the result over jaxrl_llm/assets/tiny-qwen2 (`--overwrite`: a rebuild replaces
+# the runs/ folders of the one before).
 tiny-checkpoint: $(BASE_STAMP)
 	$(BIN)/python -m jaxrl_llm.assets.build runs/tiny_init
-	$(BIN)/jaxrl-llm sft --gin_file configs/sft_tiny.gin
-	$(BIN)/jaxrl-llm sft --gin_file configs/sft_tiny_stage2.gin
+	$(BIN)/jaxrl-llm sft --overwrite --gin_file configs/sft_tiny.gin
+	$(BIN)/jaxrl-llm sft --overwrite --gin_file configs/sft_tiny_stage2.gin
 	cp runs/sft_tiny_stage2/hf/* jaxrl_llm/assets/tiny-qwen2/
 
 # Miniature reproductions (docs/reproductions.md): every arm over SEEDS seeds (default 5),

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = getattr(module, main_fn)(args)
     except ConfigError as e:  # a wrong gin value, path or checkpoint: the message says which
-        print(f"jaxrl-llm {name}: configuration error: {e}", file=sys.stderr)
+        print(f"jaxrl-llm {name}: configuration error: {_without_gin_trace(e)}", file=sys.stderr)
         return 2
     finally:
         if installed:
@@ -116,6 +116,13 @@ def compile_cache(env: MutableMapping[str, str] = os.environ) -> str | None:
     env["JAX_COMPILATION_CACHE_DIR"] = folder
     env.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(CACHE_MAX_BYTES))
     return folder
+
+
+def _without_gin_trace(error: ConfigError) -> str:
+    """The error's message without the "In call to configurable 'X'" lines gin appends when
+    a configurable's constructor raises: one line, as the message itself is."""
+    lines = str(error).splitlines()
+    return "\n".join(x for x in lines if not x.strip().startswith("In call to configurable"))
 
 
 def _raise_exit(signum: int, _frame: FrameType | None) -> None:

@@ -20,11 +20,13 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from tokenize import TokenError
 
 import gin
-from etils import epath
+from gin import config as gin_config
 
 from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.config_record import write_resolved_config as write_resolved_config
 
 __all__ = [
     "CONFIGS_DIR",
@@ -84,10 +86,34 @@ def parse_gin(files: Sequence[str | os.PathLike] = (), params: Sequence[str] = (
     root.addFilter(quiet)
     try:
         gin.parse_config_files_and_bindings(paths, list(params), finalize_config=False)
-    except (ValueError, KeyError, TypeError, SyntaxError, OSError) as e:
-        raise ConfigError(f"bad gin configuration: {e}") from e
+    except (ValueError, KeyError, TypeError, SyntaxError, OSError, ImportError, TokenError) as e:
+        raise ConfigError(f"bad gin configuration: {_one_line(e)}") from e
     finally:
         root.removeFilter(quiet)
+    _check_macros()
+
+
+def _one_line(error: BaseException) -> str:
+    """gin's message, its location lines ("In bindings string line 1", the line) after it in
+    parentheses: one line, as the command line prints a configuration error."""
+    text = error.args[0] if isinstance(error, KeyError | TokenError) and error.args else error
+    first, *where = [line.strip() for line in str(text).splitlines() if line.strip()] or [""]
+    return f"{first} ({'; '.join(where)})" if where else first
+
+
+def _check_macros() -> None:
+    """Every `%MACRO` a binding uses is defined: gin only finds out when the configurable that
+    holds it is built, with a TypeError from deep in the run."""
+    bindings = gin_config._CONFIG  # pyright: ignore[reportPrivateUsage]  # no public reader
+    defined = {scope for scope, selector in bindings if selector == "gin.macro"}
+    for ref in gin_config.iterate_references(bindings):
+        configurable, name = ref.configurable, "/".join(ref.scopes)
+        if configurable is None or configurable.selector != "gin.macro" or name in defined:
+            continue
+        raise ConfigError(
+            f"bad gin configuration: macro %{name} is used but never defined; define it "
+            f"('{name} = ...') or fix its spelling"
+        )
 
 
 def _register_configurables() -> None:
@@ -106,14 +132,3 @@ class _DropMessages(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(self.prefixes)
-
-
-def write_resolved_config(run_dir: str | os.PathLike) -> epath.Path:
-    """Write the operative config (every parameter used, defaults included) to config.gin.
-
-    Call it after the config objects are built: gin records a value when it is used.
-    """
-    path = epath.Path(run_dir) / "config.gin"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(gin.operative_config_str())
-    return path

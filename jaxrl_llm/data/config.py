@@ -6,8 +6,9 @@ import dataclasses
 
 import gin
 
-from jaxrl_llm.config_checks import Ge, checked_fields, documented
+from jaxrl_llm.config_checks import ConfigError, Ge, checked_fields, documented
 from jaxrl_llm.data.tasks import BUILTIN_TASKS
+from jaxrl_llm.data.tasks.arithmetic import LEVELS
 from jaxrl_llm.data.templates import TEMPLATES
 
 
@@ -63,3 +64,10 @@ class DataConfig:
         (1, 2, 3, 4), "Difficulty levels of the built-in arithmetic task's problems."
     )
     seed: int = documented(0, "Seed of the prompt shuffle and of the built-in task's problems.")
+
+    def __post_init__(self):
+        if not self.builtin_levels or any(v not in LEVELS for v in self.builtin_levels):
+            raise ConfigError(
+                f"DataConfig.builtin_levels = {self.builtin_levels!r}: expected one or more of "
+                f"the built-in task's levels {tuple(sorted(LEVELS))}"
+            )

@@ -43,7 +43,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from jaxrl_llm.config_checks import Ge, checked_fields
+from jaxrl_llm.config_checks import ConfigError, Ge, checked_fields
 from jaxrl_llm.data.examples import DataReport, FieldMap, load_examples
 from jaxrl_llm.data.sources import SourceConfig
 from jaxrl_llm.data.templates import TEMPLATES, render_prompt
@@ -176,6 +176,21 @@ def prepare_prompts(
     return prepared
 
 
+def _too_few_prompts(n: int, config: PipelineConfig, report: DataReport) -> str:
+    """Why a source gives no full batch, and the setting to change."""
+    message = (
+        f"{config.source.path}: {n} usable prompts is fewer than one global batch "
+        f"({config.global_batch_size})"
+    )
+    if report.too_long:
+        return message + (
+            f": {len(report.too_long)} prompts are longer than {config.max_prompt_length} "
+            "tokens; raise the maximum prompt length (DataConfig.max_prompt_length, eval's "
+            "--max-prompt-length)"
+        )
+    return message + ": give more prompts, or fewer per step (DataConfig.prompts_per_step)"
+
+
 def _pad_id(config: PipelineConfig, tokenizer: Any) -> int:
     for candidate in (
         config.pad_token_id,
@@ -234,9 +249,7 @@ class PromptPipeline:
             self.steps_per_epoch = -(-n // config.global_batch_size)
             per_epoch = n
         if self.steps_per_epoch == 0:
-            raise ValueError(
-                f"{n} usable prompts is fewer than one global batch ({config.global_batch_size})"
-            )
+            raise ConfigError(_too_few_prompts(n, config, self.report))
         self.fingerprint = self._fingerprint()
 
         ds = grain.MapDataset.source(self.prompts)

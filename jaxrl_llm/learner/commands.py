@@ -6,8 +6,12 @@ import argparse
 import dataclasses
 import json
 import time
+from typing import TYPE_CHECKING
 
-from jaxrl_llm.config import add_gin_arguments, parse_gin, write_resolved_config
+from jaxrl_llm.config import add_gin_arguments, parse_gin
+
+if TYPE_CHECKING:
+    from jaxrl_llm.learner.rl_config import MeshConfig
 
 DEFAULT_TRAIN_GIN = "grpo_tiny.gin"
 
@@ -37,6 +41,7 @@ def train_main(args: argparse.Namespace) -> int:
         raise SystemExit("--resume needs --run_dir (or RLConfig.run_dir) naming the run")
     # Multi-host: the default run_dir has a timestamp; every host takes process 0's.
     cfg = dataclasses.replace(cfg, run_dir=allgather_objects(cfg.resolved_run_dir())[0])
+    check_mesh(cfg.mesh)
     print(f"run directory: {cfg.run_dir}", flush=True)
     t0 = time.perf_counter()
     records = run_rl(cfg, resume=args.resume)
@@ -50,15 +55,36 @@ def train_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_mesh(m: MeshConfig) -> None:
+    """`MeshConfig`'s shape against this run's devices (the trainer's: those
+    `rollout_devices` leaves), a `ConfigError` before anything opens or loads."""
+    import jax
+
+    from jaxrl_llm.sharding.mesh import resolve_mesh_shape
+
+    trainer = jax.device_count() - m.rollout_devices
+    if trainer > 0:  # else the run's own check names rollout_devices (`learner.run`)
+        resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=trainer)
+
+
+def add_overwrite_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="train again into an out_dir that already holds a trained model (hf/), replacing it",
+    )
+
+
 def add_sft_arguments(parser: argparse.ArgumentParser) -> None:
     add_gin_arguments(parser)
+    add_overwrite_argument(parser)
 
 
 def sft_main(args: argparse.Namespace) -> int:
-    from jaxrl_llm.learner.sft import SFTConfig, run_sft
+    from jaxrl_llm.learner.sft import SFTConfig, refuse_finished_out_dir, run_sft
 
     parse_gin(args.gin_file, args.gin_param)
     cfg = SFTConfig()
-    write_resolved_config(cfg.out_dir)
-    print(json.dumps(run_sft(cfg)))
+    refuse_finished_out_dir(cfg.out_dir, "SFTConfig.out_dir", overwrite=args.overwrite)
+    print(json.dumps(run_sft(cfg)))  # writes out_dir/config.gin once its inputs are checked
     return 0

@@ -19,18 +19,11 @@ def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
     options: list[tuple[str, Any, tuple, Workload]] = []
     if not cfg.remat:
         options.append(("PolicyConfig.remat=True", cfg.replace(remat=True), mesh_shape, w))
-    rows = d * f
-    if w.micro_batch % rows:  # rows not divisible over the devices are replicated
-        mb = rows * max(w.micro_batch // rows, 1)
-        ww = dataclasses.replace(
-            w, micro_batch=mb, micro_batches=max(w.micro_batches * w.micro_batch // mb, 1)
-        )
+    mb = _smaller_micro_batch(w, rows=d * f)
+    if mb is not None:
+        mini = w.micro_batch * w.micro_batches
+        ww = dataclasses.replace(w, micro_batch=mb, micro_batches=mini // mb)
         options.append((f"AlgoConfig.micro_batch_size={mb}", cfg, mesh_shape, ww))
-    elif w.micro_batch > 1:
-        mb = w.micro_batch // 2
-        change = f"AlgoConfig.micro_batch_size={mb}"
-        ww = dataclasses.replace(w, micro_batch=mb, micro_batches=w.micro_batches * 2)
-        options.append((change, cfg, mesh_shape, ww))
     if d > 1:
         options.append((f"MeshConfig.data={d // 2} (fsdp={f * 2})", cfg, (d // 2, f * 2, t), w))
     per_host = kw.get("devices_per_host")
@@ -48,6 +41,32 @@ def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
         p = plan_memory(c, m, ww, device_memory=plan.device_memory, **kw)
         out.append({"change": change, "peak": p.peak, "fits": bool(p.fits)})
     return sorted(out, key=lambda s: s["peak"])
+
+
+def _smaller_micro_batch(w: Workload, rows: int) -> int | None:
+    """The micro-batch size to suggest, one `train` accepts (a divisor of the mini-batch,
+    micro_batch x micro_batches rows): when the micro-batch does not split over the `rows`
+    (data x fsdp) devices (each then runs all of it), the largest multiple of `rows` up to
+    it (or `rows`); else the largest up to half of it. None: no such size."""
+    mini = w.micro_batch * w.micro_batches
+    if w.micro_batch % rows:  # rows not divisible over the devices are replicated
+        target = rows * max(w.micro_batch // rows, 1)
+        sizes = [k for k in range(target, 0, -1) if k % rows == 0]
+    else:
+        sizes = list(range(w.micro_batch // 2, 0, -1))
+    return next((k for k in sizes if _trains_with(w, k, mini)), None)
+
+
+def _trains_with(w: Workload, micro_batch: int, mini: int) -> bool:
+    """Whether `train` takes `AlgoConfig.micro_batch_size = micro_batch` for this batch: the
+    rule `RLConfig.validate` applies (`experience.micro_batch_rows`)."""
+    from jaxrl_llm.learner.experience import micro_batch_rows
+
+    batch = w.samples or mini  # a Workload built by hand may not record the batch
+    try:
+        return micro_batch_rows(micro_batch, batch, batch // mini) == micro_batch
+    except ConfigError:
+        return False
 
 
 def _scorer_options(w: Workload, compute_dtype: str) -> list[tuple[str, Workload]]:
@@ -103,13 +122,24 @@ def _local_device_memory() -> float | None:
     return float(stats["bytes_limit"]) if "bytes_limit" in stats else None
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """The device counts and size in range, by the flag's name."""
+    for flag, value in (("--devices", args.devices), ("--devices-per-host", args.devices_per_host)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} = {value}: expected an integer >= 1")
+    if args.device_memory_gb is not None and not args.device_memory_gb > 0:
+        raise ConfigError(f"--device-memory-gb = {args.device_memory_gb}: expected a size > 0")
+
+
 def main(args: argparse.Namespace) -> int:
     from jaxrl_llm.config import parse_gin
     from jaxrl_llm.learner.rl_config import RLConfig
     from jaxrl_llm.sharding.mesh import resolve_mesh_shape
 
+    _check_flags(args)
     parse_gin(args.gin_file or ["grpo_tiny.gin"], args.gin_param)
     rl = RLConfig()
+    rl.validate()  # what `train` refuses, `plan` refuses
     p = rl.policy
     checkpoint = args.model or p.checkpoint
     numerics = dict(dtype=p.dtype, param_dtype=p.param_dtype, remat=p.remat)
@@ -131,7 +161,8 @@ def main(args: argparse.Namespace) -> int:
     trainer = args.devices - m.rollout_devices
     mesh_shape = resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=trainer)
     w = Workload.from_rl_config(rl)
-    memory = args.device_memory_gb * GB if args.device_memory_gb else _local_device_memory()
+    gb = args.device_memory_gb
+    memory = gb * GB if gb is not None else _local_device_memory()
     kw = dict(name=checkpoint, devices_per_host=per_host)
     plan = plan_memory(cfg, mesh_shape, w, device_memory=memory, **kw)
     if plan.fits is False:

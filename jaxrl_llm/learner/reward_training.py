@@ -40,6 +40,7 @@ from jaxrl_llm.config import add_gin_arguments, parse_gin, write_resolved_config
 from jaxrl_llm.config_checks import ConfigError, Ge, checked_fields, documented
 from jaxrl_llm.data.preferences import builtin_preferences, read_preferences
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
+from jaxrl_llm.learner.sft import refuse_finished_out_dir
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
 from jaxrl_llm.models import load_tokenizer, save_pretrained
 from jaxrl_llm.models.hf_io import from_pretrained
@@ -220,7 +221,7 @@ def run_rm(cfg: RMConfig | None = None) -> dict[str, float]:
     src = resolve_checkpoint(cfg.checkpoint, "RMConfig.checkpoint")
     train, val = load_pairs(cfg)  # a bad row fails before the model loads
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    write_resolved_config(out)  # once the config and data are checked
     tokenizer = load_tokenizer(src)
     model = from_pretrained(src, cls=ValueModel)
     pad_id = model.config.pad_token_id
@@ -262,14 +263,17 @@ def run_rm(cfg: RMConfig | None = None) -> dict[str, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from jaxrl_llm.learner.commands import add_overwrite_argument
+
     add_gin_arguments(parser)
+    add_overwrite_argument(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     parse_gin(args.gin_file, args.gin_param)
     cfg = RMConfig()
-    write_resolved_config(cfg.out_dir)
-    print(json.dumps(run_rm(cfg)))
+    refuse_finished_out_dir(cfg.out_dir, "RMConfig.out_dir", overwrite=args.overwrite)
+    print(json.dumps(run_rm(cfg)))  # writes out_dir/config.gin once its inputs are checked
     return 0
 
 

@@ -28,6 +28,7 @@ from flax import nnx
 from jaxrl_llm.algorithms import token_logprobs
 from jaxrl_llm.assets import resolve_checkpoint
 from jaxrl_llm.config_checks import ConfigError, Ge, Interval, checked_fields, documented
+from jaxrl_llm.config_record import write_resolved_config
 from jaxrl_llm.data.sources import SourceConfig, read_records, require_source
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
@@ -95,6 +96,28 @@ class SFTConfig:
     optim: OptimConfig = documented(
         doc="The optimizer; bind `OptimConfig.*` (configs/sft_tiny.gin does).", factory=OptimConfig
     )
+
+    def __post_init__(self):
+        if self.batch_size % self.micro_batches:
+            raise ConfigError(
+                f"SFTConfig.batch_size = {self.batch_size} is not divisible by "
+                f"SFTConfig.micro_batches = {self.micro_batches}"
+            )
+
+
+class OutDirInUseError(ConfigError, FileExistsError):
+    """The output folder holds a finished model (`hf/`) and overwriting was not asked for."""
+
+
+def refuse_finished_out_dir(out_dir: str, field: str, *, overwrite: bool = False) -> None:
+    """Raise `OutDirInUseError` when `out_dir` already holds a trained model (`hf/`), unless
+    `overwrite`: a second run there would replace that model and its config.gin. `field`:
+    the setting that named the folder (`SFTConfig.out_dir`)."""
+    if not overwrite and (Path(out_dir) / "hf").exists():
+        raise OutDirInUseError(
+            f"{field} {out_dir} already holds a trained model ({Path(out_dir) / 'hf'}): pass "
+            f"--overwrite to replace it, or choose another out_dir ({field})"
+        )
 
 
 def file_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
@@ -212,7 +235,7 @@ def pack(examples: list[dict], tokenizer: Any, seq_len: int) -> tuple[np.ndarray
             "dropped %d of %d examples longer than %d tokens", dropped, len(examples), seq_len
         )
     if not rows:
-        raise ValueError(f"no example fits in seq_len={seq_len}")
+        raise ConfigError(f"no example fits in seq_len={seq_len}: raise SFTConfig.seq_len")
     return np.asarray(rows, np.int32), np.asarray(masks, np.float32)
 
 
@@ -241,15 +264,16 @@ def make_train_step(graphdef, tx):
 
 
 def run_sft(cfg: SFTConfig | None = None) -> dict[str, float]:
-    """Train, evaluate the validation NLL every `eval_every` steps, export HF to out_dir."""
+    """Train, evaluate the validation NLL every `eval_every` steps, export HF to out_dir.
+
+    The data and settings are checked (a bad row, an example set that fits no row) before
+    anything is written to out_dir and before the model loads; then the resolved gin config
+    goes to out_dir/config.gin."""
     cfg = cfg or SFTConfig()
     if cfg.train_file:
         require_source(cfg.train_file, "SFTConfig.train_file")
     src = resolve_checkpoint(cfg.checkpoint, "SFTConfig.checkpoint")
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(src)
-    model = from_pretrained(src)
     train, val = file_examples(cfg) if cfg.train_file else builtin_examples(cfg)
     train_ids, train_mask = pack(train, tokenizer, cfg.seq_len)
     val_batch, val_tokens = None, 0.0
@@ -257,15 +281,16 @@ def run_sft(cfg: SFTConfig | None = None) -> dict[str, float]:
         val_ids, val_mask = pack(val, tokenizer, cfg.seq_len)
         val_batch = {"ids": jnp.asarray(val_ids), "mask": jnp.asarray(val_mask)}
         val_tokens = float(val_mask[:, 1:].sum())
+    out = Path(cfg.out_dir)
+    write_resolved_config(out)
+    model = from_pretrained(src)
     graphdef, params = nnx.split(model)
     tx = make_optimizer(cfg.optim, cfg.steps)
     state = TrainState.create(params, tx, jax.random.key(cfg.seed))
     step_fn = make_train_step(graphdef, tx)
     eval_fn = jax.jit(lambda p, b, n: nll_loss(graphdef, p, b, n)[0])
     rng = np.random.default_rng(cfg.seed)
-    M = cfg.micro_batches
-    if cfg.batch_size % M:
-        raise ValueError(f"batch_size {cfg.batch_size} not divisible by micro_batches {M}")
+    M = cfg.micro_batches  # divides batch_size (SFTConfig checks it)
     metrics_file = open(out / "sft_metrics.jsonl", "w")  # noqa: SIM115
     history: dict[str, float] = {}
     t0 = time.perf_counter()

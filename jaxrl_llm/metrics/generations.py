@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.metrics.tensorboard import summary_writer
 from jaxrl_llm.types import Rollout
 
@@ -164,18 +165,22 @@ def logged_steps(run_dir: str | os.PathLike) -> list[int]:
     return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"step_(\d+)\.jsonl", n)))
 
 
+class NoGenerationsError(ConfigError, FileNotFoundError):
+    """A run directory (or a step of it) has no logged generations."""
+
+
 def read_generations(run_dir: str | os.PathLike, step: int | None = None) -> tuple[int, list[dict]]:
     """(step, records) of a run's generations at `step` (None: the latest logged)."""
     steps = logged_steps(run_dir)
     if not steps:
-        raise FileNotFoundError(
+        raise NoGenerationsError(
             f"no {FOLDER}/step_N.jsonl under {run_dir}: not a run directory, or the run "
             "logged none (RLConfig.log_generations = 0)"
         )
     if step is None:
         step = steps[-1]
     elif step not in steps:
-        raise FileNotFoundError(f"no generations for step {step} in {run_dir}; logged: {steps}")
+        raise NoGenerationsError(f"no generations for step {step} in {run_dir}; logged: {steps}")
     text = (epath.Path(run_dir) / FOLDER / f"step_{step}.jsonl").read_text(encoding="utf-8")
     return step, [json.loads(line) for line in text.splitlines() if line.strip()]
 
@@ -183,8 +188,19 @@ def read_generations(run_dir: str | os.PathLike, step: int | None = None) -> tup
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=epath.Path, help="a training run's directory")
     parser.add_argument("--step", type=int, default=None, help="which step (default: latest)")
-    parser.add_argument("--limit", type=int, default=None, help="print at most this many")
+    parser.add_argument("--limit", type=_count, default=None, help="print at most this many (>= 0)")
     parser.add_argument("--json", action="store_true", help="print the raw jsonl records")
+
+
+def _count(text: str) -> int:
+    """An integer >= 0, for argparse (which names the flag when this raises)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
 
 
 def _print_response(g: dict[str, Any]) -> None:

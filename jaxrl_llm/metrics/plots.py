@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from etils import epath
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.metrics.writer import read_metrics
 
 if TYPE_CHECKING:
@@ -100,11 +101,15 @@ LINESTYLES = ("-", "--", ":", "-.")
 Series = tuple[np.ndarray, np.ndarray]  # steps, values (finite only)
 
 
+class NoMetricsError(ConfigError, FileNotFoundError):
+    """A folder given as a run directory has no metrics.jsonl."""
+
+
 def load_series(run_dir: str | os.PathLike) -> dict[str, Series]:
     """Each metric of a run as (steps, values), non-finite values ("nan"/"inf") dropped."""
     path = epath.Path(run_dir)
     if not (path / "metrics.jsonl").exists() and not path.is_file():
-        raise FileNotFoundError(f"no metrics.jsonl in {path}")
+        raise NoMetricsError(f"no metrics.jsonl in {path}: not a training run's directory")
     points: dict[str, list[tuple[int, float]]] = {}
     for record in read_metrics(path):
         step = record.get("step")

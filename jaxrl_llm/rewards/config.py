@@ -125,18 +125,25 @@ def _weight(value: Any) -> float:
     return float(value[0] if isinstance(value, tuple) else value)
 
 
-def configured_reward(cfg: RewardConfig):
+def configured_reward(cfg: RewardConfig, *, field: str | None = None):
     """The configured rule rewards as `fn(response, example) -> float` (picklable): `cfg.name`
     alone, or the weighted sum of `cfg.weights`' rule rewards (its `rm:` models and `judge:`
-    judges aside; None when there is no rule reward)."""
+    judges aside; None when there is no rule reward). A name that resolves to nothing, or
+    options or a weight it cannot take, is a `ConfigError` naming `field` (default: the
+    config field)."""
     from jaxrl_llm.rewards.registry import build_reward, combine_rewards, declared_options
 
     rules = {k: v for k, v in cfg.rewards().items() if not on_device(k)}
     if not rules:
         return None
-    if cfg.weights is None:
-        return build_reward(cfg.name, **declared_options(cfg.name, cfg.offered))
-    return combine_rewards(rules, offered=cfg.offered)
+    field = field or ("RewardConfig.name" if cfg.weights is None else "RewardConfig.weights")
+    try:
+        if cfg.weights is None:
+            return build_reward(cfg.name, **declared_options(cfg.name, cfg.offered))
+        return combine_rewards(rules, offered=cfg.offered)
+    except (KeyError, TypeError, ImportError) as e:  # the registry's lookup and call checks
+        message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        raise ConfigError(f"{field}: {message}") from None
 
 
 def on_device(name: str) -> bool:
@@ -152,8 +159,8 @@ def check_rewards(cfg: RewardConfig, *, field: str | None = None) -> None:
     from jaxrl_llm.assets import resolve_checkpoint
     from jaxrl_llm.rewards.model import check_reward_model
 
-    configured_reward(cfg)
     field = field or ("RewardConfig.name" if cfg.weights is None else "RewardConfig.weights")
+    configured_reward(cfg, field=field)
     for name in cfg.rewards():
         if is_model_reward(name):
             check_reward_model(model_folder(name), field)
@@ -161,10 +168,11 @@ def check_rewards(cfg: RewardConfig, *, field: str | None = None) -> None:
             resolve_checkpoint(judge_folder(name), f"{field} {name!r}")
 
 
-def build_reward_pool(cfg: RewardConfig) -> RewardPool:
+def build_reward_pool(cfg: RewardConfig, *, field: str | None = None) -> RewardPool:
     """A `RewardPool` of `cfg.workers` processes scoring with `configured_reward(cfg)`; every
-    name and option is checked here, before any worker starts. Rule rewards only: a config
-    naming an `rm:` reward model or a `judge:` needs `build_rewards`."""
+    name and option is checked here, before any worker starts (errors name `field`, default
+    the config field). Rule rewards only: a config naming an `rm:` reward model or a
+    `judge:` needs `build_rewards`."""
     from jaxrl_llm.rewards.pool import RewardPool
 
     models = [name for name in cfg.rewards() if on_device(name)]
@@ -175,7 +183,7 @@ def build_reward_pool(cfg: RewardConfig) -> RewardPool:
             "rewards only (pass@k needs a right-or-wrong check); `jaxrl-llm train` and "
             "`jaxrl-llm score` take reward models (docs/rewards.md, 'Reward models')"
         )
-    rule = configured_reward(cfg)
+    rule = configured_reward(cfg, field=field)
     assert rule is not None
     return RewardPool(
         rule,

@@ -7,10 +7,15 @@ this prints is what training samples.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
-from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
+from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model, parse_mesh
+
+# Flags that count something and need at least one (those a command has are checked).
+_AT_LEAST_ONE = ("n", "max_new_tokens", "slots", "steps_per_call")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,16 +35,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps-per-call", type=int, default=8, help="decode steps per call")
 
 
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """The sampling and engine flags `args` has, each in its range, or a `ConfigError` naming
+    the flag: checked before any model loads (`--steps-per-call 0` would decode forever)."""
+    for name in _AT_LEAST_ONE:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"{_flag(name)} = {value}: expected an integer >= 1")
+    if getattr(args, "temperature", 0.0) < 0:
+        raise ConfigError(f"--temperature = {args.temperature}: expected >= 0 (0 = greedy)")
+    if getattr(args, "top_k", 0) < 0:
+        raise ConfigError(f"--top-k = {args.top_k}: expected >= 0 (0 = off)")
+    if not 0.0 < getattr(args, "top_p", 1.0) <= 1.0:
+        raise ConfigError(f"--top-p = {args.top_p}: expected a value in (0, 1] (1 = off)")
+    if any(not s for s in getattr(args, "stop", None) or []):
+        raise ConfigError("--stop '': a stop string must not be empty")
+
+
+def check_mesh_flag(text: str) -> tuple[int, int, int]:
+    """`--mesh` parsed and checked against the local devices, as `load_sampling_model` uses
+    them (a mesh without -1 takes the first DATA*FSDP*TENSOR devices), or a `ConfigError`."""
+    import jax
+
+    from jaxrl_llm.sharding.mesh import resolve_mesh_shape
+
+    try:
+        sizes = parse_mesh(text)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    available = jax.local_device_count()
+    used = available if -1 in sizes else min(available, max(1, math.prod(sizes)))
+    resolve_mesh_shape(*sizes, num_devices=used, source="--mesh")
+    return sizes
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    """`--prompts-file`'s non-empty lines, else the `--prompt`s, else one example prompt."""
+    if not args.prompts_file:
+        return args.prompt or ["What is 12 + 30?"]
+    if not args.prompts_file.is_file():
+        raise ConfigError(f"--prompts-file {str(args.prompts_file)!r}: no such file")
+    prompts = [ln for ln in args.prompts_file.read_text().splitlines() if ln.strip()]
+    if not prompts:
+        raise ConfigError(f"--prompts-file {str(args.prompts_file)!r} holds no prompt")
+    return prompts
+
+
 def main(args: argparse.Namespace) -> int:
     from jaxrl_llm.rollout.driver import RolloutDriver
     from jaxrl_llm.rollout.engine import Engine
     from jaxrl_llm.rollout.sampling import SamplingParams
 
+    check_sampling_flags(args)
+    check_mesh_flag(args.mesh)
+    prompts = _read_prompts(args)
     loaded = load_sampling_model(args)
     tokenizer = loaded.tokenizer
-    prompts = args.prompt or ["What is 12 + 30?"]
-    if args.prompts_file:
-        prompts = [ln for ln in args.prompts_file.read_text().splitlines() if ln.strip()]
     if args.chat:
         prompts = [
             tokenizer.apply_chat_template(

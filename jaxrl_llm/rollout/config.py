@@ -7,7 +7,7 @@ import dataclasses
 
 import gin
 
-from jaxrl_llm.config_checks import Ge, Interval, checked_fields, documented
+from jaxrl_llm.config_checks import ConfigError, Ge, Interval, checked_fields, documented
 
 
 @gin.configurable
@@ -35,7 +35,11 @@ class RolloutConfig:
     max_new_tokens: int = documented(
         96, "Token budget of a response, tool output inserted into it included."
     )
-    temperature: float = documented(1.0, "Sampling temperature of training rollouts; 0: greedy.")
+    temperature: float = documented(
+        1.0,
+        "Sampling temperature of training rollouts, > 0 (RLConfig refuses 0: the PPO ratio "
+        "needs the sampling distribution; greedy is for validation, eval and generate).",
+    )
     top_k: int = documented(0, "Sample among the k most likely tokens only; 0: no top-k filter.")
     top_p: float = documented(
         1.0, "Nucleus sampling: the smallest set of tokens with this much probability; 1: off."
@@ -112,9 +116,9 @@ class RolloutConfig:
         check_backend_name(self.backend)
         check_env_name(self.env)
         if self.env != NO_ENV and self.tool != NO_TOOL:
-            raise ValueError(
-                f"rollout.env = {self.env!r} and rollout.tool = {self.tool!r}: an environment "
-                "brings its own tools; set one of them"
+            raise ConfigError(
+                f"RolloutConfig.env = {self.env!r} and RolloutConfig.tool = {self.tool!r}: an "
+                "environment brings its own tools; set one of them (the other to 'none')"
             )
 
 

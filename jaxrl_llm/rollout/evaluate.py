@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.config import add_gin_arguments, parse_gin
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.examples import FieldMap
 from jaxrl_llm.data.sources import SourceConfig, require_source
 from jaxrl_llm.metrics.pass_at_k import majority_answer, pass_at_k
@@ -107,7 +108,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
     _check(args)
     parse_gin(args.gin_file, args.gin_param)
-    pool = build_reward_pool(RewardConfig(name=args.reward, workers=1))  # bad name: fail now
+    pool = build_reward_pool(RewardConfig(name=args.reward, workers=1), field="--reward")
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(pool.close)
@@ -137,16 +138,24 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _check(args: argparse.Namespace) -> None:
+    """Every flag in range, by its name (`ConfigError`), before a worker starts or a model
+    loads."""
+    from jaxrl_llm.rollout.commands import check_mesh_flag, check_sampling_flags
+
+    check_sampling_flags(args)  # --n, --max-new-tokens, --temperature, --top-p
     if args.temperature == 0 and args.n > 1:
-        raise ValueError("--n > 1 needs --temperature > 0 (greedy samples are identical)")
+        raise ConfigError("--n > 1 needs --temperature > 0 (greedy samples are identical)")
     if any(k < 1 or k > args.n for k in args.k or []):
-        raise ValueError(f"every --k must be in [1, --n={args.n}], got {args.k}")
+        raise ConfigError(f"every --k must be in [1, --n={args.n}], got {args.k}")
     if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    if args.max_prompt_length < 1:
+        raise ConfigError(f"--max-prompt-length must be >= 1, got {args.max_prompt_length}")
     if args.preset and args.data in (None, "builtin"):
-        raise ValueError(f"--preset {args.preset} reads a file: pass it with --data PATH")
+        raise ConfigError(f"--preset {args.preset} reads a file: pass it with --data PATH")
     if args.data not in (None, "builtin") and not args.data.startswith("tfds:"):
         require_source(args.data, "--data")
+    check_mesh_flag(args.mesh)
 
 
 def _prompts(args: argparse.Namespace, source, tokenizer):

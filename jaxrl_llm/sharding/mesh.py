@@ -9,30 +9,42 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.sharding.axes import MESH_AXES
 
 log = logging.getLogger(__name__)
 
 
 def resolve_mesh_shape(
-    data: int = 1, fsdp: int = -1, tensor: int = 1, *, num_devices: int | None = None
+    data: int = 1,
+    fsdp: int = -1,
+    tensor: int = 1,
+    *,
+    num_devices: int | None = None,
+    source: str = "MeshConfig",
 ) -> tuple[int, int, int]:
-    """Sizes for ("data", "fsdp", "tensor"); at most one may be -1 and fills the rest."""
+    """Sizes for ("data", "fsdp", "tensor"); at most one may be -1 and fills the rest.
+
+    A shape that cannot be made from the devices is a `ConfigError` naming `source`, the
+    setting the sizes came from (`MeshConfig`, a command's `--mesh`), and what would fit.
+    """
     n = jax.device_count() if num_devices is None else num_devices
     sizes = [data, fsdp, tensor]
+    given = f"{source} " + ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
+    fix = f"sizes whose product is {n}, or -1 on one axis for the rest"
     if sum(s == -1 for s in sizes) > 1:
-        raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+        raise ConfigError(f"{given}: at most one mesh axis may be -1")
     if any(s == 0 or s < -1 for s in sizes):
-        raise ValueError(f"mesh sizes must be positive or -1, got {dict(zip(MESH_AXES, sizes))}")
+        raise ConfigError(f"{given}: mesh sizes must be positive or -1; use {fix}")
     known = int(np.prod([s for s in sizes if s != -1]))
     if -1 in sizes:
         if n % known:
-            raise ValueError(f"{n} devices cannot be split into mesh {sizes}")
+            raise ConfigError(f"{given}: {n} devices cannot be split into it; use {fix}")
         sizes[sizes.index(-1)] = n // known
     if int(np.prod(sizes)) != n:
-        raise ValueError(
-            f"mesh {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} devices, "
-            f"but {n} are available"
+        raise ConfigError(
+            f"{given}: the mesh needs {int(np.prod(sizes))} devices, but {n} are available; "
+            f"use {fix}"
         )
     return tuple(sizes)  # type: ignore[return-value]
 

@@ -170,6 +170,7 @@ def test_cli_says_what_to_change(capsys):
     # (8 sequences, so each device runs all 8) does not fit 64 GB; a suggestion does.
     argv = ["plan", "--gin_file=limr_ppo_qwen2.5_math_7b.gin", "--json", "--devices=64",
             '--gin_param=CHECKPOINT="/ckpts/Qwen2.5-Math-7B"', "--device-memory-gb=64",
+            '--gin_param=TRAIN_FILE="/data/limr/math.8k.json"',  # plan validates as train does
             "--gin_param=AlgoConfig.micro_batch_size=8"]  # fmt: skip
     assert cli.main(argv) == 1  # does not fit
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

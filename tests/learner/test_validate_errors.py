@@ -32,3 +32,32 @@ def test_each_refusal_is_a_config_error(part, changes, match):
 def test_partial_rollouts_without_overlap_is_a_config_error():
     with pytest.raises(ConfigError, match=r"partial_rollouts needs RLConfig.max_staleness"):
         dataclasses.replace(RLConfig(), partial_rollouts=True).validate()
+
+
+def test_a_sample_longer_than_the_model_s_context_is_refused(tmp_path, caplog):
+    import json
+    import shutil
+
+    from jaxrl_llm.assets import builtin_checkpoint
+    from jaxrl_llm.learner.run import check_context
+
+    src = builtin_checkpoint()  # max_position_embeddings = 1024
+    check_context(1024, src)  # the last position the model knows
+    with pytest.raises(ConfigError, match=r"1025 tokens exceed .*max_position_embeddings = 1024"):
+        check_context(1025, src)
+    scaled = tmp_path / "scaled"
+    shutil.copytree(src, scaled)
+    config = json.loads((scaled / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "linear", "factor": 4.0}
+    (scaled / "config.json").write_text(json.dumps(config))
+    check_context(2048, scaled)  # RoPE scaling may extend it: a warning, not a refusal
+    assert "may cover them" in caplog.text
+
+
+@pytest.mark.parametrize("axis", ["data", "fsdp", "tensor"])
+def test_a_mesh_axis_of_zero_devices_is_refused(axis):
+    from jaxrl_llm.learner.rl_config import MeshConfig
+
+    with pytest.raises(ConfigError, match=rf"MeshConfig.{axis} = 0: expected -1"):
+        MeshConfig(**{axis: 0})
+    MeshConfig(**{axis: -1 if axis == "fsdp" else 1})

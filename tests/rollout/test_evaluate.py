@@ -97,8 +97,7 @@ def test_eval_flag_errors_name_the_flag():
     assert resolve_dtype("auto", backend="gpu") == "bfloat16"
     with pytest.raises(SystemExit):  # argparse names the flag and the choices
         cli.main(["eval", "--preset", "gsm8k"])
-    with pytest.raises(ValueError, match="--preset math500 reads a file"):
-        cli.main(["eval", "--preset", "math500"])
+    assert cli.main(["eval", "--preset", "math500"]) == 2  # a configuration error, one line
 
 
 def test_sampling_model_is_loaded_into_its_shards():

@@ -1,0 +1,49 @@
+"""`plan` refuses what `train` refuses (`RLConfig.validate`), checks its own flags, and
+suggests only a micro-batch size `train` takes."""
+
+import pytest
+
+from jaxrl_llm import cli
+from jaxrl_llm.learner.plan import Workload, plan_memory
+from jaxrl_llm.learner.plan_cli import suggest
+from jaxrl_llm.learner.plan_shapes import model_config
+
+REFUSED = [
+    (["--gin_param=AlgoConfig.mini_batches=3"], "AlgoConfig.mini_batches = 3 does not divide"),
+    (["--gin_param=RolloutConfig.temperature=0.0"], "RolloutConfig.temperature = 0.0 (greedy)"),
+    (["--gin_param=AlgoConfig.micro_batch_size=5"], "AlgoConfig.micro_batch_size = 5 does not"),
+    (["--device-memory-gb=0"], "--device-memory-gb = 0.0: expected a size > 0"),
+    (["--device-memory-gb=-5"], "--device-memory-gb = -5.0: expected a size > 0"),
+    (["--devices-per-host=0"], "--devices-per-host = 0: expected an integer >= 1"),
+    (["--devices=0"], "--devices = 0: expected an integer >= 1"),  # the last --devices wins
+    (["--gin_param=MeshConfig.tensor=0"], "MeshConfig.tensor = 0: expected -1"),
+    (["--gin_param=MeshConfig.data=3"], "MeshConfig data=3, fsdp=-1, tensor=1: 4 devices cannot"),
+]
+
+
+@pytest.mark.parametrize("flags, message", REFUSED, ids=[m for _, m in REFUSED])
+def test_plan_refuses_what_train_refuses(flags, message, capsys):
+    argv = ["plan", "--devices=4", "--device-memory-gb=16", "--json", *flags]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxrl-llm plan: configuration error: ") and message in err, err
+
+
+@pytest.mark.parametrize("micro_batch, micro_batches, rows, expected", [
+    (15, 1, 1, 5),  # half of 15 is 7, which does not divide 15: the largest that does
+    (16, 2, 1, 8),  # half
+    (12, 1, 8, None),  # does not split over 8 devices and 8 does not divide 12: none
+    (6, 4, 4, 4),  # 24 rows a mini-batch; 6 does not split over 4 devices: 4 does, divides 24
+    (1, 16, 8, 8),  # smaller than the devices: as many rows as devices, a divisor of 16
+])  # fmt: skip
+def test_the_suggested_micro_batch_divides_the_mini_batch(
+    micro_batch, micro_batches, rows, expected
+):
+    builtin = model_config("builtin")
+    work = Workload(micro_batch=micro_batch, seq_len=256, micro_batches=micro_batches,
+                    slots=8, cache_len=257)  # fmt: skip
+    mesh = (1, rows, 1)
+    plan = plan_memory(builtin, mesh, work, device_memory=1.0)  # fits nothing: suggest
+    changes = [s["change"] for s in suggest(builtin, mesh, work, plan)]
+    sizes = [int(c.split("=")[1]) for c in changes if c.startswith("AlgoConfig.micro_batch_size")]
+    assert sizes == ([] if expected is None else [expected])

@@ -1,0 +1,83 @@
+"""A wrong value in a gin binding or config field is a `ConfigError` (one line, exit status
+2 from the command line), not a ValueError / KeyError / TypeError / ImportError traceback."""
+
+import pytest
+
+from jaxrl_llm import cli
+from jaxrl_llm.config import parse_gin
+from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.data.config import DataConfig
+from jaxrl_llm.rewards.config import RewardConfig, check_rewards
+from jaxrl_llm.rollout.config import RolloutConfig
+
+GIN = [
+    ("import missing_mod_xyz", r"No module named 'missing_mod_xyz' \(In bindings string line 1"),
+    ("RLConfig.steps = ((", "EOF in multi-line statement"),
+    ("Nope.x = 1", r"No configurable matching 'Nope'. \(In bindings string line 1; Nope.x = 1\)"),
+]
+
+
+@pytest.mark.parametrize("binding, message", GIN, ids=[b for b, _ in GIN])
+def test_a_bad_gin_binding_is_one_line_when_parsed(binding, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_gin(["grpo_tiny.gin"], [binding])
+    assert "\n" not in str(info.value)
+
+
+def test_a_macro_used_must_be_defined_when_parsed():
+    parse_gin([], ["X = 3", "RLConfig.steps = %X", "S/Y = 2", "RLConfig.seed = %S/Y"])
+    with pytest.raises(ConfigError, match=r"macro %UNDEFINED_MACRO is used but never defined"):
+        parse_gin(["grpo_tiny.gin"], ["RLConfig.steps = %UNDEFINED_MACRO"])
+    with pytest.raises(ConfigError, match=r"macro %S/Z is used but never defined"):
+        parse_gin([], ["S/Y = 2", "RLConfig.seed = %S/Z"])
+
+
+CONFIGS = [
+    (lambda: RolloutConfig(env="arithmetic", tool="python"), "brings its own tools"),
+    (lambda: DataConfig(builtin_levels=(9,)), r"builtin_levels = \(9,\): expected one or more"),
+    (lambda: DataConfig(builtin_levels=()), r"builtin_levels = \(\): expected one or more"),
+    (lambda: check_rewards(RewardConfig(name="nope")), "RewardConfig.name: unknown reward 'nope'"),
+    (
+        lambda: check_rewards(RewardConfig(weights={"math": 1.0, "nope": 0.5})),
+        "RewardConfig.weights: unknown reward 'nope'",
+    ),
+    (
+        lambda: check_rewards(RewardConfig(name="no_such_module_xyz:f")),
+        "RewardConfig.name: reward = 'no_such_module_xyz:f': cannot import",
+    ),
+    (
+        lambda: check_rewards(RewardConfig(weights={"math": (1.0, {"incorect": 1.0})})),
+        "RewardConfig.weights: reward 'math' cannot be called",
+    ),
+]
+
+
+@pytest.mark.parametrize("build, message", CONFIGS, ids=[m for _, m in CONFIGS])
+def test_a_bad_config_value_is_a_config_error(build, message):
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+TRAIN = [
+    ("MeshConfig.tensor = 0", "MeshConfig.tensor = 0: expected -1 (the devices left over) or >= 1"),
+    ("MeshConfig.data = 3", "MeshConfig data=3, fsdp=-1, tensor=1: 8 devices cannot be split"),
+    ("MeshConfig.fsdp = 16", "MeshConfig data=1, fsdp=16, tensor=1: the mesh needs 16 devices"),
+    ("RewardConfig.name = 'nope'", "RewardConfig.name: unknown reward 'nope'"),
+    ("RolloutConfig.env = 'arithmetic'", "an environment brings its own tools"),
+    ("DataConfig.builtin_levels = (9,)", "DataConfig.builtin_levels = (9,)"),
+    ("RLConfig.steps = %UNDEFINED_MACRO", "macro %UNDEFINED_MACRO is used but never defined"),
+    ("import missing_mod_xyz", "No module named 'missing_mod_xyz'"),
+]
+
+
+@pytest.mark.parametrize("binding, message", TRAIN, ids=[b for b, _ in TRAIN])
+def test_train_refuses_before_anything_opens(binding, message, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["train", "--run_dir", str(run_dir), "--gin_param", binding]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]
+    assert first.startswith("jaxrl-llm train: configuration error: ") and message in first, err
+    assert "In call to configurable" not in err  # gin's trace lines left out
+    assert "Traceback" not in err
+    assert not run_dir.exists()  # no checkpoint folder opened, no config.gin written
