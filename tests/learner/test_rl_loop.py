@@ -336,7 +336,7 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch, masked):
         "DataConfig.max_prompt_length = 768",
         "RolloutConfig.tool = 'search'",
         "SearchConfig.k = 1",
-        "RolloutConfig.max_new_tokens = 384",
+        "RolloutConfig.max_new_tokens = 256",  # 768 + 256: the model's 1,024 positions
         "RewardConfig.name = 'exact_match'",
         f"AlgoConfig.mask_tool_output = {masked}",
     )

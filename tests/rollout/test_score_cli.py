@@ -94,7 +94,7 @@ def test_an_unknown_reward_or_folder_ends_the_command_with_one_line(tmp_path, ca
     data = _write(tmp_path / "rows.jsonl", ROWS)
     assert cli.main(["score", "--reward", "nonesuch", "--data", data]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("jaxrl-llm score: configuration error: --reward 'nonesuch': ")
+    assert err.startswith("jaxrl-llm score: configuration error: --reward: ")
     assert "unknown reward 'nonesuch'" in err
     assert cli.main(["score", "--reward", f"rm:{tmp_path / 'no'}", "--data", data]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
