@@ -61,6 +61,16 @@ def _no_gin_bindings_left():
     gin.clear_config()
 
 
+@pytest.fixture
+def builtin_copy(tmp_path):
+    """A copy of the shipped tiny checkpoint in the test's own folder, to edit or damage."""
+    from jaxrl_llm.assets import builtin_checkpoint
+
+    path = tmp_path / "builtin"
+    shutil.copytree(builtin_checkpoint(), path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def search_task(tmp_path_factory):
     """(A `SearchTool` over the built-in retrieval task's corpus, k = 2; its 5 val rows)."""

@@ -59,7 +59,10 @@ def test_a_bad_config_value_is_a_config_error(build, message):
 
 
 TRAIN = [
-    ("MeshConfig.tensor = 0", "MeshConfig.tensor = 0: expected -1 (the devices left over) or >= 1"),
+    (
+        "MeshConfig.tensor = 0",
+        "MeshConfig data=1, fsdp=-1, tensor=0: mesh sizes must be positive or -1",
+    ),
     ("MeshConfig.data = 3", "MeshConfig data=3, fsdp=-1, tensor=1: 8 devices cannot be split"),
     ("MeshConfig.fsdp = 16", "MeshConfig data=1, fsdp=16, tensor=1: the mesh needs 16 devices"),
     ("RewardConfig.name = 'nope'", "RewardConfig.name: unknown reward 'nope'"),

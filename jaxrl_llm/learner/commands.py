@@ -6,9 +6,11 @@ import argparse
 import dataclasses
 import json
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jaxrl_llm.config import add_gin_arguments, parse_gin
+from jaxrl_llm.config_checks import ConfigError
 
 if TYPE_CHECKING:
     from jaxrl_llm.learner.rl_config import MeshConfig
@@ -75,13 +77,28 @@ def add_overwrite_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class OutDirInUseError(ConfigError, FileExistsError):
+    """The output folder holds a finished model (`hf/`) and overwriting was not asked for."""
+
+
+def refuse_finished_out_dir(out_dir: str, field: str, *, overwrite: bool = False) -> None:
+    """Raise `OutDirInUseError` when `out_dir` already holds a trained model (`hf/`), unless
+    `overwrite`: a second run there would replace that model and its config.gin. `field`:
+    the setting that named the folder (`SFTConfig.out_dir`, `RMConfig.out_dir`)."""
+    if not overwrite and (Path(out_dir) / "hf").exists():
+        raise OutDirInUseError(
+            f"{field} {out_dir} already holds a trained model ({Path(out_dir) / 'hf'}): pass "
+            f"--overwrite to replace it, or choose another out_dir ({field})"
+        )
+
+
 def add_sft_arguments(parser: argparse.ArgumentParser) -> None:
     add_gin_arguments(parser)
     add_overwrite_argument(parser)
 
 
 def sft_main(args: argparse.Namespace) -> int:
-    from jaxrl_llm.learner.sft import SFTConfig, refuse_finished_out_dir, run_sft
+    from jaxrl_llm.learner.sft import SFTConfig, run_sft
 
     parse_gin(args.gin_file, args.gin_param)
     cfg = SFTConfig()

@@ -40,7 +40,6 @@ from jaxrl_llm.config import add_gin_arguments, parse_gin, write_resolved_config
 from jaxrl_llm.config_checks import ConfigError, Ge, checked_fields, documented
 from jaxrl_llm.data.preferences import builtin_preferences, read_preferences
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
-from jaxrl_llm.learner.sft import refuse_finished_out_dir
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
 from jaxrl_llm.models import load_tokenizer, save_pretrained
 from jaxrl_llm.models.hf_io import from_pretrained
@@ -270,6 +269,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from jaxrl_llm.learner.commands import refuse_finished_out_dir
+
     parse_gin(args.gin_file, args.gin_param)
     cfg = RMConfig()
     refuse_finished_out_dir(cfg.out_dir, "RMConfig.out_dir", overwrite=args.overwrite)

@@ -82,13 +82,6 @@ class MeshConfig:
         "JAX backend, one process.",
     )
 
-    def __post_init__(self) -> None:
-        for name in ("data", "fsdp", "tensor"):  # the range check lets 0 through: -1 or >= 1
-            if getattr(self, name) == 0:
-                raise ConfigError(
-                    f"MeshConfig.{name} = 0: expected -1 (the devices left over) or >= 1"
-                )
-
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)

@@ -105,21 +105,6 @@ class SFTConfig:
             )
 
 
-class OutDirInUseError(ConfigError, FileExistsError):
-    """The output folder holds a finished model (`hf/`) and overwriting was not asked for."""
-
-
-def refuse_finished_out_dir(out_dir: str, field: str, *, overwrite: bool = False) -> None:
-    """Raise `OutDirInUseError` when `out_dir` already holds a trained model (`hf/`), unless
-    `overwrite`: a second run there would replace that model and its config.gin. `field`:
-    the setting that named the folder (`SFTConfig.out_dir`)."""
-    if not overwrite and (Path(out_dir) / "hf").exists():
-        raise OutDirInUseError(
-            f"{field} {out_dir} already holds a trained model ({Path(out_dir) / 'hf'}): pass "
-            f"--overwrite to replace it, or choose another out_dir ({field})"
-        )
-
-
 def file_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
     """(train, val): `train_file`'s rows after / before `n_val`.
 

@@ -121,8 +121,12 @@ class ModelAndRuleRewards:
         """Scorer `name`'s `scores` [B], NaN (no score) where one is not a score
         (`score_error`); each such sample is added to `failures` unless it failed already."""
         where = f" of the {len(scores)} scored in this call"
-        errors = {i: score_error(name, v, where=f" on sample {i}{where}", fix=SCORER_FIX)
-                  for i, v in enumerate(scores.tolist())}  # fmt: skip
+        # Only the samples that may fail the rule are put to it (not every score, every call).
+        numeric = scores.dtype.kind in "fiub"
+        suspects = np.flatnonzero(~np.isfinite(scores)) if numeric else range(len(scores))
+        values = scores.tolist() if len(suspects) else []
+        errors = {int(i): score_error(name, values[i], where=f" on sample {i}{where}",
+                                      fix=SCORER_FIX) for i in suspects}  # fmt: skip
         errors = {i: e for i, e in errors.items() if e is not None}
         for i, error in errors.items():
             message = f"{type(error).__name__}: {error}"

@@ -136,7 +136,7 @@ def configured_reward(cfg: RewardConfig, *, field: str | None = None):
     rules = {k: v for k, v in cfg.rewards().items() if not on_device(k)}
     if not rules:
         return None
-    field = field or ("RewardConfig.name" if cfg.weights is None else "RewardConfig.weights")
+    field = field or _field(cfg)
     try:
         if cfg.weights is None:
             return build_reward(cfg.name, **declared_options(cfg.name, cfg.offered))
@@ -144,6 +144,11 @@ def configured_reward(cfg: RewardConfig, *, field: str | None = None):
     except (KeyError, TypeError, ImportError) as e:  # the registry's lookup and call checks
         message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         raise ConfigError(f"{field}: {message}") from None
+
+
+def _field(cfg: RewardConfig) -> str:
+    """The config field that names `cfg`'s rewards, for its errors."""
+    return "RewardConfig.name" if cfg.weights is None else "RewardConfig.weights"
 
 
 def on_device(name: str) -> bool:
@@ -159,7 +164,7 @@ def check_rewards(cfg: RewardConfig, *, field: str | None = None) -> None:
     from jaxrl_llm.assets import resolve_checkpoint
     from jaxrl_llm.rewards.model import check_reward_model
 
-    field = field or ("RewardConfig.name" if cfg.weights is None else "RewardConfig.weights")
+    field = field or _field(cfg)
     configured_reward(cfg, field=field)
     for name in cfg.rewards():
         if is_model_reward(name):

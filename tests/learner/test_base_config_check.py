@@ -11,7 +11,6 @@ import shutil
 import jax.numpy as jnp
 import pytest
 
-from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.learner.checkpoint import Checkpointer, base_identity
 from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.run import _open_checkpoints
@@ -32,9 +31,10 @@ def _warnings(caplog):
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
-def test_a_full_run_is_not_resumed_onto_a_base_whose_model_config_changed(tmp_path, caplog):
-    base, run_dir = tmp_path / "base", tmp_path / "run"
-    shutil.copytree(builtin_checkpoint(), base)
+def test_a_full_run_is_not_resumed_onto_a_base_whose_model_config_changed(
+    tmp_path, caplog, builtin_copy
+):
+    base, run_dir = builtin_copy, tmp_path / "run"
     cfg = _cfg(run_dir, base)
     assert cfg.policy.lora is None and not cfg.needs_reference  # a full run, no KL term
     writer = Checkpointer(run_dir / "checkpoints")

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.learner.checkpoint import base_identity, check_base
 from jaxrl_llm.learner.rl_config import PolicyConfig
 from jaxrl_llm.models.config import CheckpointError
@@ -20,10 +19,8 @@ from jaxrl_llm.models.lora import LoraConfig
 
 
 @pytest.fixture
-def base(tmp_path):
-    path = tmp_path / "base"
-    shutil.copytree(builtin_checkpoint(), path)
-    return path
+def base(builtin_copy):
+    return builtin_copy
 
 
 def test_the_fingerprint_is_the_content_not_the_folder_nor_its_files(base, tmp_path):

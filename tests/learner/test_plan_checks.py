@@ -16,7 +16,7 @@ REFUSED = [
     (["--device-memory-gb=-5"], "--device-memory-gb = -5.0: expected a size > 0"),
     (["--devices-per-host=0"], "--devices-per-host = 0: expected an integer >= 1"),
     (["--devices=0"], "--devices = 0: expected an integer >= 1"),  # the last --devices wins
-    (["--gin_param=MeshConfig.tensor=0"], "MeshConfig.tensor = 0: expected -1"),
+    (["--gin_param=MeshConfig.tensor=0"], "MeshConfig data=1, fsdp=-1, tensor=0: mesh sizes"),
     (["--gin_param=MeshConfig.data=3"], "MeshConfig data=3, fsdp=-1, tensor=1: 4 devices cannot"),
 ]
 

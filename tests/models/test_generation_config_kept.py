@@ -4,7 +4,6 @@ with the ids that end a sample and the pad id merged in: an export must not sile
 sampling model greedy."""
 
 import json
-import shutil
 
 from transformers import GenerationConfig
 
@@ -17,9 +16,8 @@ SOURCE = {"bos_token_id": 1, "eos_token_id": [2, 5], "pad_token_id": 0, "do_samp
           "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}  # fmt: skip
 
 
-def test_a_saved_model_keeps_the_generation_config_it_was_loaded_with(tmp_path):
-    src, out, again = tmp_path / "src", tmp_path / "out", tmp_path / "again"
-    shutil.copytree(builtin_checkpoint(), src)
+def test_a_saved_model_keeps_the_generation_config_it_was_loaded_with(tmp_path, builtin_copy):
+    src, out, again = builtin_copy, tmp_path / "out", tmp_path / "again"
     (src / "generation_config.json").write_text(json.dumps(SOURCE))
     save_pretrained(from_pretrained(src), out)
     written = json.loads((out / "generation_config.json").read_text())
@@ -34,11 +32,12 @@ def test_a_saved_model_keeps_the_generation_config_it_was_loaded_with(tmp_path):
     assert not (tmp_path / "plain" / "generation_config.json").exists()
 
 
-def test_the_stop_ids_and_pad_id_are_merged_into_the_source_generation_config(tmp_path):
+def test_the_stop_ids_and_pad_id_are_merged_into_the_source_generation_config(
+    tmp_path, builtin_copy
+):
     """config.json's eos (2) and pad (0) and generation_config.json's own: every id that ends a
     sample (`ModelConfig.eos_token_ids`) is written; the source's pad id is kept."""
-    src, out = tmp_path / "src", tmp_path / "out"
-    shutil.copytree(builtin_checkpoint(), src)
+    src, out = builtin_copy, tmp_path / "out"
     source = {"eos_token_id": 7, "pad_token_id": 3, "do_sample": True, "top_k": 20}
     (src / "generation_config.json").write_text(json.dumps(source))
     save_pretrained(from_pretrained(src), out)

@@ -3,11 +3,9 @@ load with one `CheckpointError` naming the file and the field, not a KeyError or
 AttributeError from deep in the loader (a copy of the shipped tiny checkpoint, edited)."""
 
 import json
-import shutil
 
 import pytest
 
-from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.models import CheckpointError, from_pretrained
 from jaxrl_llm.models.hf_io import INDEX_FILE, SINGLE_FILE
 
@@ -15,10 +13,8 @@ SHARD = "model-00001-of-00001.safetensors"
 
 
 @pytest.fixture
-def folder(tmp_path):
-    path = tmp_path / "ckpt"
-    shutil.copytree(builtin_checkpoint(), path)
-    return path
+def folder(builtin_copy):
+    return builtin_copy
 
 
 def _edit_config(folder, edit):

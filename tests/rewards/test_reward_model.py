@@ -168,10 +168,14 @@ def test_rm_name_in_reward_config_resolves_to_the_model(tmp_path):
     with build_rewards(RewardConfig(weights=weights, workers=1)) as mixed:
         got = mixed.score(RESPONSES, ROWS)
         assert list(mixed.last_failures) == [1]  # row 1 has no 'answer': math raises
-    math = np.array([1.0, 0, 0, 0, 0, 0])  # only the first response boxes the right answer
-    expected = math + 0.5 / (1 + np.exp(-raw))
+    math = np.array([1, 0, 0, 0, 0, 0], np.float32)  # only the first response boxes the answer
+    # The documented sum in float32 (`ModelAndRuleRewards`: the rules, then + weight * the
+    # model's score normalised by `normalize_scores`, itself checked against the float64
+    # sigmoid rounded once): equal, not close.
+    expected = np.zeros(len(RESPONSES), np.float32) + math
+    expected += np.float32(0.5) * normalize_scores(raw, "sigmoid")
     expected[1] = RewardConfig().incorrect  # a failed sample: `incorrect`, no model part
-    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    np.testing.assert_array_equal(got, expected)
     with pytest.raises(ConfigError, match=r"reward model.*rule rewards only.*jaxrl-llm train"):
         build_reward_pool(RewardConfig(weights=weights))  # rule rewards only (eval's)
 
