@@ -61,6 +61,16 @@ class ConfigError(ValueError):
     """A gin file, binding or config value is wrong (unknown key, bad value, missing file)."""
 
 
+class PluginImportError(ConfigError, ImportError):
+    """A plug-in the config names ("package.module:factory": a tool, environment, reward or
+    sampler backend) cannot be imported."""
+
+
+class PluginContractError(ConfigError, TypeError):
+    """A plug-in the config names is not what its setting needs (not callable, or what it
+    returned lacks the contract's methods)."""
+
+
 def documented(
     default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = dataclasses.MISSING
 ) -> Any:

@@ -34,6 +34,7 @@ def test_a_macro_used_must_be_defined_when_parsed():
 
 CONFIGS = [
     (lambda: RolloutConfig(env="arithmetic", tool="python"), "brings its own tools"),
+    (lambda: RolloutConfig(env="chess", tool="none"), "rollout.env = 'chess': expected 'none'"),
     (lambda: DataConfig(builtin_levels=(9,)), r"builtin_levels = \(9,\): expected one or more"),
     (lambda: DataConfig(builtin_levels=()), r"builtin_levels = \(\): expected one or more"),
     (lambda: check_rewards(RewardConfig(name="nope")), "RewardConfig.name: unknown reward 'nope'"),
@@ -70,6 +71,15 @@ TRAIN = [
     ("DataConfig.builtin_levels = (9,)", "DataConfig.builtin_levels = (9,)"),
     ("RLConfig.steps = %UNDEFINED_MACRO", "macro %UNDEFINED_MACRO is used but never defined"),
     ("import missing_mod_xyz", "No module named 'missing_mod_xyz'"),
+    (
+        "RolloutConfig.tool = 'no_such_module_xyz:f'",
+        "rollout.tool = 'no_such_module_xyz:f': cannot",
+    ),
+    ("RolloutConfig.backend = 'no_such_module_xyz:f'", "rollout.backend = 'no_such_module_xyz:f'"),
+    (
+        "RolloutConfig.tool = 'json:__doc__'",
+        "rollout.tool = 'json:__doc__' is a str, not a function",
+    ),
 ]
 
 
@@ -84,3 +94,13 @@ def test_train_refuses_before_anything_opens(binding, message, tmp_path, capsys)
     assert "In call to configurable" not in err  # gin's trace lines left out
     assert "Traceback" not in err
     assert not run_dir.exists()  # no checkpoint folder opened, no config.gin written
+
+
+@pytest.mark.parametrize("env", ["chess", "no_such_module_xyz:make_env"])
+def test_train_refuses_an_environment_it_cannot_build(env, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["train", "--run_dir", str(run_dir), "--gin_param", f"RolloutConfig.env = {env!r}"]
+    assert cli.main([*argv, "--gin_param", "RolloutConfig.tool = 'none'"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxrl-llm train: configuration error: rollout.env = {env!r}"), err
+    assert "Traceback" not in err and not run_dir.exists()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from jaxrl_llm.agents.env import Environment
+from jaxrl_llm.config_checks import ConfigError, PluginContractError
 
 NO_ENV = "none"
 R = TypeVar("R")
@@ -69,7 +70,7 @@ BUILTIN_ENVS: dict[str, Callable[[], Environment]] = {"arithmetic": _arithmetic}
 def check_env_name(name: str) -> None:
     """A clear error for a name that is neither "none", a built-in nor a "module:factory"."""
     if name != NO_ENV and ":" not in name and name not in BUILTIN_ENVS:
-        raise ValueError(
+        raise ConfigError(
             f"rollout.env = {name!r}: expected 'none', one of {', '.join(BUILTIN_ENVS)} or an "
             "import path 'package.module:factory'"
         )
@@ -86,7 +87,7 @@ def env_factory(name: str) -> Callable[[], Environment]:
     try:
         if not isinstance(probe, Environment):
             missing = [a for a in ("tools", "reset", "step", "close") if not hasattr(probe, a)]
-            raise TypeError(
+            raise PluginContractError(
                 f"rollout.env = {name!r} returned a {type(probe).__name__} without the "
                 f"environment contract (agents/env.py); missing: {missing}"
             )

@@ -326,6 +326,7 @@ class RLConfig:
                 "temperature); use a temperature > 0 (greedy: val_temperature, eval, generate)"
             )
         _check_tool_settings(self)
+        _check_plugins(self.rollout)
         _check_partial_rollouts(self)
         check_rewards(self.reward)  # names, options and `rm:` folders, nothing loaded
         if self.val_reward is not None:
@@ -372,6 +373,16 @@ def _check_tool_settings(cfg: RLConfig) -> None:
     problem = missing_requirement(r.tool, settings)
     if problem:
         raise ConfigError(problem)
+
+
+def _check_plugins(r: RolloutConfig) -> None:
+    """The tool, environment and sampler backend named by import path import and are callable,
+    before any model loads or the run folder opens (what they return is checked when built)."""
+    from jaxrl_llm.tools.factory import resolve_import_path
+
+    for setting, name in (("tool", r.tool), ("env", r.env), ("backend", r.backend)):
+        if ":" in name:
+            resolve_import_path(name, f"rollout.{setting}")
 
 
 def _check_partial_rollouts(cfg: RLConfig) -> None:

@@ -45,6 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import numpy as np
 
+from jaxrl_llm.config_checks import PluginContractError
 from jaxrl_llm.rollout.config import RolloutConfig
 from jaxrl_llm.rollout.sampling import SamplingParams
 from jaxrl_llm.tools.protocol import ToolCallback as ToolCallback  # importable here
@@ -196,7 +197,7 @@ def build_sampler(ctx: SamplerContext) -> Sampler:
             close()
         methods = ("push_weights", "generate", "metrics", "release", "close", "policy_version")
         missing = [m for m in methods if not hasattr(sampler, m)]
-        raise TypeError(
+        raise PluginContractError(
             f"rollout.backend = {name!r} returned a {type(sampler).__name__} without the "
             f"Sampler contract (rollout/sampler.py); missing: {missing}"
         )

@@ -34,10 +34,12 @@ from concurrent import futures
 from typing import Any
 
 import grpc
+import numpy as np
 
 from jaxrl_llm.rollout.engine import Engine
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, patch_orchestrator
 from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
+from jaxrl_llm.rollout.prompt_checks import prompt_problem
 from jaxrl_llm.rollout.records import ParamsRef
 
 log = logging.getLogger(__name__)
@@ -78,11 +80,12 @@ class _Orchestrator(orchestrator.LLMOrchestrator):
             ids = ids["input_ids"]
         else:
             ids = list(request.token_content.token_ids)
-            vocab = self._engine.config.vocab_size
-            if any(not 0 <= i < vocab for i in ids):
-                return f"token ids must be in [0, {vocab})"
-        if not ids:
-            return "empty prompt"
+        # The samplers' own rule (empty, out of the vocabulary); the length is checked below,
+        # counting the BOS the Driver adds.
+        vocab = self._engine.config.vocab_size
+        problem = prompt_problem(np.asarray(ids, np.int64), len(ids), vocab)
+        if problem is not None:
+            return problem
         # The Driver prepends the BOS, where the tokenizer has one, unless the request
         # continues a session (JetStream's `is_bos = not history_path`).
         length = len(ids) + (self._tokenizer.bos_id is not None and not request.session_cache)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxrl_llm.config_checks import PluginContractError, PluginImportError
 from jaxrl_llm.tools.protocol import Tool, turn_rules
 from jaxrl_llm.tools.special_tokens import special_token_strings
 
@@ -135,13 +136,13 @@ def resolve_import_path(spec: str, setting: str) -> Callable[..., Any]:
     try:
         obj = pkgutil.resolve_name(spec)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ImportError(
+        raise PluginImportError(
             f"{setting} = {spec!r}: cannot import it ({type(e).__name__}: {e}). The module "
             "must be importable by the trainer and its worker processes: install its "
             "package (pip install -e .) or put its folder on PYTHONPATH"
         ) from e
     if not callable(obj):
-        raise TypeError(f"{setting} = {spec!r} is a {type(obj).__name__}, not a function")
+        raise PluginContractError(f"{setting} = {spec!r} is a {type(obj).__name__}, not a function")
     return obj
 
 
@@ -151,7 +152,7 @@ def _plugin_tool(name: str, tokenizer=None) -> Tool:
     tool = factory(tokenizer=tokenizer) if wants else factory()
     if not isinstance(tool, Tool):
         missing = [a for a in ("name", "stop_strings", "__call__") if not hasattr(tool, a)]
-        raise TypeError(
+        raise PluginContractError(
             f"rollout.tool = {name!r} returned a {type(tool).__name__} without the tool "
             f"contract (tools/protocol.py); missing: {missing}"
         )
@@ -162,7 +163,7 @@ def _plugin_tool(name: str, tokenizer=None) -> Tool:
         or not (stops or on_eos)
         or not all(isinstance(s, str) and s for s in stops)
     ):
-        raise TypeError(
+        raise PluginContractError(
             f"rollout.tool = {name!r}: stop_strings must be a non-empty tuple of non-empty "
             f"strings (where generation pauses for the tool), got {stops!r}; a tool whose "
             "turns end on the end-of-turn token sets turn_ends_on_eos = True"

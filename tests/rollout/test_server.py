@@ -90,20 +90,24 @@ def test_round_trip_concurrent_malformed_and_clean_shutdown(server):
     tokens = jetstream_pb2.DecodeRequest.TokenContent(token_ids=[40, 41, 42])
     _, ids = _collect(stub, jetstream_pb2.DecodeRequest(token_content=tokens, max_tokens=4))
     assert 1 <= len(ids) <= 4
-    bad = [
-        _text(5, ""),
-        _text(0, "hi"),
-        _text(5, "x" * 100),
-        jetstream_pb2.DecodeRequest(
-            token_content=jetstream_pb2.DecodeRequest.TokenContent(token_ids=[10**6]),
-            max_tokens=3,
-        ),
-        jetstream_pb2.DecodeRequest(max_tokens=3),
+
+    def ids(*token_ids):
+        content = jetstream_pb2.DecodeRequest.TokenContent(token_ids=list(token_ids))
+        return jetstream_pb2.DecodeRequest(token_content=content, max_tokens=3)
+
+    bad = [  # (request, the refusal's words: the samplers' own, rollout/prompt_checks.py)
+        (_text(5, ""), "empty prompt"),
+        (_text(0, "hi"), "max_tokens must be positive"),
+        (_text(5, "x" * 100), "exceeds"),
+        (ids(10**6), "token id 1000000 at position 0 is outside the vocabulary"),
+        (ids(40, -1), "token id -1 at position 1 is outside the vocabulary"),
+        (jetstream_pb2.DecodeRequest(max_tokens=3), "neither text_content nor token_content"),
     ]
-    for request in bad:
+    for request, words in bad:
         with pytest.raises(grpc.RpcError) as err:
             _collect(stub, request)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+        assert words in err.value.details(), err.value.details()
     assert stub.HealthCheck(jetstream_pb2.HealthCheckRequest(), timeout=30).is_live
     proc.send_signal(signal.SIGINT)
     t0 = time.time()
