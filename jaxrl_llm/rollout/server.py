@@ -161,7 +161,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prefill-length", type=int, default=256)
 
 
+def check_serve_flags(args: argparse.Namespace) -> None:
+    """`serve`'s flags, each in its range, or a `ConfigError` naming the flag, before any
+    model loads (as `generate` and `eval` check theirs)."""
+    from jaxrl_llm.config_checks import ConfigError
+    from jaxrl_llm.rollout.commands import check_mesh_flag, check_sampling_flags
+
+    check_sampling_flags(args)  # --slots
+    check_mesh_flag(args.mesh)
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port = {args.port}: expected 0 (any free port) to 65535")
+    if not 1 <= args.max_prefill_length < args.max_cache_length:
+        raise ConfigError(
+            f"--max-prefill-length = {args.max_prefill_length}, --max-cache-length = "
+            f"{args.max_cache_length}: expected 1 <= prefill < cache length (the rest of the "
+            "cache holds the generated tokens)"
+        )
+
+
 def main(args: argparse.Namespace) -> int:
+    check_serve_flags(args)
     loaded = load_sampling_model(args)
     engine = Engine(
         loaded.model,

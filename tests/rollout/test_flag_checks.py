@@ -1,4 +1,4 @@
-"""`generate` and `eval` refuse a flag out of range with one line naming it, exit status 2,
+"""`generate`, `eval` and `serve` refuse a flag out of range with one line naming it, exit status 2,
 before any model loads (`--steps-per-call 0` decoded forever, `--slots 0` was a KeyError)."""
 
 import pytest
@@ -15,6 +15,7 @@ def no_model(monkeypatch):
 
     monkeypatch.setattr("jaxrl_llm.rollout.commands.load_sampling_model", refuse)
     monkeypatch.setattr("jaxrl_llm.rollout.evaluate.load_sampling_model", refuse)
+    monkeypatch.setattr("jaxrl_llm.rollout.server.load_sampling_model", refuse)
 
 
 GENERATE = [
@@ -32,6 +33,15 @@ GENERATE = [
     (["--mesh", "16,1,1"], "--mesh data=16, fsdp=1, tensor=1: the mesh needs 16 devices"),
     (["--mesh", "3,1,-1"], "8 devices cannot be split"),  # tests run on 8 simulated devices
     (["--mesh", "1,0,1"], "mesh sizes must be positive or -1"),
+]
+
+SERVE = [
+    (["--slots", "0"], "--slots = 0: expected an integer >= 1"),
+    (["--mesh", "16,1,1"], "--mesh data=16, fsdp=1, tensor=1: the mesh needs 16 devices"),
+    (["--mesh", "1,0,1"], "mesh sizes must be positive or -1"),
+    (["--port", "70000"], "--port = 70000: expected 0 (any free port) to 65535"),
+    (["--max-prefill-length", "0"], "--max-prefill-length = 0, --max-cache-length = 512"),
+    (["--max-prefill-length", "512"], "expected 1 <= prefill < cache length"),
 ]
 
 EVAL = [
@@ -71,3 +81,8 @@ def test_generate_refuses_a_prompts_file_without_prompts(tmp_path, no_model, cap
 @pytest.mark.parametrize("flags, message", EVAL, ids=[" ".join(f) for f, _ in EVAL])
 def test_eval_refuses_a_flag_out_of_range_by_name(flags, message, no_model, capsys):
     _refused("eval", ["--limit", "2", *flags], message, capsys)
+
+
+@pytest.mark.parametrize("flags, message", SERVE, ids=[" ".join(f) for f, _ in SERVE])
+def test_serve_refuses_a_flag_out_of_range_by_name(flags, message, no_model, capsys):
+    _refused("serve", flags, message, capsys)
