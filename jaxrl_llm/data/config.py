@@ -6,9 +6,9 @@ import dataclasses
 
 import gin
 
-from jaxrl_llm.config_checks import ConfigError, Ge, checked_fields, documented
+from jaxrl_llm.config_checks import Ge, checked_fields, documented
 from jaxrl_llm.data.tasks import BUILTIN_TASKS
-from jaxrl_llm.data.tasks.arithmetic import LEVELS
+from jaxrl_llm.data.tasks.arithmetic import check_levels
 from jaxrl_llm.data.templates import TEMPLATES
 
 
@@ -66,8 +66,4 @@ class DataConfig:
     seed: int = documented(0, "Seed of the prompt shuffle and of the built-in task's problems.")
 
     def __post_init__(self):
-        if not self.builtin_levels or any(v not in LEVELS for v in self.builtin_levels):
-            raise ConfigError(
-                f"DataConfig.builtin_levels = {self.builtin_levels!r}: expected one or more of "
-                f"the built-in task's levels {tuple(sorted(LEVELS))}"
-            )
+        check_levels("DataConfig.builtin_levels", self.builtin_levels)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import re
 import tempfile
@@ -312,9 +311,10 @@ def score_run(
 
     Step s belongs to epoch ``(s - first_step) // steps_per_epoch``; steps past
     ``epochs * steps_per_epoch`` are ignored. A sample is correct when its reward equals
-    ``correct_reward`` (LIMR: reward == 1). Missing epochs are back-filled from the next one and
-    prompts still incomplete are dropped (``backfill_and_drop``). Unreadable sample lines are
-    skipped with a warning. Raises ``ConfigError`` (nothing written) when the records end
+    ``correct_reward`` (LIMR: reward == 1) in float32, the precision the rollout stage records
+    rewards in; a warning says when no sample is. Missing epochs are back-filled from the next
+    one and prompts still incomplete are dropped (``backfill_and_drop``). Unreadable sample
+    lines are skipped with a warning. Raises ``ConfigError`` (nothing written) when the records end
     before the last step of the last epoch asked for (naming the last record and how many
     whole epochs can be scored), and when no prompt is left to score.
 
@@ -348,12 +348,22 @@ def score_run(
                     bad_lines += 1
                     continue
                 cell = counts.setdefault(pid, np.zeros((epochs, 2)))[epoch]
-                cell[0] += math.isclose(reward, correct_reward, rel_tol=0.0, abs_tol=1e-9)
+                # Rewards are recorded as the stage holds them, float32: compare at that
+                # precision (0.9 is on disk as float32(0.9) = 0.8999999761581421).
+                cell[0] += np.float32(reward) == np.float32(correct_reward)
                 cell[1] += 1
     if bad_lines:
         log.warning("skipped %d unreadable sample lines", bad_lines)
     if not counts:
         raise ConfigError(f"no readable sample records in {run_dir / SAMPLES_DIR}")
+    correct, total = (sum(c[:, k].sum() for c in counts.values()) for k in (0, 1))
+    if not correct:
+        log.warning(
+            "no sample of the %d scored has reward %g, the correct one: every accuracy is 0 "
+            "and every prompt scores 1; pass the run's RewardConfig.correct (--correct-reward)",
+            total,
+            correct_reward,
+        )
 
     all_ids = sorted(counts)
     table = np.stack([counts[pid] for pid in all_ids])  # [P, E, 2]

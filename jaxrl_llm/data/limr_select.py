@@ -1,6 +1,7 @@
 """LIMR's subsets: the prompts a LIM score keeps (``select``) and the RAND baseline of the
-same size (``random_subset``), written in the training data's own format (step 3 of the
-workflow in ``jaxrl_llm.data.limr``). An empty subset is never written: both raise
+same size (``random_subset``), written in the training data's own format, jsonl, json or
+parquet (other data, arrow included, is refused with ``ConfigError``: convert it first) (step 3
+of the workflow in ``jaxrl_llm.data.limr``). An empty subset is never written: both raise
 ``ConfigError`` saying why it would be empty (a threshold above every score, scored ids that
 are not the data's, a size the data cannot give)."""
 
@@ -26,7 +27,10 @@ def _read_data(data_path: str | os.PathLike, fields: FieldMap, data_format: str)
     source = SourceConfig(str(data_path), format=data_format)
     fmt = detect_format(source)
     if fmt not in ("jsonl", "json", "parquet"):
-        raise ValueError(f"selection writes jsonl, json or parquet files, not {fmt!r}")
+        raise ConfigError(
+            f"{data_path} is {fmt} data; selection writes jsonl, json or parquet: convert "
+            f"{data_path} to one of them"
+        )
     report = DataReport()
     return fmt, list(iter_examples(read_records(source), fields, report))
 

@@ -39,10 +39,11 @@ from jaxrl_llm.assets import resolve_checkpoint
 from jaxrl_llm.config import add_gin_arguments, parse_gin, write_resolved_config
 from jaxrl_llm.config_checks import ConfigError, Ge, checked_fields, documented
 from jaxrl_llm.data.preferences import builtin_preferences, read_preferences
+from jaxrl_llm.data.tasks.arithmetic import check_levels
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
-from jaxrl_llm.models import load_tokenizer, save_pretrained
-from jaxrl_llm.models.hf_io import from_pretrained
+from jaxrl_llm.models import ModelConfig, load_tokenizer, save_pretrained
+from jaxrl_llm.models.hf_io import from_pretrained, read_config
 from jaxrl_llm.models.transformer import ValueModel
 from jaxrl_llm.rewards.model import conversation, conversation_tokens, score_index
 
@@ -102,6 +103,7 @@ class RMConfig:
                 f"RMConfig.batch_size = {self.batch_size} is not divisible by "
                 f"RMConfig.micro_batches = {self.micro_batches}"
             )
+        check_levels("RMConfig.levels", self.levels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,19 +118,26 @@ class PairRows:
         return {"ids": self.ids[idx], "mask": self.mask[idx], "last": self.last[idx]}
 
 
-def encode_pairs(pairs: list[dict[str, Any]], tokenizer, seq_len: int, pad_id: int | None):
+def encode_pairs(
+    pairs: list[dict[str, Any]], tokenizer, seq_len: int, pad_id: int | None, name: str = "pairs"
+):
     """The pairs rendered as the RM scores them, right-padded to `seq_len`; pairs with a
-    side longer than that are dropped and counted."""
+    side longer than that are dropped and counted; none left is a `ConfigError` naming
+    `RMConfig.seq_len`, the `name`d pairs ("training pairs") and the length they need."""
     chats = [conversation(p, p[side]) for p in pairs for side in ("chosen", "rejected")]
     rows = conversation_tokens(tokenizer, chats)
-    keep = [i for i in range(len(pairs)) if max(len(rows[2 * i]), len(rows[2 * i + 1])) <= seq_len]
+    lengths = [max(len(rows[2 * i]), len(rows[2 * i + 1])) for i in range(len(pairs))]
+    keep = [i for i, n in enumerate(lengths) if n <= seq_len]
     if len(keep) < len(pairs):
         log.warning(
             "dropped %d of %d pairs longer than %d tokens", len(pairs) - len(keep), len(pairs),
             seq_len,
         )  # fmt: skip
     if not keep:
-        raise ValueError(f"no pair fits in seq_len={seq_len}")
+        raise ConfigError(
+            f"none of the {len(pairs)} {name} fits in RMConfig.seq_len = {seq_len} tokens (the "
+            f"shortest needs {min(lengths)}): raise RMConfig.seq_len to {min(lengths)} or more"
+        )
     P = len(keep)
     ids = np.full((P, 2, seq_len), pad_id if pad_id is not None else 0, np.int32)
     mask = np.zeros((P, 2, seq_len), np.int32)
@@ -219,13 +228,13 @@ def run_rm(cfg: RMConfig | None = None) -> dict[str, float]:
     cfg.validate()
     src = resolve_checkpoint(cfg.checkpoint, "RMConfig.checkpoint")
     train, val = load_pairs(cfg)  # a bad row fails before the model loads
+    tokenizer = load_tokenizer(src)
+    pad_id = ModelConfig.from_hf(read_config(src)).pad_token_id  # the model's, unloaded
+    train_rows = encode_pairs(train, tokenizer, cfg.seq_len, pad_id, "training pairs")
+    val_rows = encode_pairs(val, tokenizer, cfg.seq_len, pad_id, "held-out pairs")
     out = Path(cfg.out_dir)
     write_resolved_config(out)  # once the config and data are checked
-    tokenizer = load_tokenizer(src)
     model = from_pretrained(src, cls=ValueModel)
-    pad_id = model.config.pad_token_id
-    train_rows = encode_pairs(train, tokenizer, cfg.seq_len, pad_id)
-    val_rows = encode_pairs(val, tokenizer, cfg.seq_len, pad_id)
     graphdef, params = nnx.split(model)
     tx = make_optimizer(cfg.optim, cfg.steps)
     state = TrainState.create(params, tx, jax.random.key(cfg.seed))

@@ -5,8 +5,12 @@ environment writes, not the model (a tool's "\\n{result}\\n```\\n" after the mod
 "```output"), is masked out, exactly as RL will mask it: through the closing fence and its
 line ending if there is one, so text that follows the fence on the same line is trained. The
 model's own stop string "```output" is trained, so the policy learns to ask for the tool.
-A `train_file` is read as jsonl by `data.sources.read_jsonl` (lines split on "\\n" only); a
-broken row stops the run with its file and line.
+A `train_file` is read as jsonl by `data.sources.read_jsonl` (lines split on "\\n" only). A
+row is a prompt/response pair (`prompt`: a string, or chat messages rendered as those
+messages, by `data.examples.row_conversation` as `rm` and `score` read them; `response`: a
+string; optionally `system`: a string replacing the prompt's system message) or an agent
+episode (`messages`, `tools`: `agents.demonstrations.check_episode`). Each row is checked as
+it is read: a broken one stops the run with its file, line and what is wrong.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +34,7 @@ from jaxrl_llm.algorithms import token_logprobs
 from jaxrl_llm.assets import resolve_checkpoint
 from jaxrl_llm.config_checks import ConfigError, Ge, Interval, checked_fields, documented
 from jaxrl_llm.config_record import write_resolved_config
+from jaxrl_llm.data.examples import row_conversation
 from jaxrl_llm.data.sources import SourceConfig, read_records, require_source
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
@@ -64,7 +70,8 @@ class SFTConfig:
     )
     train_file: str | None = documented(
         None,
-        "A jsonl of prompt / response pairs, or of agent episodes ({messages, tools}: "
+        "A jsonl of prompt / response pairs (`prompt` a string or chat messages, `response` "
+        "a string, `system` optional), or of agent episodes ({messages, tools}: "
         "docs/agents.md), its first `n_val` rows validating; None: the "
         "built-in arithmetic task.",
     )
@@ -103,6 +110,7 @@ class SFTConfig:
                 f"SFTConfig.batch_size = {self.batch_size} is not divisible by "
                 f"SFTConfig.micro_batches = {self.micro_batches}"
             )
+        arithmetic.check_levels("SFTConfig.levels", self.levels)
 
 
 def file_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
@@ -110,22 +118,19 @@ def file_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
 
     Read as jsonl whatever its suffix, by the data pipeline's reader (`sources.read_jsonl`),
     which splits on "\\n" only (a raw U+2028, U+2029 or U+0085 stays inside its JSON string);
-    a broken row raises, naming its file and line.
+    a broken row (bad JSON, or a row `encode_example` cannot encode: `check_row`) raises,
+    naming its file and line.
     """
     assert cfg.train_file is not None
     rows = []
     for record in read_records(SourceConfig(cfg.train_file, format="jsonl")):
+        where = f"SFTConfig.train_file: {record.source}: row {record.line}"
         if record.row is None:
-            raise ConfigError(
-                f"SFTConfig.train_file: {record.source}: row {record.line}: {record.error}; "
-                "fix or remove that row"
-            )
-        if "messages" not in record.row and not {"prompt", "response"} <= record.row.keys():
-            raise ConfigError(
-                f"SFTConfig.train_file: {record.source}: row {record.line}: expected "
-                f"'prompt' and 'response' strings, or 'messages' (an agent episode); it has "
-                f"{sorted(record.row)}"
-            )
+            raise ConfigError(f"{where}: {record.error}; fix or remove that row")
+        try:
+            check_row(record.row)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}; fix or remove that row") from None
         rows.append(record.row)
     if len(rows) <= cfg.n_val:
         raise ConfigError(
@@ -133,6 +138,45 @@ def file_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
             f"SFTConfig.n_val = {cfg.n_val} (the validation ones)"
         )
     return rows[cfg.n_val :], rows[: cfg.n_val]
+
+
+def check_row(row: Mapping[str, Any]) -> None:
+    """`ValueError` saying what is wrong unless `encode_example` can encode `row`: an agent
+    episode (`messages`: `check_episode`) or a prompt/response pair (`pair_messages`)."""
+    if "messages" in row:
+        from jaxrl_llm.agents.demonstrations import check_episode
+
+        check_episode(row["messages"], row.get("tools"))
+    elif not {"prompt", "response"} <= row.keys():
+        raise ValueError(
+            f"expected 'prompt' and 'response' strings, or 'messages' (an agent episode); "
+            f"it has {sorted(row)}"
+        )
+    else:
+        pair_messages(row)
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def pair_messages(example: Mapping[str, Any]) -> tuple[list[dict[str, str]], str]:
+    """(The chat before the response, the response) of a prompt/response pair: `prompt` a
+    string (one user message) or chat messages, as `data.examples.row_conversation` reads it;
+    `system`, when given, replaces the prompt's system message. `ValueError` saying what is
+    wrong for any other row."""
+    prompt, response, system = example["prompt"], example["response"], example.get("system")
+    if not isinstance(prompt, str | list):
+        raise ValueError(f"'prompt' must be a string or chat messages, got {_kind(prompt)}")
+    messages = row_conversation({"prompt": prompt})
+    if not isinstance(response, str):
+        raise ValueError(f"'response' must be a string, got {_kind(response)}")
+    if system is not None and not isinstance(system, str):
+        raise ValueError(f"'system' must be a string or null, got {_kind(system)}")
+    if system:
+        messages = [m for m in messages if m["role"] != "system"]
+        messages.insert(0, {"role": "system", "content": system})
+    return messages, response
 
 
 def builtin_examples(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
@@ -178,20 +222,18 @@ def _environment_spans(response: str) -> list[tuple[int, int]]:
 
 
 def encode_example(example: dict, tokenizer: Any) -> tuple[list[int], list[int]]:
-    """Token ids and loss mask (1 = train on it) for one prompt/response pair, or for one
-    agent episode: a row with `messages` (and optionally `tools`, their JSON schemas),
-    encoded as RL's episodes are (`agents.demonstrations.encode_episode`)."""
+    """Token ids and loss mask (1 = train on it) for one prompt/response pair (`pair_messages`),
+    or for one agent episode: a row with `messages` (and optionally `tools`, their JSON
+    schemas), encoded as RL's episodes are (`agents.demonstrations.encode_episode`). A row
+    neither can encode raises `ValueError` saying why (`check_row`)."""
     if "messages" in example:
         from jaxrl_llm.agents.demonstrations import encode_episode
 
         return encode_episode(example["messages"], example.get("tools"), tokenizer)
-    messages = [{"role": "user", "content": example["prompt"]}]
-    if example.get("system"):
-        messages.insert(0, {"role": "system", "content": example["system"]})
+    messages, response = pair_messages(example)
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     mask = [0] * len(ids)
-    response = example["response"]
     cursor = 0
     for start, end in [*_environment_spans(response), (len(response), len(response))]:
         model_part = tokenizer(response[cursor:start], add_special_tokens=False)["input_ids"]

@@ -118,6 +118,30 @@ def test_score_run_correct_reward_is_configurable_and_steps_map_to_epochs(tmp_pa
     np.testing.assert_allclose(result.accuracy, [[0.5, 1.0], [0.5, 1.0]])
 
 
+def test_score_run_counts_a_reward_recorded_in_float32_as_correct(tmp_path):
+    """The rollout stage records scores as float32 (`RolloutStage`), so a correct reward of 0.9
+    is on disk as float32(0.9) = 0.8999999761581421: it is correct; the next float32 is not."""
+    correct = np.float32(0.9)
+    above = np.nextafter(correct, np.float32(1))
+    for step in (1, 2):
+        rewards = np.asarray([correct, correct, correct, above], np.float32)
+        record_samples(tmp_path, step, ["a", "a", "b", "b"], rewards)
+    assert json.loads((tmp_path / "samples" / "step_1.jsonl").open().readline())["reward"] != 0.9
+    result = score_run(tmp_path, steps_per_epoch=1, epochs=2, correct_reward=0.9)
+    np.testing.assert_array_equal(result.accuracy, [[1.0, 1.0], [0.5, 0.5]])
+
+
+def test_score_run_warns_when_no_sample_counts_as_correct(tmp_path, caplog):
+    for step in (1, 2):
+        record_samples(tmp_path, step, ["a", "b"], [1.0, 0.0])
+    with caplog.at_level("WARNING"):
+        score_run(tmp_path, steps_per_epoch=1, epochs=2)
+    assert "no sample" not in caplog.text
+    with caplog.at_level("WARNING"):
+        score_run(tmp_path, steps_per_epoch=1, epochs=2, correct_reward=0.9)
+    assert "no sample of the 4 scored has reward 0.9" in caplog.text
+
+
 def _scored_run(tmp_path):
     run = tmp_path / "run"
     _record_run(run, {"q000": [0.0, 0.5], "q001": [0.5, 0.5], "q002": [1.0, 0.5]})
@@ -158,6 +182,22 @@ def test_select_keeps_parquet_as_parquet(tmp_path, math_rows):
     out = tmp_path / "lim.parquet"
     assert select(scores, data, 0.5, out) == 3
     assert pq.read_table(out).to_pylist() == math_rows(3)
+
+
+def test_select_refuses_arrow_data_naming_the_formats_it_writes(tmp_path, math_rows):
+    import pyarrow.ipc as ipc
+
+    scores = _scored_run(tmp_path)
+    data = tmp_path / "train.arrow"
+    table = pa.Table.from_pylist(math_rows(3))
+    with ipc.new_file(str(data), table.schema) as writer:
+        writer.write_table(table)
+    out = tmp_path / "lim.arrow"
+    with pytest.raises(ConfigError, match=r"writes jsonl, json or parquet: convert .*train\.arrow"):
+        select(scores, data, 0.5, out)
+    with pytest.raises(ConfigError, match=r"writes jsonl, json or parquet"):
+        random_subset(data, 1, 0, out)
+    assert not out.exists()
 
 
 def test_random_subset_has_the_size_asked_and_is_deterministic(tmp_path, math_rows):

@@ -171,3 +171,18 @@ def test_select_bad_arguments_end_in_one_line(scored_data, tmp_path, capsys):
                      "--out", tmp_path / "o.jsonl")  # fmt: skip
     assert "nope.json" in line and "no such file" in line
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_select_on_arrow_data_ends_in_one_line(scored_data, tmp_path, capsys, math_rows):
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    _, scores = scored_data
+    data = tmp_path / "train.arrow"
+    table = pa.Table.from_pylist(math_rows(10))
+    with ipc.new_file(str(data), table.schema) as writer:
+        writer.write_table(table)
+    out = tmp_path / "o.arrow"
+    line = cli_error(capsys, "select", "--scores", scores, "--data", data, "--out", out)
+    assert f"selection writes jsonl, json or parquet: convert {data} to one of them" in line
+    assert not out.exists()

@@ -152,3 +152,26 @@ def test_short_run_learns_held_out_preferences_and_rm_scores_them(tmp_path):
     assert accuracy >= 0.625, accuracy
     # The same rows scored the same way: at most a near-tie flips under other padding.
     assert abs(accuracy - history["val/accuracy"]) <= 2 / len(val)
+
+
+@pytest.mark.parametrize(
+    ("held_out", "train", "seq_len", "which"),
+    [
+        ("a", "b", 4, "training pairs"),  # nothing fits 4 tokens: the prompt alone is longer
+        ("x" * 400, "b", 128, "held-out pairs"),  # the training pair fits, the held-out not
+    ],
+)
+def test_pairs_that_fit_no_row_are_one_line_before_config_gin(
+    tmp_path, capsys, held_out, train, seq_len, which
+):
+    path, out = tmp_path / "pairs.jsonl", tmp_path / "out"
+    rows = [{"prompt": "q", "chosen": r, "rejected": r} for r in (held_out, train)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    params = [f'RMConfig.train_file = "{path}"', f'RMConfig.out_dir = "{out}"',
+              "RMConfig.n_val = 1", f"RMConfig.seq_len = {seq_len}"]  # fmt: skip
+    assert cli.main(["rm", *[a for p in params for a in ("--gin_param", p)]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("jaxrl-llm rm: configuration error: "), err
+    assert f"none of the 1 {which} fits in RMConfig.seq_len = {seq_len}" in err[0], err
+    assert "raise RMConfig.seq_len to" in err[0]
+    assert not out.exists()  # no config.gin written for a run that cannot start

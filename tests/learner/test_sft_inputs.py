@@ -120,3 +120,79 @@ def test_a_row_without_a_pair_or_an_episode_is_named(tmp_path):
     path.write_text('{"prompt": "1+1", "response": "2"}\n{"question": "2+2", "answer": "4"}\n')
     with pytest.raises(ConfigError, match=r"rows\.jsonl: row 2: expected 'prompt' and 'response'"):
         file_examples(SFTConfig(train_file=str(path), n_val=0))
+
+
+def test_a_chat_messages_prompt_is_rendered_as_those_messages(tok):
+    """A list prompt is the conversation before the response (`row_conversation`, as `rm` and
+    `score` read it), not the Python text of the list; `system` replaces its system message."""
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "What is 2+3?"}]
+    ids, mask = encode_example({"prompt": chat, "response": "5"}, tok)
+    prompt = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert tok.decode(ids) == prompt + "5" + END
+    assert "".join(tok.decode([i]) for i, m in zip(ids, mask) if m) == "5" + END
+    ids, _ = encode_example({"system": "T", "prompt": chat, "response": "5"}, tok)
+    swapped = [{"role": "system", "content": "T"}, chat[1]]
+    prompt = tok.apply_chat_template(swapped, tokenize=False, add_generation_prompt=True)
+    assert tok.decode(ids) == prompt + "5" + END
+
+
+USER, ASSISTANT = {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}
+MALFORMED = [
+    ({"prompt": 12345, "response": "5"}, "'prompt' must be a string or chat messages, got int"),
+    ({"prompt": None, "response": "5"}, "'prompt' must be a string or chat messages, got null"),
+    ({"prompt": [{"role": "user"}], "response": "5"}, "the prompt must be a string or a list"),
+    ({"prompt": [], "response": "5"}, "the prompt is an empty list"),
+    ({"prompt": "a", "response": None}, "'response' must be a string, got null"),
+    ({"prompt": "a", "response": 5}, "'response' must be a string, got int"),
+    ({"prompt": "a", "response": "b", "system": 3}, "'system' must be a string or null"),
+    ({"messages": "hello"}, "'messages' must be a list of {'role': str, 'content': str}"),
+    ({"messages": [USER]}, "an episode needs prompt messages, then at least one assistant"),
+    (
+        {"messages": [USER, ASSISTANT, USER, ASSISTANT]},
+        "message 2: expected an assistant turn or its tool",
+    ),
+    ({"messages": [USER, ASSISTANT], "tools": "calc"}, "'tools' must be a list of"),
+]
+
+
+@pytest.mark.parametrize(("row", "reason"), MALFORMED, ids=[m[1][:40] for m in MALFORMED])
+def test_a_malformed_row_is_refused_as_read_with_its_file_and_line(tmp_path, row, reason):
+    path = tmp_path / "rows.jsonl"
+    _write_rows(path, [{"prompt": "1+1", "response": "2"}, row])
+    with pytest.raises(ConfigError) as e:
+        file_examples(SFTConfig(train_file=str(path), n_val=0))
+    assert str(e.value).startswith(f"SFTConfig.train_file: {path}: row 2: {reason}"), e.value
+
+
+def test_a_malformed_row_stops_the_command_in_one_line(tmp_path, capsys):
+    from jaxrl_llm import cli
+
+    path, out = tmp_path / "rows.jsonl", tmp_path / "out"
+    _write_rows(path, [{"prompt": "1+1", "response": "2"}, {"prompt": "a", "response": None}])
+    params = [
+        f"SFTConfig.train_file = '{path}'",
+        f"SFTConfig.out_dir = '{out}'",
+        "SFTConfig.n_val = 0",
+    ]
+    assert cli.main(["sft", *[a for p in params for a in ("--gin_param", p)]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("jaxrl-llm sft: configuration error: "), err
+    assert f"{path}: row 2: 'response' must be a string" in err[0]
+    assert not out.exists()  # refused before config.gin is written or the model loads
+
+
+@pytest.mark.parametrize("levels", [(9,), (), (1, 0)])
+def test_levels_outside_the_builtin_task_are_refused(levels, tmp_path, capsys):
+    from jaxrl_llm import cli
+    from jaxrl_llm.learner.reward_training import RMConfig
+
+    with pytest.raises(ConfigError, match=r"SFTConfig.levels = .*expected one or more of"):
+        SFTConfig(levels=levels)
+    with pytest.raises(ConfigError, match=r"RMConfig.levels = .*expected one or more of"):
+        RMConfig(levels=levels).validate()
+    out = tmp_path / "out"
+    params = [f"SFTConfig.levels = {levels!r}", f"SFTConfig.out_dir = '{out}'"]
+    assert cli.main(["sft", *[a for p in params for a in ("--gin_param", p)]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("jaxrl-llm sft: configuration error: "), err
+    assert "SFTConfig.levels" in err[0] and not out.exists()

@@ -40,6 +40,17 @@ LEVELS = {
     4: "a 3-digit by 2-digit multiplication, then a subtraction (calculator)",
 }
 
+
+def check_levels(field: str, levels: tuple[int, ...]) -> None:
+    """`ConfigError` unless `levels` is one or more of `LEVELS`; `field` names the setting
+    (`DataConfig.builtin_levels`, `SFTConfig.levels`, `RMConfig.levels`)."""
+    if not levels or any(v not in LEVELS for v in levels):
+        raise ConfigError(
+            f"{field} = {levels!r}: expected one or more of the built-in task's levels "
+            f"{tuple(sorted(LEVELS))}"
+        )
+
+
 NAMES = ("Ann", "Bob", "Sam", "Tom")
 ITEMS = ("apple", "book", "card", "pen")
 TOOL_INTRO = "Let me compute it in Python."
