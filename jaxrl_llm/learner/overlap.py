@@ -37,10 +37,14 @@ first prompt (not its state at save time: the producer may have drawn ahead). A 
 trains the saved batches first (`ready`) and samples from step s + k + 1 on, with the
 checkpoint's weights, as the uninterrupted run does: it equals that run to the digit, and
 every prompt of the data order is trained once. Only a batch being sampled with the
-checkpoint's own weights is lost at a stop, and it is sampled again identically. A producer
-that failed on a later step (a reward error on step s + k + 1) does not stop a checkpoint
-that has its batches: it is saved, as the synchronous loop saves step s before sampling
-the next, and the error reaches the trainer at that step's `take`.
+checkpoint's own weights is lost at a stop, and it is sampled again identically. Saved
+batches a resumed run has not reached (saved with a larger k, or past its last step) are
+saved again with the data state after them, so no sampled prompt is skipped. A producer
+that failed (a reward error on step f) does not stop a checkpoint or validation: as the
+synchronous loop saves step s before sampling the next, the checkpoint holds the batches
+before f and the data state before f's prompts, and the error reaches the trainer at f's
+`take`; a run resumed from it samples f with the checkpoint's (newer) weights, so every
+prompt is still trained once.
 
 Partial rollouts (`RLConfig.partial_rollouts`, `partial=True`): a step starts with the
 newest weights computed (at least those the bound asks), and whenever newer ones are
@@ -161,31 +165,32 @@ class RolloutProducer:
         one host's validation (cross-host collectives) could run while another's producer
         holds the lock for a batch whose hosts' samples are exchanged with the first host's
         producer, blocked on that host's validation: a deadlock."""
-        self._wait_sampled(range(step + 1, min(step + self._k, self._last) + 1))
+        with self._cond:
+            self._wait_sampled(range(step + 1, min(step + self._k, self._last) + 1))
         with self.rollout_lock:
             yield
 
-    def _wait_sampled(self, steps: range) -> None:
-        """Until the batches of `steps` are sampled (not yet taken), or raise the producer's
-        error if it stopped before one of them. An error on a later step is left to that
-        step's `take`: a checkpoint or validation that has what it needs goes ahead, as in
-        the synchronous loop, where that step's sampling comes after them."""
-        with self._cond:
-            sampled = lambda: all(t in self._done for t in steps)
-            while not sampled() and self._error is None:
-                self._cond.wait()
-            if not sampled():
-                assert self._error is not None  # the wait ends on one or the other
-                raise self._error
+    def _wait_sampled(self, steps: range) -> range:
+        """(Holding `_cond`.) Until the batches of `steps` are sampled (not yet taken) or the
+        producer has stopped on an error; the steps sampled before the first missing one. The
+        error is left to that step's `take`: a checkpoint or validation goes ahead, as in the
+        synchronous loop, where that step's sampling comes after them."""
+        sampled = lambda: all(t in self._done for t in steps)
+        while not sampled() and self._error is None:
+            self._cond.wait()
+        return range(steps.start, next((t for t in steps if t not in self._done), steps.stop))
 
     def checkpoint(self, step: int) -> tuple[Any, dict[int, Batch]]:
         """What a checkpoint after step `step`'s update records besides the weights: the
         batches of the steps that sample with older weights than these (step + 1 ... step
-        + k), waited for (their weights are all published), and the data iterator's state
-        once their prompts are drawn and no later step's."""
-        ahead = range(step + 1, min(step + self._k, self._last) + 1)
-        self._wait_sampled(ahead)
+        + k, waited for: their weights are all published) and any later saved batch this run
+        was resumed with (`ready`: saved with a larger k, or past this run's last step), and
+        the data iterator's state once their prompts are drawn and no later step's. If the
+        producer failed on one of these steps, the batches before it and the state before
+        its prompts (the module docstring)."""
+        last = max(min(step + self._k, self._last), self._sample_from - 1)
         with self._cond:  # the producer cannot take a batch back: they are all still here
+            ahead = self._wait_sampled(range(step + 1, last + 1))
             after = ahead.stop
             if after in self._data_state:
                 data = self._data_state[after]

@@ -326,8 +326,8 @@ class RLConfig:
                 "temperature); use a temperature > 0 (greedy: val_temperature, eval, generate)"
             )
         _check_tool_settings(self)
-        _check_plugins(self.rollout)
         _check_partial_rollouts(self)
+        _check_plugins(self.rollout)
         check_rewards(self.reward)  # names, options and `rm:` folders, nothing loaded
         if self.val_reward is not None:
             check_rewards(self.validation_reward(), field="RLConfig.val_reward")

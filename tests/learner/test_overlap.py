@@ -23,11 +23,11 @@ class _Prompts:
         return {"drawn": self.drawn}
 
 
-def _rollout(version: int) -> Rollout:
+def _rollout(version: int, prompt: str = "p") -> Rollout:
     one = lambda dtype: np.ones(1, dtype)
     c = Completion(0, 0, one(np.int32), one(np.int32), one(np.float32), None, one(np.int32),
                    "stop", "x")  # fmt: skip
-    return Rollout((c,), (None,), ("p",), np.zeros(1, np.float32), 1, version)
+    return Rollout((c,), (None,), (prompt,), np.zeros(1, np.float32), 1, version)
 
 
 class _Trainer:
@@ -50,8 +50,8 @@ class _Trainer:
             raise ValueError(f"reward failed at step {step}")
         assert params.version == version  # each copy is bound to its version when published
         self.seen.append((step, int(params.params["w"][0]), version, self.published))
-        self.prompts.drawn += 1
-        return _rollout(version), {"timing/weight_sync": 0.0}
+        self.prompts.drawn += 1  # the batch is named for its place in the data order
+        return _rollout(version, f"p{self.prompts.drawn - 1}"), {"timing/weight_sync": 0.0}
 
     def publish(self, updates):
         self.published = updates
