@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from jaxrl_llm import huge_pages
+from jaxrl_llm.bench.clock import compile_cache_in_use
 
 # Instruction-set extensions that change XLA:CPU's (and PyTorch's) kernels, hence the numbers
 # and float32 summation orders: two hosts of one machine kind differ here (AVX2 only or
@@ -46,10 +47,27 @@ def host(cpuinfo: str | None = None) -> dict:
         "jax": jax.__version__,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "huge_pages": huge_pages.in_effect(),  # host buffers in 2 MiB pages (huge_pages.py)
+        # Compiles read from or written to the persistent cache: off in `jaxrl-llm bench`
+        # (`clock.persistent_cache_off`), so compile times are XLA's own.
+        "compile_cache": compile_cache_in_use(),
     }
 
 
+def fastest_call_s(fn, calls: int, clock=time.perf_counter) -> float:
+    """Seconds of the fastest of `calls` calls of `fn` (each waited for): a ceiling is the
+    machine at its best, as the best-of steps divided by it are."""
+    import jax
+
+    best = float("inf")
+    for _ in range(calls):
+        t0 = clock()
+        jax.block_until_ready(fn())
+        best = min(best, clock() - t0)
+    return best
+
+
 def machine_ceilings() -> dict:
+    """float32 matmul FLOP/s and streaming read bytes/s, each the fastest of 5 calls."""
     import jax
     import jax.numpy as jnp
 
@@ -57,22 +75,14 @@ def machine_ceilings() -> dict:
     a = jnp.ones((n, n), jnp.float32)
     mm = jax.jit(lambda x: x @ x)
     mm(a).block_until_ready()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        mm(a).block_until_ready()
-    flops = 5 * 2 * n**3 / (time.perf_counter() - t0)
+    flops = 2 * n**3 / fastest_call_s(lambda: mm(a), 5)
     # Well past the caches: 256 MB on a CPU; 1 GiB on an accelerator, whose 256 MB read
     # (about 70 us on an H200) a kernel launch would visibly lengthen.
     mib = 256 if jax.default_backend() == "cpu" else 1024
     big = jnp.ones(mib * 2**18, jnp.float32)
     total = jax.jit(jnp.sum)
-    total(big).block_until_ready()
-    best = float("inf")
-    for _ in range(5):  # a streaming read, as decode reads the weights
-        t0 = time.perf_counter()
-        total(big).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    bandwidth = big.nbytes / best
+    total(big).block_until_ready()  # then a streaming read, as decode reads the weights
+    bandwidth = big.nbytes / fastest_call_s(lambda: total(big), 5)
     return {"matmul_flops": flops, "read_bytes_per_s": bandwidth, "host": host()}
 
 

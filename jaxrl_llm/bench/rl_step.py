@@ -32,9 +32,10 @@ sum to exactly 1 only with one timed step; with several, to about 1.
 
 Compilation is measured, not assumed: each step's `xla_compile_s` is the XLA compile time
 JAX reported (`jax.monitoring`) between the previous step's end and its own (step 1's
-includes the set-up), and `timed_steps_that_compiled` lists the timed steps with any. A
-later step may meet a new prompt or tool-output width; so the default is 4 steps, and the
-median of steps 2-4 is, as a rule, a step that compiled nothing.
+includes the set-up; the persistent compile cache is off, `host.compile_cache`), and
+`timed_steps_that_compiled` lists the timed steps with any. A later step may meet a new
+prompt or tool-output width; so the default is 4 steps, and the median of steps 2-4 is, as
+a rule, a step that compiled nothing.
 
 Baseline (`bench/rl_step_bare.py`), measured in the same process right after the run, on
 the same checkpoint, mesh, engine sizes, sampling settings and batch shapes: the jitted
@@ -44,9 +45,14 @@ call compiles nothing, then timed `--repeats` times; the median is used, as for 
     bare rollout     an engine sized as the run's (`Rollout`'s slots, cache, prefill width;
                      EOS off so rows run their whole budget): prompts_per_step prefills at
                      the bucket of the steps' mean prompt length and prompts x n slot
-                     inserts, then decode calls of steps_per_call steps. A decode call costs
-                     the same whatever the slots hold (static batch, full-cache attention),
-                     so it is timed once and counted for two lengths:
+                     inserts, then decode calls of steps_per_call steps from there, timed
+                     as a running total after each call (a call costs more as the rows grow:
+                     the paged cache reads the pages a row holds), up to the calls of
+                     rollout_tail_s (if the rows reach the cache's end first, as with more
+                     samples than slots, they are filled again, untimed, and the total goes
+                     on). Each length below is prefill_insert_s + that total after the
+                     ceil(steps / steps_per_call) calls its steps need (`decode_s`,
+                     `decode_tail_s`; `decode_calls` the calls timed):
                        rollout_s       ceil(response tokens / slots) decode steps: the fewest
                                        that produce the step's tokens (a tokens-matched floor)
                        rollout_tail_s  at least the longest response's length: what this

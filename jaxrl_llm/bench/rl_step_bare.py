@@ -40,8 +40,48 @@ def _median_time(fn, repeats: int, clock: CompileClock) -> float:
     return statistics.median(times)
 
 
+def running_decode_s(fill, call, wait, n_calls: int, calls_per_fill: int,
+                     clock=time.perf_counter) -> list[float]:  # fmt: skip
+    """Decode seconds from a fresh `fill()` to the end of each of `n_calls` calls, in order.
+
+    The calls are dispatched back to back (`call(state) -> (state, records)`), as the driver
+    does, and each one's records are waited for in turn (`wait`), so entry i is when call i
+    ended: each call is counted at its own row length (the paged engine reads only the
+    pages a row holds, so a call over long rows costs more). After `calls_per_fill` calls the
+    rows' cache is full: they are filled again, untimed, and the total goes on from there,
+    as a slot takes its next sample."""
+    totals: list[float] = []
+    while len(totals) < n_calls:
+        state, done = fill(), (totals[-1] if totals else 0.0)
+        t0, records = clock(), []
+        for _ in range(min(calls_per_fill, n_calls - len(totals))):
+            state, rec = call(state)
+            records.append(rec)
+        for rec in records:
+            wait(rec)
+            totals.append(done + clock() - t0)
+    return totals
+
+
+def rollout_seconds(fill_s: float, totals: list[float], shape: dict, steps_per_call: int) -> dict:
+    """The bare rollout's fields from the fill's seconds and the running decode totals
+    (`running_decode_s`), each read at the calls its decode steps need."""
+    n_calls = lambda steps: math.ceil(steps / steps_per_call)
+    decode_s = totals[n_calls(shape["decode_steps"]) - 1]
+    decode_tail_s = totals[n_calls(shape["decode_steps_tail"]) - 1]
+    return {
+        "prefill_insert_s": fill_s,
+        "decode_s": decode_s,
+        "decode_tail_s": decode_tail_s,
+        "decode_calls": n_calls(shape["decode_steps_tail"]),
+        "rollout_s": fill_s + decode_s,
+        "rollout_tail_s": fill_s + decode_tail_s,
+    }
+
+
 def bare_rollout(cfg, policy, tokenizer, mesh, params, shape, repeats, clock) -> dict:
-    """Prefill + insert time for the step's prompts and samples, and one decode call's time."""
+    """Prefill + insert time for the step's prompts and samples, then the decode calls'
+    running time from there (`running_decode_s`), read at the step's two lengths."""
     import jax
 
     from jaxrl_llm.rollout import Engine, SamplingParams
@@ -69,14 +109,14 @@ def bare_rollout(cfg, policy, tokenizer, mesh, params, shape, repeats, clock) ->
         eos_ids=(),  # every row decodes its whole budget
         keep_params=False,
     )
-    S, slots = engine.cache_length, engine.batch
+    S, slots, spc = engine.cache_length, engine.batch, r.steps_per_call
     P = min(shape["prompt_len_mean"], engine.max_prefill_length)
     width = engine.prefill_bucket(P)
     rng = np.random.RandomState(0)
     prompts = rng.randint(3, policy.config.vocab_size, (shape["prompts"], width)).astype(np.int32)
     sp = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
     sampling = [SlotSampling.one(sp, k) for k in range(shape["samples"])]
-    calls = max(1, min(8, (S - 1 - P) // r.steps_per_call))  # stays inside the cache
+    per_fill = max(1, (S - 1 - P) // spc)  # calls before the rows reach the cache's end
 
     def fill():
         placed = engine.place_params(params)  # as the driver does once per generate()
@@ -88,25 +128,20 @@ def bare_rollout(cfg, policy, tokenizer, mesh, params, shape, repeats, clock) ->
                 state = engine.insert_slot(prefix, state, k % slots, sampling[k], S)
         return placed, state
 
-    def decode() -> float:
-        placed, state = jax.block_until_ready(fill())
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            state, rec = engine.generate_steps(placed, state, r.steps_per_call)
-        jax.block_until_ready(rec)
-        return time.perf_counter() - t0
+    placed = {}
 
+    def filled():
+        placed["params"], state = jax.block_until_ready(fill())
+        return state
+
+    call = lambda state: engine.generate_steps(placed["params"], state, spc)
+    decode = lambda n: running_decode_s(filled, call, jax.block_until_ready, n, per_fill)
     fill_s = _median_time(fill, repeats, clock)
-    _warm(decode, clock)
-    call_s = statistics.median(decode() for _ in range(max(1, repeats))) / calls
-    n_calls = lambda steps: math.ceil(steps / r.steps_per_call)
-    return {
-        "prefill_insert_s": fill_s,
-        "decode_call_s": call_s,
-        "prefill_width": width,
-        "rollout_s": fill_s + n_calls(shape["decode_steps"]) * call_s,
-        "rollout_tail_s": fill_s + n_calls(shape["decode_steps_tail"]) * call_s,
-    }
+    _warm(lambda: decode(1), clock)
+    n = math.ceil(shape["decode_steps_tail"] / spc)
+    runs = [decode(n) for _ in range(max(1, repeats))]
+    totals = [statistics.median(t) for t in zip(*runs)]  # per call, over the repeats
+    return {**rollout_seconds(fill_s, totals, shape, spc), "prefill_width": width}
 
 
 def bare_train(cfg, learner, shape, repeats, clock) -> dict:
@@ -134,9 +169,11 @@ def bare_train(cfg, learner, shape, repeats, clock) -> dict:
     holder = {"state": lr.state.policy}
 
     def update():
+        metrics = []
         for _ in range(updates):
             holder["state"], m = lr.policy_step(holder["state"], mb)
-        return m
+            metrics.append(m)
+        return metrics[-1]
 
     return {
         "experience_s": experience_s,

@@ -8,8 +8,10 @@ step (`speedup_vs_torch`; `speedup_vs_torch_fwd_bwd` is ours against the forward
 alone). The float32 matmul ceiling is measured in the same run, so the output reads as
 ratios. The step runs twice: with the layers unrolled (the default, `train_step`) and scanned
 (`ModelConfig.scan_layers`, `train_step_scanned`); `compile_s` is XLA's compile time of the
-first call. `--profile` adds where the unrolled step's time goes, op by op, grouped by source
-function (`bench.op_profile`).
+first call, with the persistent compile cache off (`jaxrl-llm bench` turns it off:
+`ceilings.host.compile_cache` is false), so it is a compile, never a load from disk.
+`--profile` adds where the unrolled step's time goes, op by op, grouped by source function
+(`bench.op_profile`).
 
 Model FLOPs per step (documented, as in PaLM's MFU, Chowdhery et al. 2022, appendix B):
     6 * P * tokens  +  12 * L * N * H * t^2 * B

@@ -1,5 +1,6 @@
 """`jaxrl-llm bench rl-step` prints one JSON object whose phases add up (not a speed test)."""
 
+import itertools
 import json
 import math
 
@@ -18,6 +19,7 @@ TINY = [
     "RolloutConfig.n = 2",
     "RolloutConfig.max_new_tokens = 16",
     "RolloutConfig.max_slots = 4",
+    "RolloutConfig.steps_per_call = 4",
     "RolloutConfig.tool = 'none'",
     "AlgoConfig.mini_batches = 1",
     "AlgoConfig.micro_batch_size = 4",
@@ -55,6 +57,8 @@ def test_bench_rl_step_json(capsys):
     for key in ("rollout_s", "rollout_tail_s", "experience_s", "update_s", "total_s"):
         assert math.isfinite(bare[key]) and bare[key] > 0, key
     assert bare["rollout_tail_s"] >= bare["rollout_s"]
+    assert bare["rollout_tail_s"] == pytest.approx(bare["prefill_insert_s"] + bare["decode_tail_s"])
+    assert bare["decode_calls"] == math.ceil(shape["decode_steps_tail"] / 4)  # steps_per_call
     assert bare["total_s"] == pytest.approx(bare["rollout_s"] + bare["experience_s"]
                                             + bare["update_s"])  # fmt: skip
     for key, value in out["ratios"].items():
@@ -62,6 +66,7 @@ def test_bench_rl_step_json(capsys):
     assert out["ratios"]["overhead_ratio"] == pytest.approx(phases["total"] / bare["total_s"])
     assert out["outside_steps_s"] > 0
     assert out["host"]["cpu"] and out["host"]["cores"] >= 1 and "devices" in out["host"]
+    assert out["host"]["compile_cache"] is False  # xla_compile_s are compiles, not loads
 
 
 def test_summarize_drops_the_compile_step_and_takes_medians():
@@ -105,3 +110,64 @@ def test_host_names_the_cpu_and_its_isa_extensions():
     arm = host("Features\t: fp asimd sve\n")
     assert arm["isa"] == ["asimd", "sve"]
     assert host()["jax"]  # this machine's, whatever it is
+
+
+class FakeDecode:
+    """A device whose decode call costs more the longer the rows are (as the paged engine's
+    does: it reads only the pages a row holds), on a clock of whole ticks (exact sums).
+    Calls queue on the device as JAX dispatches them; `wait` returns when one is done."""
+
+    def __init__(self, prompt_len: int, steps_per_call: int):
+        self.now = self.busy_until = 0.0
+        self.P, self.spc = prompt_len, steps_per_call
+        self.fills = 0
+
+    def cost(self, length: int) -> float:
+        return float(length)  # ticks: a call over rows of `length` tokens
+
+    def fill(self) -> int:
+        self.fills += 1
+        self.now += 1000.0  # prefill and inserts: not decode time
+        return self.P
+
+    def call(self, length: int) -> tuple[int, float]:
+        self.busy_until = max(self.now, self.busy_until) + self.cost(length)
+        return length + self.spc, self.busy_until
+
+    def wait(self, done: float) -> None:
+        self.now = max(self.now, done)
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_the_bare_decode_counts_each_call_at_its_own_row_length():
+    """The running total after each call is the sum of every call's own cost, from the
+    prompt on (rows grow by steps_per_call a call); rollout_s and rollout_tail_s read it at
+    the calls their decode steps need, so a long tail costs what its long rows cost."""
+    from jaxrl_llm.bench.rl_step_bare import rollout_seconds, running_decode_s
+
+    P, spc = 10, 4
+    dev = FakeDecode(P, spc)
+    totals = running_decode_s(dev.fill, dev.call, dev.wait, 4, 100, clock=dev.clock)
+    costs = [dev.cost(P + i * spc) for i in range(4)]  # 10, 14, 18, 22
+    assert totals == list(itertools.accumulate(costs)) and dev.fills == 1
+    shape = {"decode_steps": 5, "decode_steps_tail": 13}  # 2 and 4 calls of 4 steps
+    out = rollout_seconds(0.5, totals, shape, spc)
+    assert out["rollout_s"] == 0.5 + costs[0] + costs[1]
+    assert out["rollout_tail_s"] == 0.5 + sum(costs)
+    assert out["decode_calls"] == 4 and out["prefill_insert_s"] == 0.5
+    # One call's cost times the calls, as an equal cost per call would say, is too little.
+    assert out["rollout_tail_s"] - 0.5 > 4 * costs[0]
+
+
+def test_the_bare_decode_fills_the_rows_again_when_their_cache_is_full():
+    """More calls than a row's cache holds (samples > slots): the rows are filled again,
+    untimed, and decode goes on from the prompt, as a slot takes its next sample."""
+    from jaxrl_llm.bench.rl_step_bare import running_decode_s
+
+    P, spc = 10, 4
+    dev = FakeDecode(P, spc)
+    totals = running_decode_s(dev.fill, dev.call, dev.wait, 5, 2, clock=dev.clock)
+    costs = [dev.cost(P + (i % 2) * spc) for i in range(5)]  # 10, 14, 10, 14, 10
+    assert totals == list(itertools.accumulate(costs)) and dev.fills == 3

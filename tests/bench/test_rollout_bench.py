@@ -22,7 +22,8 @@ def test_bench_rollout_json(capsys):
     assert shape == ("rollout", B, P, N)
     eng, hf, ceil = out["engine"], out["hf_generate"], out["ceilings"]
     # Sizes: counted here independently from the shipped checkpoint (float32 weights).
-    leaves = jax.tree.leaves(nnx.state(from_pretrained(resolve_checkpoint("builtin"))))
+    model = from_pretrained(resolve_checkpoint("builtin"))
+    leaves = jax.tree.leaves(nnx.state(model))
     assert eng["params"] == sum(x.size for x in leaves)
     assert eng["param_bytes"] == 4 * eng["params"]
     # Rates are tokens over the seconds reported next to them.
@@ -30,7 +31,10 @@ def test_bench_rollout_json(capsys):
     assert eng["prefill_tokens_per_s"] == pytest.approx(B * P / eng["prefill_s"])
     assert eng["decode_tokens_per_s"] == pytest.approx(B * N / eng["decode_s"])
     assert eng["tokens_per_s"] == pytest.approx(B * N / (eng["prefill_s"] + eng["decode_s"]))
-    weight_reads = eng["param_bytes"] * N / eng["decode_s"]
+    # The shipped model's embedding is tied: read whole as the LM head, its B rows besides.
+    D = model.config.hidden_size
+    assert eng["decode_weight_bytes_per_step"] == eng["param_bytes"] + B * D * 4
+    weight_reads = eng["decode_weight_bytes_per_step"] * N / eng["decode_s"]
     assert eng["decode_weight_bytes_per_s"] == pytest.approx(weight_reads)
     assert hf["tokens_per_s"] == pytest.approx(B * N / hf["total_s"])
     # Ratios are the quotients of the numbers they compare.
@@ -72,3 +76,26 @@ def test_bench_rollout_mixed_reads_only_what_is_in_context(capsys):
     assert 1.0 <= eng["kv_read_over_in_context"] <= 1.3
     assert eng["dense_cache_read_over_in_context"] > 1.5
     assert eng["peak_kv_bytes"] <= eng["kv_pool_bytes"]
+
+
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_decode_step_reads_an_untied_embedding_only_at_its_rows(tied, int8):
+    """Bytes one decode step reads: every weight once, except an untied input embedding
+    [V, D], of which the step gathers only B rows (a tied one is also the LM head, read
+    whole, and its B rows besides). Int8: a row is D bytes and its float32 scale."""
+    from jaxrl_llm.bench.rollout import decode_weight_bytes_per_step
+    from jaxrl_llm.models import CausalLM, ModelConfig
+    from jaxrl_llm.models.quant import int8_projections
+
+    V, D, B = 512, 32, 3
+    cfg = ModelConfig(vocab_size=V, hidden_size=D, intermediate_size=64, num_layers=1,
+                      num_heads=2, num_kv_heads=1, head_dim=16,
+                      tie_word_embeddings=tied)  # fmt: skip
+    model = CausalLM(cfg, rngs=nnx.Rngs(0))
+    if int8:
+        int8_projections(model)
+    stored = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
+    row = D + 4 if int8 else 4 * D
+    expected = stored - (0 if tied else V * row) + B * row
+    assert decode_weight_bytes_per_step(model, B) == expected

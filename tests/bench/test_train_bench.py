@@ -37,6 +37,7 @@ def test_bench_train_json(capsys):
         ours["tokens_per_s"] / torch_run["tokens_per_s"]
     )
     assert ceil["matmul_flops"] > 1e8
+    assert ceil["host"]["compile_cache"] is False  # compile_s is XLA's, not a cache load
     # Op time grouped by the source lines that emitted it. The share of *time* that maps moves
     # with the timing of the tiny model's small ops (0.61-0.89 in three runs); the share of
     # *ops* that carry a source line does not (0.8654 in each): that one is asserted.
