@@ -278,10 +278,12 @@ def check_base(
         if key == "lora_alpha" and "none" in (saved.get(key, "none"), current[key]):
             continue  # a run without adapters on one side: `check_fits` names the difference
         if loaded_as and saved.get(key, current[key]) != current[key]:
+            # As gin takes it: alpha is recorded as the string repr(float(alpha)).
+            now, then = (float(v) if key == "lora_alpha" else v for v in (current[key], saved[key]))
             raise CheckpointError(
-                f"{name} = {current[key]!r}: checkpoint {step_dir} was trained with {name} = "
-                f"{saved[key]!r} (the base its adapters trained on, as loaded, and their "
-                f"scale); resume with {name} = {saved[key]!r}, or start a new run_dir"
+                f"{name} = {now!r}: checkpoint {step_dir} was trained with {name} = {then!r} "
+                f"(the base its adapters trained on, as loaded, and their scale); resume "
+                f"with {name} = {then!r}, or start a new run_dir"
             )
     if saved["checkpoint"] != current["checkpoint"]:
         log.info("base %r found at %s (same content)", saved["checkpoint"], here)

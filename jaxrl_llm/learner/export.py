@@ -5,15 +5,20 @@ The run directory and the output folder may be `gs://` paths (`etils.epath`);
 (`PolicyConfig.lora`) exports either the merged model (`--format merged`: W + (alpha/r) A B,
 a plain HF checkpoint) or a PEFT adapter folder (`--format peft`: `adapter_config.json` +
 `adapter_model.safetensors`, loaded by `peft.PeftModel.from_pretrained` on the base); a
-finished LoRA run writes both (run_dir/hf and run_dir/adapter).
+finished LoRA run writes both (run_dir/hf and run_dir/adapter). Both put the adapters on the
+base's float weights, an int8 run's too (`LoraConfig.quantize_base`): the merged model is
+what PEFT computes from the adapter folder on the original base, as QLoRA's adapters are
+used, not the int8 rounding the run trained against.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
+import re
 import tempfile
 from typing import Any
 
@@ -21,6 +26,8 @@ import jax
 import numpy as np
 from etils import epath
 from flax import nnx
+
+from jaxrl_llm.models.lora import adapters, projection_weights
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +54,9 @@ def save_pretrained_to(model: Any, out: str | os.PathLike, *, tokenizer: Any = N
 
 
 def save_peft_adapter(model: Any, out: str | os.PathLike, *, base_model: str) -> None:
-    """A PEFT LoRA folder for `model`'s adapters (`models.lora.peft_tensors`): what
+    """A PEFT LoRA folder for `model`'s adapters (`peft_tensors`): what
     `peft.PeftModel.from_pretrained(<base_model loaded in transformers>, out)` reads."""
     from safetensors.numpy import save_file
-
-    from jaxrl_llm.models.lora import peft_config, peft_tensors
 
     config, tensors = peft_config(model, base_model), peft_tensors(model)
 
@@ -64,6 +69,54 @@ def save_peft_adapter(model: Any, out: str | os.PathLike, *, base_model: str) ->
         save_file(tensors, os.fspath(path / "adapter_model.safetensors"))
 
     _write_via_local(out, write)
+
+
+def peft_tensors(model: nnx.Module) -> dict[str, np.ndarray]:
+    """The adapters in PEFT's layout: `base_model.model.<HF module>.lora_A.weight` [r, in]
+    and `lora_B.weight` [out, r], in and out flattened as HF's Linear weights are."""
+    out = {}
+    for ad in adapters(model):
+        a, b = np.asarray(jax.device_get(ad.a), np.float32), np.asarray(jax.device_get(ad.b))
+        r = a.shape[-1]
+        prefix = "base_model.model." + ad.path.replace("/", ".")
+        out[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, r).T)
+        out[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b.astype(np.float32).reshape(r, -1).T)
+    return out
+
+
+def peft_config(model: nnx.Module, base_model: str) -> dict[str, Any]:
+    """`adapter_config.json` for `peft.PeftModel.from_pretrained` (LoRA, causal LM)."""
+    ads = list(adapters(model))
+    if not ads:
+        raise ValueError("the model has no LoRA adapters to export")
+    rank = ads[0].a.shape[-1]
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": int(rank),
+        "lora_alpha": float(ads[0].scale * rank),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "target_modules": peft_target_modules(model),
+        "inference_mode": True,
+    }
+
+
+def peft_target_modules(model: nnx.Module) -> list[str] | str:
+    """PEFT's `target_modules` for `model`'s adapters. PEFT takes a list as names matched in
+    every layer, a str as a regular expression it full-matches against each module name
+    (`peft.tuners.tuners_utils.check_target_module_exists`). Adapters on every weight of
+    their names: those names; on some layers only: the exact module paths, as a pattern, so
+    that PEFT builds no adapter that the folder lacks weights for."""
+    adapted = {ad.path for ad in adapters(model)}
+    names = sorted({path.rsplit("/", 1)[-1] for path in adapted})
+    same_names = {path for _, name, path in projection_weights(model) if name in names}
+    if adapted == same_names:
+        return names
+    return "|".join(re.escape(path.replace("/", ".")) for path in sorted(adapted))
 
 
 def _write_via_local(out: str | os.PathLike, write) -> None:
@@ -86,16 +139,37 @@ def _write_via_local(out: str | os.PathLike, write) -> None:
 
 def export_final(model: Any, run_dir: Any, checkpoint: str, *, tokenizer: Any = None) -> None:
     """A finished run's policy: run_dir/hf (merged, with LoRA) and, with LoRA, also the
-    adapters alone in run_dir/adapter (PEFT format, base = the resolved `checkpoint`)."""
+    adapters alone in run_dir/adapter (PEFT format, base = the resolved `checkpoint`). An
+    int8 base is read again as float (`_float_base`) for the merge; `model` is left as it
+    is."""
     from jaxrl_llm.assets import resolve_checkpoint
-    from jaxrl_llm.models.lora import has_adapters, merge_adapters
+    from jaxrl_llm.models.lora import has_adapters, has_int8_base, merge_adapters, on_float_weights
 
     run_dir = epath.Path(run_dir)
     if has_adapters(model):
         base = os.fspath(resolve_checkpoint(checkpoint))
         save_peft_adapter(model, run_dir / "adapter", base_model=base)
+        if has_int8_base(model):
+            model = on_float_weights(model, _float_base(base, model))
         model = merge_adapters(model)
     save_pretrained_to(model, run_dir / "hf", tokenizer=tokenizer)
+
+
+def _float_base(checkpoint: str, model: Any) -> Any:
+    """`checkpoint` loaded as `model` was (its config's dtypes and layer scan), without
+    int8 quantisation, in the training layout on `model`'s mesh. This holds a float copy of
+    the base beside the trainer's int8 one while the merge runs: the merged weights are
+    float in any case."""
+    from jax.sharding import Mesh, NamedSharding
+
+    from jaxrl_llm.models import from_pretrained
+
+    shardings = (getattr(x, "sharding", None) for x in jax.tree.leaves(nnx.state(model)))
+    meshes = (s.mesh for s in shardings if isinstance(s, NamedSharding))
+    mesh = next((m for m in meshes if isinstance(m, Mesh)), None)
+    cfg = model.config
+    return from_pretrained(checkpoint, dtype=cfg.dtype, param_dtype=cfg.param_dtype, mesh=mesh,
+                           scan_layers=cfg.scan_layers)  # fmt: skip
 
 
 def export_policy(
@@ -119,6 +193,8 @@ def export_policy(
     run_dir = epath.Path(run_dir)
     cfg = _run_config(run_dir)
     lora = cfg.policy.lora
+    # The adapters go onto the float weights, an int8 run's too (as QLoRA's are used).
+    on_float = None if lora is None else dataclasses.replace(lora, quantize_base="none")
     if fmt == "peft" and lora is None:
         raise ConfigError(f"--format peft: {run_dir} is not a LoRA run (PolicyConfig.lora = None)")
     field = f"{run_dir / 'config.gin'}: PolicyConfig.checkpoint"
@@ -135,7 +211,8 @@ def export_policy(
             fix="then export again",
         )
         model = from_pretrained(src, dtype=cfg.policy.dtype, param_dtype=cfg.policy.param_dtype)
-        graphdef, params, frozen, _ = split_trainable(model, lora, seed=cfg.seed, reference=False)
+        graphdef, params, frozen, _ = split_trainable(model, on_float, seed=cfg.seed,
+                                                      reference=False)  # fmt: skip
         ckpt.check_fits(step, params, under="policy/params")
         raw = _unwrap_variables(ckpt.restore_raw(step)["policy"]["params"])
     finally:

@@ -32,12 +32,11 @@ from typing import Any, TypeVar
 import gin
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding
 
-from jaxrl_llm.config_checks import Ge, Gt, checked_fields, documented
+from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields, documented
 from jaxrl_llm.models.quant import (
     INT8_ACTIVATIONS,
     PROJECTION_IN_DIMS,
@@ -85,13 +84,15 @@ class LoraConfig:
     )
 
     def __post_init__(self):
+        if not math.isfinite(self.alpha):  # Gt(0) lets inf through: a NaN first forward
+            raise ConfigError(f"LoraConfig.alpha = {self.alpha!r}: expected a finite number > 0")
         if not self.targets:
-            raise ValueError("LoraConfig.targets = (): expected at least one projection name")
+            raise ConfigError("LoraConfig.targets = (): expected at least one projection name")
         for t in self.targets:
             try:
                 re.compile(t)
             except re.error as e:
-                raise ValueError(
+                raise ConfigError(
                     f"LoraConfig.targets: {t!r} is not a regular expression: {e}"
                 ) from e
 
@@ -101,27 +102,20 @@ class LoraConfig:
 
 
 def _matches(cfg: LoraConfig, path: str, name: str) -> bool:
-    return any(t == name or re.fullmatch(t, path) for t in cfg.targets)
+    return any(_matches_one(t, path, name) for t in cfg.targets)
+
+
+def _matches_one(target: str, path: str, name: str) -> bool:
+    """Target `target` selects weight `name` at `path`: by name, or by the whole path."""
+    return target == name or re.fullmatch(target, path) is not None
 
 
 def apply_lora(model: nnx.Module, cfg: LoraConfig, *, seed: int, rules: Rules = TRAIN_RULES) -> int:
     """Attach adapters to every weight `cfg.targets` selects (in place); returns how many
-    weights got one. Each adapter is placed like its weight (same mesh, `rules`)."""
-    chosen = []
-    for path, module in nnx.iter_modules(model):
-        prefix = "/".join(map(str, path))
-        for name in _IN_DIMS:
-            base = getattr(module, name, None)
-            if not isinstance(base, nnx.Param) or isinstance(base, nnx.LoRAParam):
-                continue
-            if _matches(cfg, f"{prefix}/{name}", name):
-                chosen.append((module, name, f"{prefix}/{name}"))
-    if not chosen:
-        raise ValueError(
-            f"LoraConfig.targets = {cfg.targets}: no weight matched; expected names among "
-            f"{ALL_PROJECTIONS} or a regular expression over paths like "
-            "'model/layers/0/self_attn/q_proj'"
-        )
+    weights got one. Each adapter is placed like its weight (same mesh, `rules`). A target
+    that matches no weight is refused (a `ConfigError` naming it)."""
+    candidates: dict[str, tuple[Any, str]] = {p: (m, n) for m, n, p in projection_weights(model)}
+    chosen = [(*candidates[path], path) for path in adapted_weights(cfg, candidates)]
     _check_same_in_every_layer(model, cfg, [p for _, _, p in chosen])
     rng = jax.random.key(seed)
     for module, name, _ in chosen:
@@ -174,7 +168,7 @@ def _check_same_in_every_layer(model: nnx.Module, cfg: LoraConfig, paths: list[s
             per_layer.setdefault(match[1], set()).add(match[2])
     layers = {str(i) for i in range(config.num_layers)}
     if set(per_layer) != layers or len({frozenset(v) for v in per_layer.values()}) > 1:
-        raise ValueError(
+        raise ConfigError(
             f"LoraConfig.targets = {cfg.targets} adapts different weights in different "
             "layers, but ModelConfig.scan_layers = True stacks the layers: target the same "
             "projections in every layer (names such as 'q_proj'), or turn scan_layers off"
@@ -189,8 +183,35 @@ def adapter_specs(name: str, shape: tuple[int, ...], axes: tuple, rank: int) -> 
 
 def adapted_weights(cfg: LoraConfig, paths: Any) -> list[str]:
     """Of '/'-joined parameter paths, those `cfg.targets` gives an adapter (`apply_lora`'s
-    choice, for the planner's shapes-only model)."""
+    choice, also the planner's on its shapes-only model). A `ConfigError` names each target
+    that matches none of them: a typo beside a valid target would otherwise train fewer
+    weights than asked, unnoticed."""
+    paths = list(paths)
+    projections = [(path, path.rsplit("/", 1)[-1]) for path in paths]
+    projections = [(path, name) for path, name in projections if name in _IN_DIMS]
+    unmatched = [t for t in cfg.targets if not any(_matches_one(t, *p) for p in projections)]
+    if unmatched:
+        example = next(
+            (p for p, n in projections if n == "q_proj"), "model/layers/0/self_attn/q_proj"
+        )
+        raise ConfigError(
+            f"LoraConfig.targets = {cfg.targets}: no weight matched "
+            f"{', '.join(map(repr, unmatched))}; expected projection names among "
+            f"{ALL_PROJECTIONS} or regular expressions over whole weight paths such as "
+            f"{example!r}; fix or remove {'it' if len(unmatched) == 1 else 'them'}"
+        )
     return [path for path in paths if _adapted_name(cfg, path) is not None]
+
+
+def projection_weights(model: nnx.Module) -> Iterator[tuple[nnx.Module, str, str]]:
+    """(module, name, '/'-joined path) of each projection weight of `model` that can take
+    an adapter (an `nnx.Param` named in `_IN_DIMS`)."""
+    for path, module in nnx.iter_modules(model):
+        prefix = "/".join(map(str, path))
+        for name in _IN_DIMS:
+            base = getattr(module, name, None)
+            if isinstance(base, nnx.Param) and not isinstance(base, nnx.LoRAParam):
+                yield module, name, f"{prefix}/{name}"
 
 
 def _adapted_name(cfg: LoraConfig, path: str) -> str | None:
@@ -364,35 +385,22 @@ def merge_adapters(model: M) -> M:
     return model
 
 
-def peft_tensors(model: nnx.Module) -> dict[str, np.ndarray]:
-    """The adapters in PEFT's layout: `base_model.model.<HF module>.lora_A.weight` [r, in]
-    and `lora_B.weight` [out, r], in and out flattened as HF's Linear weights are."""
-    out = {}
-    for ad in adapters(model):
-        a, b = np.asarray(jax.device_get(ad.a), np.float32), np.asarray(jax.device_get(ad.b))
-        r = a.shape[-1]
-        prefix = "base_model.model." + ad.path.replace("/", ".")
-        out[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, r).T)
-        out[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b.astype(np.float32).reshape(r, -1).T)
-    return out
+def has_int8_base(model: nnx.Module) -> bool:
+    """Whether an adapted weight of `model` is stored as int8 (`quantize_base='int8'`)."""
+    return any(hasattr(ad.module, ad.name + SCALE_SUFFIX) for ad in adapters(model))
 
 
-def peft_config(model: nnx.Module, base_model: str) -> dict[str, Any]:
-    """`adapter_config.json` for `peft.PeftModel.from_pretrained` (LoRA, causal LM)."""
-    ads = list(adapters(model))
-    if not ads:
-        raise ValueError("the model has no LoRA adapters to export")
-    rank = ads[0].a.shape[-1]
-    return {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": base_model,
-        "r": int(rank),
-        "lora_alpha": float(ads[0].scale * rank),
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_rslora": False,
-        "target_modules": sorted({ad.name for ad in ads}),
-        "inference_mode": True,
-    }
+def on_float_weights(model: M, float_model: nnx.Module) -> M:
+    """A copy of `model` (new Variables over the same arrays, as `merge_adapters` makes)
+    whose int8 weights are `float_model`'s at the same paths, their scales dropped: the
+    adapters as trained, on the original float weights. That is what an int8 run exports
+    (QLoRA's adapters are applied so: PEFT puts them on the float base), not the int8
+    rounding, which is up to half a step of max|W| / 127 per output channel off."""
+    model = nnx.clone(model)
+    floats = dict(nnx.iter_modules(float_model))
+    for path, module in nnx.iter_modules(model):
+        for name in _IN_DIMS:
+            if getattr(module, name + SCALE_SUFFIX, None) is not None:
+                getattr(module, name).set_value(getattr(floats[path], name).get_value())
+                delattr(module, name + SCALE_SUFFIX)
+    return model
