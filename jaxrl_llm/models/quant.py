@@ -48,13 +48,21 @@ def quantize_int8(
     `in_dims` leading input dims (W [in..., out...], s [out...]), or a tuple of the axes
     reduced (an embedding [V, D] by rows: (1,), s [V]). s is rounded to its dtype before W
     is divided by it, so the pair as stored keeps the s / 2 bound (a bfloat16 s rounded
-    afterwards would move W_q s by up to 127 s 2^-9 more); a rounded-down s puts |W| / s at
-    most 127.25, which the clip to 127 keeps within the bound."""
+    afterwards would move W_q s by up to 127 s 2^-9 more); a rounded-down normal s puts |W| /
+    s at most 127.25, which the clip to 127 keeps within the bound, and a subnormal one
+    rounded that far down is stepped up."""
     axes = tuple(range(in_dims)) if isinstance(in_dims, int) else in_dims
     w32 = w.astype(jnp.float32)
     absmax = jnp.max(jnp.abs(w32), axis=axes, keepdims=True)
     dtype = w.dtype if scale_dtype is None else scale_dtype
     scale = jnp.where(absmax > 0, absmax / INT8_MAX, 1.0).astype(dtype)
+    # A scale below its dtype's normal range (float16 under 6.1e-5: channels of absmax under
+    # 7.8e-3) is stored to a fixed absolute step and may round far down, putting |W| / s past
+    # 127.5, where the clip would cut the channel's largest weights: one step up puts it at
+    # 127 or under (round to nearest is off by at most half a step). Never taken for a
+    # normal scale (|W| / s <= 127.25 there).
+    cut = absmax / scale.astype(jnp.float32) > INT8_MAX + 0.5
+    scale = jnp.where(cut, jnp.nextafter(scale, jnp.asarray(jnp.inf, scale.dtype)), scale)
     s32 = scale.astype(jnp.float32)
     s32 = jnp.where(s32 > 0, s32, 1.0)  # a scale that underflowed its dtype: W_q s = 0
     q = jnp.clip(jnp.round(w32 / s32), -INT8_MAX, INT8_MAX).astype(jnp.int8)
