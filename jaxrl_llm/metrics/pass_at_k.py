@@ -2,14 +2,15 @@
 
 pass@k is the unbiased estimator of Chen et al. 2021 (Codex, eq. 1): with n samples of
 which c are correct, pass@k = 1 - C(n - c, k) / C(n, k), averaged over problems.
-maj@k: the most frequent extracted answer among the first k samples (ties: the first seen)
-is scored against the ground truth.
+maj@k: the first k samples vote with their extracted answers over classes of equal answers
+(`majority_correct`), and the problem counts as solved when the largest class is the truth's.
 """
 
 from __future__ import annotations
 
-import collections
 import math
+import operator
+from collections.abc import Callable, Sequence
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -21,9 +22,40 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def majority_answer(answers: list[str | None]) -> str | None:
-    votes = collections.Counter(a for a in answers if a is not None)
-    if not votes:
-        return None
-    best = max(votes.values())
-    return next(a for a in answers if a is not None and votes[a] == best)
+def majority_correct(
+    answers: Sequence[str | None],
+    correct: Sequence[bool],
+    equivalent: Callable[[str, str], bool] = operator.eq,
+) -> bool:
+    """maj@k of one problem: whether the most voted answer is the truth.
+
+    `answers[i]` is sample i's extracted answer (None: none, which does not vote) and
+    `correct[i]` the reward's verdict on it. Votes go to classes of equal answers: every
+    sample marked correct votes for one class, the truth's (its spellings, `0.5` and
+    `\\frac{1}{2}`, all equal the truth); a wrong answer joins the first wrong class whose
+    first answer it is `equivalent` to (e.g. `rewards.answers_equivalent`), else opens a new
+    one. The largest class wins; a tie goes to the class whose first vote came first.
+    """
+    votes: list[int] = []  # per class, in order of its first vote
+    firsts: list[str] = []  # each class's first answer
+    truth: int | None = None  # the truth's class
+    for answer, ok in zip(answers, correct, strict=True):
+        if answer is None:
+            continue
+        if ok:
+            if truth is None:
+                truth = len(votes)
+                votes.append(0)
+                firsts.append(answer)
+            votes[truth] += 1
+            continue
+        same = (c for c, first in enumerate(firsts) if c != truth and equivalent(answer, first))
+        c = next(same, None)
+        if c is None:
+            c = len(votes)
+            votes.append(0)
+            firsts.append(answer)
+        votes[c] += 1
+    if truth is None:
+        return False
+    return votes.index(max(votes)) == truth  # index: the first class with the most votes

@@ -9,9 +9,11 @@ paired (differences per seed), which removes the between-seed variance both arms
   undefined on the few, often tied, values a handful of seeds gives.
 - ``paired_comparison``: the mean difference, its bootstrap interval, and a two-sided
   sign-flip permutation test (``scipy.stats.permutation_test`` with
-  ``permutation_type="samples"``), exact for up to 2^n = 1024 flips. With n seeds the smallest
-  p-value it can give is 2 / 2^n (0.0625 for 5 seeds): say so rather than read p = 0.06 as
-  weak evidence.
+  ``permutation_type="samples"``). Up to 13 seeds it is exact: scipy enumerates all 2^n sign
+  patterns (2^13 = 8192 <= ``N_RESAMPLES``), and the smallest p-value it can give is 2 / 2^n
+  (0.0625 for 5 seeds): say so rather than read p = 0.06 as weak evidence. From 14 seeds on
+  it draws ``N_RESAMPLES`` random patterns and counts the observed one among them, so the
+  smallest p is 2 / (N_RESAMPLES + 1) = 0.0002 (``min_p_value``).
 
 One seed gives no interval: the bounds are NaN and the p-value 1.0 (nothing can be tested).
 """
@@ -85,6 +87,15 @@ def mean_interval(values: Sequence[float] | np.ndarray, *, seed: int = 0) -> Int
     return Interval(float(x.mean()), float(ci.low), float(ci.high), int(x.size))
 
 
+def permutation_p_floor(n: int) -> float:
+    """The smallest p-value the two-sided sign-flip test of ``paired_comparison`` can give
+    with ``n`` seeds: 2 / 2^n where scipy enumerates the 2^n patterns (2^n <= N_RESAMPLES),
+    else 2 / (N_RESAMPLES + 1): scipy's random test counts the observed pattern as one more
+    resample, each side's p is (1 + hits) / (N_RESAMPLES + 1), and it doubles the smaller."""
+    patterns = 2**n
+    return min(1.0, 2.0 / patterns if patterns <= N_RESAMPLES else 2.0 / (N_RESAMPLES + 1))
+
+
 def paired_comparison(
     a_name: str,
     a: Sequence[float] | np.ndarray,
@@ -101,7 +112,7 @@ def paired_comparison(
             f"{b_name} has {y.size}"
         )
     difference = mean_interval(x - y, seed=seed)
-    min_p = min(1.0, 2.0 / 2**x.size)
+    min_p = permutation_p_floor(x.size)
     if x.size == 1 or np.all(x == y):
         return PairedComparison(a_name, b_name, difference, 1.0, min_p)
     res = stats.permutation_test(

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import gin
+import numpy as np
 
 from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields, documented, with_options
 from jaxrl_llm.rewards.judge_config import JudgeConfig, is_judge_reward, judge_folder
@@ -115,6 +116,14 @@ class RewardConfig:
             "code_failure_penalty": self.code_failure_penalty,
             "timeout_s": self.timeout_s,
         }
+
+
+def solved(scores: Any, correct: float) -> np.ndarray:
+    """Which samples solved their problem: score >= `RewardConfig.correct`, compared in
+    float32, the precision scores are recorded in (float32(0.9) is below the float 0.9), so a
+    format bonus on a wrong answer or a penalty on a right one does not move a sample across.
+    The one rule of `val/test_score` (`RolloutStage.validate`) and `jaxrl-llm eval`."""
+    return np.asarray(scores, np.float32) >= np.float32(correct)
 
 
 def _options(value: Any) -> Mapping[str, Any]:

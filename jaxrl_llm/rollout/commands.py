@@ -16,6 +16,7 @@ from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model, 
 
 # Flags that count something and need at least one (those a command has are checked).
 _AT_LEAST_ONE = ("n", "max_new_tokens", "slots", "steps_per_call")
+_FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,8 +43,12 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise ConfigError(f"{_flag(name)} = {value}: expected an integer >= 1")
-    if getattr(args, "temperature", 0.0) < 0:
-        raise ConfigError(f"--temperature = {args.temperature}: expected >= 0 (0 = greedy)")
+    temperature = getattr(args, "temperature", 0.0)
+    # NaN fails every comparison; sampling holds float32, where 1e39 is already inf.
+    if not 0 <= temperature <= _FLOAT32_MAX:
+        raise ConfigError(
+            f"--temperature = {temperature}: expected a finite value >= 0 (0 = greedy)"
+        )
     if getattr(args, "top_k", 0) < 0:
         raise ConfigError(f"--top-k = {args.top_k}: expected >= 0 (0 = off)")
     if not 0.0 < getattr(args, "top_p", 1.0) <= 1.0:

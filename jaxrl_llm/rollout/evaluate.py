@@ -24,7 +24,7 @@ from jaxrl_llm.config import add_gin_arguments, parse_gin
 from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.examples import FieldMap
 from jaxrl_llm.data.sources import SourceConfig, require_source
-from jaxrl_llm.metrics.pass_at_k import majority_answer, pass_at_k
+from jaxrl_llm.metrics.pass_at_k import majority_correct, pass_at_k
 from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
     _check(args)
     parse_gin(args.gin_file, args.gin_param)
-    pool = build_reward_pool(RewardConfig(name=args.reward, workers=1), field="--reward")
+    reward_cfg = RewardConfig(name=args.reward, workers=1)
+    pool = build_reward_pool(reward_cfg, field="--reward")
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(pool.close)
@@ -124,7 +125,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         stage.sync_weights(nnx.state(loaded.model))
         for i, batch in enumerate(_prompts(args, source, loaded.tokenizer).iterator()):
             got = stage.generate(batch, step=0, attempt=i + 1, reward=pool)
-            rows += _rows(got)
+            rows += _rows(got, reward_cfg.correct)
             if args.limit and len(rows) >= args.limit:
                 break
     rows = rows[: args.limit]
@@ -170,17 +171,21 @@ def _prompts(args: argparse.Namespace, source, tokenizer):
     return build_prompt_pipeline(config, tokenizer)
 
 
-def _rows(got) -> list[dict[str, Any]]:
-    """One row per problem of a scored `Rollout`: its samples' texts, answers, correctness."""
+def _rows(got, correct: float) -> list[dict[str, Any]]:
+    """One row per problem of a scored `Rollout`: its samples' texts, answers, and whether
+    each solved it (`rewards.config.solved` against the run's `RewardConfig.correct`)."""
     from jaxrl_llm.rewards import extract_answer
 
     G, out = got.group_size, []
+    from jaxrl_llm.rewards.config import solved
+
+    ok = solved(got.scores, correct).tolist()
     for p, pid in enumerate(got.prompt_ids):
         texts = [c.text for c in got.completions[p * G : (p + 1) * G]]
         out.append({
             "id": pid,
             "answer": got.answers[p * G],
-            "correct": [bool(s > 0) for s in got.scores[p * G : (p + 1) * G]],
+            "correct": ok[p * G : (p + 1) * G],
             "answers": [extract_answer(t) for t in texts],
             "texts": texts,
         })  # fmt: skip
@@ -188,20 +193,20 @@ def _rows(got) -> list[dict[str, Any]]:
 
 
 def _summary(rows: list[dict[str, Any]], n: int, ks: list[int]) -> dict[str, Any]:
-    """pass@1, pass@k and maj@k over `rows`. maj@k: the majority of the first k samples'
-    extracted answers, scored as the samples that gave it were (so any reward works)."""
+    """pass@1, pass@k and maj@k over `rows`. maj@k: the first k samples' extracted answers
+    vote (`metrics.pass_at_k.majority_correct`): the solved ones for the truth, the others
+    grouped by `rewards.answers_equivalent` (so 7, 7.0 and \\frac{14}{2} are one answer)."""
+    from jaxrl_llm.rewards.verifiable import answers_equivalent
+
     result: dict[str, Any] = {"problems": len(rows), "n": n}
     result["pass@1"] = float(np.mean([np.mean(r["correct"]) for r in rows]))
     for k in ks:
         result[f"pass@{k}"] = float(np.mean([pass_at_k(n, sum(r["correct"]), k) for r in rows]))
-        result[f"maj@{k}"] = float(np.mean([_majority_correct(r, k) for r in rows]))
+        maj = [
+            majority_correct(r["answers"][:k], r["correct"][:k], answers_equivalent) for r in rows
+        ]
+        result[f"maj@{k}"] = float(np.mean(maj))
     return result
-
-
-def _majority_correct(row: dict[str, Any], k: int) -> bool:
-    answers, correct = row["answers"][:k], row["correct"][:k]
-    maj = majority_answer(answers)
-    return maj is not None and any(c for a, c in zip(answers, correct) if a == maj)
 
 
 @contextlib.contextmanager

@@ -36,6 +36,10 @@ Array = jax.Array
 Leaf = TypeVar("Leaf", default=jax.Array)
 
 GREEDY_TEMPERATURE = 0.0
+# The largest top_k a slot holds (int32): any k >= V keeps every token, so a larger k is the
+# same filter.
+MAX_TOP_K = int(np.iinfo(np.int32).max)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +66,11 @@ class SamplingParams:
     max_turn_tokens: int | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        # NaN fails every comparison; the slot holds float32, where 1e39 is already inf.
+        if not 0 <= self.temperature <= FLOAT32_MAX:
+            raise ValueError(
+                f"temperature must be finite (in float32) and >= 0, got {self.temperature}"
+            )
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
@@ -103,7 +110,7 @@ class SlotSampling(Generic[Leaf]):
         p = params or SamplingParams(temperature=GREEDY_TEMPERATURE)
         return SlotSampling(
             jnp.full((batch,), p.temperature, jnp.float32),
-            jnp.full((batch,), p.top_k, jnp.int32),
+            jnp.full((batch,), min(p.top_k, MAX_TOP_K), jnp.int32),
             jnp.full((batch,), p.top_p, jnp.float32),
             jnp.full((batch,), p.seed, jnp.uint32),
             jnp.full((batch,), p.raw_logprobs, jnp.bool_),
@@ -113,7 +120,7 @@ class SlotSampling(Generic[Leaf]):
     def one(params: SamplingParams, seed: int) -> SlotSampling[np.generic]:
         return SlotSampling(
             np.float32(params.temperature),
-            np.int32(params.top_k),
+            np.int32(min(params.top_k, MAX_TOP_K)),
             np.float32(params.top_p),
             np.uint32(seed),
             np.bool_(params.raw_logprobs),

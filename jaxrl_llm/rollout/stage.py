@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm.metrics.progress import bar
+from jaxrl_llm.rewards import config as reward_config
 from jaxrl_llm.rollout.config import RolloutConfig
 from jaxrl_llm.rollout.sampler import PolicyWeights, Refresh, WeightPush, check_version
 from jaxrl_llm.rollout.scoring import RewardCounts, StreamingScorer
@@ -338,7 +339,7 @@ class RolloutStage:
         scores = np.concatenate([p[0] for p in parts])
         counts = sum((p[1] for p in parts), RewardCounts())
         counts.check(reward)
-        solved = scores >= correct
+        solved = reward_config.solved(scores, correct)
         return {
             "val/test_score": float(solved.mean()),
             "val/reward/mean": float(scores.mean()),

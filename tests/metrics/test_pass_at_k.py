@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 
-from jaxrl_llm.metrics.pass_at_k import majority_answer, pass_at_k
+from jaxrl_llm.metrics.pass_at_k import majority_correct, pass_at_k
 
 
 @pytest.mark.parametrize(
@@ -36,11 +37,35 @@ def test_pass_at_k_rejects_k_above_n():
         pass_at_k(2, 1, 3)
 
 
-def test_majority_answer_counts_ties_and_missing():
-    assert majority_answer(["3", "4", "4", "3", "4"]) == "4"
-    assert majority_answer(["7", "5", "5", "7"]) == "7"  # tie: the first seen wins
-    assert majority_answer(["5", "7", "7", "5"]) == "5"
-    assert majority_answer([None, None, "2"]) == "2"  # unparsed answers do not vote
-    assert majority_answer([None, "1", "2", None]) == "1"
-    assert majority_answer([None, None]) is None
-    assert majority_answer([]) is None
+def _same_number(a: str, b: str) -> bool:
+    return Fraction(a) == Fraction(b)
+
+
+def test_majority_counts_ties_and_missing():
+    # Voting by string equality (the default): the largest class wins, a tie the first seen.
+    assert majority_correct(["3", "4", "4", "3", "4"], [False, True, True, False, True])
+    assert not majority_correct(["7", "5", "5", "7"], [False, True, True, False])  # tie: 7 first
+    assert majority_correct(["5", "7", "7", "5"], [True, False, False, True])
+    assert majority_correct([None, None, "2"], [False, False, True])  # no answer: no vote
+    assert not majority_correct([None, "1", "2", None], [False, False, True, False])
+    assert not majority_correct([None, None], [False, False])
+    assert not majority_correct([], [])
+
+
+def test_majority_counts_every_correct_spelling_as_one_answer():
+    """The samples the reward marked correct all equal the truth, however spelled: 0.5, 1/2
+    and \\frac{1}{2} are three votes for it against two for 3 (raw strings made 3 the
+    majority)."""
+    answers = ["0.5", "\\frac{1}{2}", "3", "3", "1/2"]
+    assert majority_correct(answers, [True, True, False, False, True])
+
+
+def test_majority_merges_equivalent_wrong_answers():
+    """Wrong answers are grouped by `equivalent`: 7, 7.0 and 14/2 are three votes for one
+    wrong answer against two for the truth 12 (as strings each had one vote)."""
+    answers, correct = ["12", "7", "7.0", "14/2", "12"], [True, False, False, False, True]
+    assert majority_correct(answers, correct)  # string equality: 12 leads 2 to 1
+    assert not majority_correct(answers, correct, equivalent=_same_number)
+    # A tie between the truth and a merged wrong answer goes to the one seen first.
+    assert not majority_correct(["7", "12", "7.0", "12"], [False, True, False, True], _same_number)
+    assert majority_correct(["12", "7", "7.0", "12"], [True, False, False, True], _same_number)

@@ -1,6 +1,7 @@
 """`jaxrl-llm eval` end to end on the shipped tiny model."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -86,6 +87,81 @@ def test_majority_vote_is_scored_by_the_samples_that_gave_it():
     assert got["pass@1"] == pytest.approx(np.mean([2 / 3, 1 / 3, 0]))
 
 
+def _math_rows(texts: list[str], truth: str) -> list[dict]:
+    """One eval row scored as `eval --reward math` does (RewardConfig defaults)."""
+    from jaxrl_llm.rewards import extract_answer, math_reward
+    from jaxrl_llm.rewards.config import RewardConfig
+
+    correct = RewardConfig().correct
+    scores = [math_reward(t, truth, correct=correct, incorrect=0.0) for t in texts]
+    return [{"answers": [extract_answer(t) for t in texts],
+             "correct": [s >= correct for s in scores]}]  # fmt: skip
+
+
+def test_majority_vote_counts_spellings_of_one_answer_together():
+    """0.5, \\frac{1}{2} and 1/2 are one answer (three votes) against 3 (two): maj@5 is 1.
+    Counted as raw strings, 3 won and maj@5 was 0."""
+    from jaxrl_llm.rollout.evaluate import _summary
+
+    texts = ["so \\boxed{0.5}", "so \\boxed{\\frac{1}{2}}", "so \\boxed{3}", "so \\boxed{3}",
+             "so \\boxed{1/2}"]  # fmt: skip
+    rows = _math_rows(texts, "\\frac{1}{2}")
+    assert rows[0]["correct"] == [True, True, False, False, True]
+    assert _summary(rows, n=5, ks=[5])["maj@5"] == 1.0
+
+
+def test_majority_vote_merges_spellings_of_one_wrong_answer():
+    """7, 7.0 and \\frac{14}{2} are one wrong answer (three votes) against the truth 12 (two):
+    maj@5 is 0. Counted as raw strings, 12 led and maj@5 was 1."""
+    from jaxrl_llm.rollout.evaluate import _summary
+
+    texts = ["\\boxed{12}", "\\boxed{7}", "\\boxed{7.0}", "\\boxed{\\frac{14}{2}}", "\\boxed{12}"]
+    assert _summary(_math_rows(texts, "12"), n=5, ks=[5])["maj@5"] == 0.0
+
+
+def _scored_rollout(texts: list[str], truth: str, scores) -> SimpleNamespace:
+    """The fields of a scored `Rollout` that `evaluate._rows` reads: one prompt, its samples."""
+    return SimpleNamespace(
+        group_size=len(texts), prompt_ids=["p0"], answers=[truth] * len(texts),
+        completions=[SimpleNamespace(text=t) for t in texts], scores=np.asarray(scores),
+    )  # fmt: skip
+
+
+def test_eval_counts_a_sample_solved_as_validation_does():
+    """Solved means score >= RewardConfig.correct, in eval as in `val/test_score`. With
+    weights {math: 1.0, format: 0.1} a wrong but boxed answer scores 0.1, which eval (score
+    > 0) counted solved; so did a right answer after a failed cell under ToRL's -0.5 penalty
+    (1.0 - 0.5 = 0.5), which validation counts unsolved."""
+    import gin
+
+    from jaxrl_llm.config import parse_gin
+    from jaxrl_llm.rewards.config import RewardConfig, build_reward_pool
+    from jaxrl_llm.rewards.verifiable import math_reward
+    from jaxrl_llm.rollout.evaluate import _rows
+
+    texts = ["so the answer is \\boxed{7}", "so the answer is \\boxed{8}", "I don't know"]
+    parse_gin([], ['RewardConfig.weights = {"math": 1.0, "format": 0.1}'])
+    try:
+        cfg = RewardConfig(name="math", workers=1)
+        pool = build_reward_pool(cfg)
+        try:
+            scores = pool.score(texts, [{"prompt": "3+4?", "answer": "7", "id": 0}] * 3)
+        finally:
+            pool.close()
+    finally:
+        gin.clear_config()
+    # The bug's premise: math + format (the pool's weighted sum, the same float64 additions).
+    np.testing.assert_array_equal(scores, [1.0 * 1.0 + 0.1 * 1.0, 0.1 * 1.0, 0.0])
+    assert _rows(_scored_rollout(texts, "7", scores), cfg.correct)[0]["correct"] == [
+        True, False, False,
+    ]  # fmt: skip
+    failed_cell = "```output\nZeroDivisionError: division by zero\n```\nSo \\boxed{7}"
+    torl = math_reward(failed_cell, "7", correct=1.0, incorrect=-1.0, code_failure_penalty=-0.5)
+    assert torl == 0.5
+    row = _rows(_scored_rollout([failed_cell], "7", [torl]), correct=1.0)[0]
+    assert row["correct"] == [False]
+
+
 def test_eval_flag_errors_name_the_flag():
     from jaxrl_llm.rollout.loading import parse_mesh, resolve_dtype
 
@@ -138,3 +214,14 @@ def test_eval_takes_gin_settings_such_as_the_sandbox_backend(capsys):
         assert "SandboxConfig.backend" in capsys.readouterr().err
     finally:
         gin.clear_config()
+
+
+def test_a_score_recorded_in_float32_at_correct_is_solved():
+    """Scores are recorded in float32 (the rollout's), so RewardConfig.correct = 0.9 is met by
+    float32(0.9) = 0.8999999761..., which a float64 comparison counted unsolved; the next
+    float32 below it is not."""
+    from jaxrl_llm.rewards.config import solved
+
+    at = np.float32(0.9)
+    scores = np.asarray([at, np.nextafter(at, np.float32(0)), 1.0], np.float32)
+    assert solved(scores, 0.9).tolist() == [True, False, True]

@@ -133,3 +133,35 @@ def test_sampling_params_validation():
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     assert SamplingParams(stop="x").stop == ("x",)
+
+
+def test_sampling_params_refuse_non_finite_values():
+    """NaN compares False with every bound, so `temperature < 0` let it through and every
+    draw was token 0 with a NaN logprob; an infinite temperature (or 1e39, inf in the float32
+    slot) sampled uniformly."""
+    import pytest
+
+    for temperature in (float("nan"), float("inf"), float("-inf"), 1e39):
+        with pytest.raises(ValueError, match="temperature must be finite"):
+            SamplingParams(temperature=temperature)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        SamplingParams(top_p=float("nan"))
+
+
+def test_top_k_beyond_int32_is_no_filter():
+    """top_k >= 2**31 does not fit the int32 slot array (an OverflowError after the model had
+    loaded); any k >= V keeps every token, so it samples exactly as top_k = 0 and top_k = V."""
+    logits = jax.random.normal(jax.random.key(4), (1, V))
+    for huge in (2**31, 2**63 + 5):
+        params = SamplingParams(temperature=1.0, top_k=huge, seed=3)
+        one = SlotSampling.one(params, seed=3)
+        assert int(one.top_k) == np.iinfo(np.int32).max
+        filled = SlotSampling.fill(1, params)
+        assert int(filled.top_k[0]) == np.iinfo(np.int32).max
+        for k_same in (0, V):
+            ref = SlotSampling.fill(1, SamplingParams(temperature=1.0, top_k=k_same, seed=3))
+            for pos in range(8):
+                got = _sample(logits, filled, jnp.asarray([pos]))
+                want = _sample(logits, ref, jnp.asarray([pos]))
+                for g, w in zip(got, want):  # the same arithmetic: equal to the bit
+                    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
