@@ -37,6 +37,7 @@ CONFIGS = [
     (lambda: RolloutConfig(env="chess", tool="none"), "rollout.env = 'chess': expected 'none'"),
     (lambda: DataConfig(builtin_levels=(9,)), r"builtin_levels = \(9,\): expected one or more"),
     (lambda: DataConfig(builtin_levels=()), r"builtin_levels = \(\): expected one or more"),
+    (lambda: DataConfig(seed=2**32), r"DataConfig.seed = 4294967296: expected int \(>= 0 and <"),
     (lambda: check_rewards(RewardConfig(name="nope")), "RewardConfig.name: unknown reward 'nope'"),
     (
         lambda: check_rewards(RewardConfig(weights={"math": 1.0, "nope": 0.5})),
@@ -69,6 +70,7 @@ TRAIN = [
     ("RewardConfig.name = 'nope'", "RewardConfig.name: unknown reward 'nope'"),
     ("RolloutConfig.env = 'arithmetic'", "an environment brings its own tools"),
     ("DataConfig.builtin_levels = (9,)", "DataConfig.builtin_levels = (9,)"),
+    ("DataConfig.seed = -1", "DataConfig.seed = -1: expected int (>= 0 and < 4294967296)"),
     ("RLConfig.steps = %UNDEFINED_MACRO", "macro %UNDEFINED_MACRO is used but never defined"),
     ("import missing_mod_xyz", "No module named 'missing_mod_xyz'"),
     (
@@ -104,3 +106,17 @@ def test_train_refuses_an_environment_it_cannot_build(env, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"jaxrl-llm train: configuration error: rollout.env = {env!r}"), err
     assert "Traceback" not in err and not run_dir.exists()
+
+
+def test_train_refuses_the_chat_template_a_base_tokenizer_lacks(builtin_copy, tmp_path, capsys):
+    """DataConfig.template = 'chat' (the default) on a checkpoint whose tokenizer has no chat
+    template (a base model's) is one line before any folder opens or the model loads."""
+    (builtin_copy / "chat_template.jinja").unlink()
+    run_dir = tmp_path / "run"
+    argv = ["train", "--run_dir", str(run_dir),
+            "--gin_param", f"PolicyConfig.checkpoint = '{builtin_copy}'"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxrl-llm train: configuration error: DataConfig.template = 'chat'")
+    assert "use 'raw' or 'torl'" in err and "Traceback" not in err, err
+    assert not run_dir.exists()

@@ -6,7 +6,7 @@ import dataclasses
 
 import gin
 
-from jaxrl_llm.config_checks import Ge, checked_fields, documented
+from jaxrl_llm.config_checks import Ge, Interval, checked_fields, documented
 from jaxrl_llm.data.tasks import BUILTIN_TASKS
 from jaxrl_llm.data.tasks.arithmetic import check_levels
 from jaxrl_llm.data.templates import TEMPLATES
@@ -21,6 +21,7 @@ from jaxrl_llm.data.templates import TEMPLATES
     prompts_per_step=Ge(1),
     val_size=Ge(0),
     builtin_train_size=Ge(1),
+    seed=Interval(ge=0, lt=2**32),  # Grain's shuffle seeds
 )
 class DataConfig:
     """Prompts. With no `train_file`, the built-in arithmetic task is generated."""
@@ -50,7 +51,10 @@ class DataConfig:
         "instruction.",
     )
     system_prompt: str | None = documented(
-        None, "System message put first in every prompt (replaces ToRL's for 'torl'); None: none."
+        None,
+        "System message put first in every prompt, in place of any other (the data's, ToRL's "
+        "for 'torl'); '': no system message; None: the template's own (ToRL's for 'torl', the "
+        "data's messages as they are).",
     )
     max_prompt_length: int = documented(
         160, "Longest prompt in tokens: longer ones are dropped (counted and logged)."
@@ -58,12 +62,21 @@ class DataConfig:
     prompts_per_step: int = documented(
         8, "Prompts per training step; each is sampled `RolloutConfig.n` times."
     )
-    val_size: int = documented(64, "Validation problems the built-in task generates.")
+    val_size: int = documented(
+        64,
+        "Validation problems the built-in task generates; 0: no validation set (validation is "
+        "skipped, as with a `train_file` and no `val_file`).",
+    )
     builtin_train_size: int = documented(2000, "Training problems the built-in task generates.")
     builtin_levels: tuple[int, ...] = documented(
         (1, 2, 3, 4), "Difficulty levels of the built-in arithmetic task's problems."
     )
-    seed: int = documented(0, "Seed of the prompt shuffle and of the built-in task's problems.")
+    seed: int = documented(
+        0,
+        "Seed of the prompt shuffle and of the built-in task's problems. The first epoch is "
+        "Grain's `shuffle(seed)` order, each later one seeded by a hash of (seed, epoch), so "
+        "neighbouring seeds share no epoch's order.",
+    )
 
     def __post_init__(self):
         check_levels("DataConfig.builtin_levels", self.builtin_levels)

@@ -6,10 +6,10 @@ Built once at start-up (``build_prompt_pipeline``):
    reported with their lines, or raise in strict mode;
 2. render each prompt with its template and tokenize it; prompts longer than
    ``max_prompt_length`` tokens are dropped, counted and logged (``PromptPipeline.report``);
-3. a Grain ``MapDataset`` over the prepared prompts:
-   ``shuffle(seed)`` -> keep ``steps_per_epoch * global_batch_size`` per epoch (the remainder
-   differs each epoch, as with a drop-last data loader) -> ``repeat(num_epochs)`` (reshuffled
-   every epoch) -> this host's share ``[process_index::process_count]`` -> ``batch``.
+3. a Grain ``MapDataset`` over the prepared prompts: each epoch shuffled (``epoch_seed``)
+   -> keep ``steps_per_epoch * global_batch_size`` of it (the remainder differs each epoch, as
+   with a drop-last data loader), ``num_epochs`` times -> this host's share
+   ``[process_index::process_count]`` -> ``batch``.
    Global batch ``b`` is the union over hosts of their local batch ``b``, so every host steps
    in lockstep and each epoch's batches never mix epochs.
 
@@ -26,7 +26,8 @@ in order, with the settings that order them: ids alone miss other rows under the
 elements of a JSON array that share a line; the file name is the path within a dataset
 folder where several of its files share a base name). States saved before it covered the
 content (no ``fingerprint_version``) hold a hash of the ids and settings only; they are
-still accepted when that hash matches, with a warning, so older checkpoints resume. Save it
+still accepted when that hash matches, with a warning, so older checkpoints resume; states
+from before ``epoch_seed`` (no ``order_version``) only within the first epoch. Save it
 with the checkpoint (Orbax: ``ocp.args.JsonSave(state)``); it is the same on every host, so
 host 0's copy restores all of them.
 """
@@ -42,8 +43,10 @@ from typing import Any
 
 import grain
 import numpy as np
+from grain.experimental import index_shuffle
 
-from jaxrl_llm.config_checks import ConfigError, Ge, checked_fields
+from jaxrl_llm.config_checks import ConfigError, Ge, Interval, checked_fields
+from jaxrl_llm.data.epoch_order import epoch_seed
 from jaxrl_llm.data.examples import DataReport, FieldMap, load_examples
 from jaxrl_llm.data.sources import SourceConfig
 from jaxrl_llm.data.templates import TEMPLATES, render_prompt
@@ -54,11 +57,17 @@ _STATE_VERSION = 1
 # 2: ids, token ids and answers (`PromptPipeline._fingerprint`); absent: ids only (before
 # 2026-12-05, `PromptPipeline.ids_fingerprint`).
 _FINGERPRINT_VERSION = 2
+# 2: epochs >= 1 seeded by `epoch_seed`'s hash; absent: by seed + epoch (up to cd966c9).
+_ORDER_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
 @checked_fields(
-    template=TEMPLATES, max_prompt_length=Ge(1), global_batch_size=Ge(1), num_epochs=Ge(1)
+    template=TEMPLATES,
+    max_prompt_length=Ge(1),
+    global_batch_size=Ge(1),
+    num_epochs=Ge(1),
+    seed=Interval(ge=0, lt=2**32),  # Grain's shuffle seeds
 )
 class PipelineConfig:
     """Settings of a prompt pipeline.
@@ -72,8 +81,8 @@ class PipelineConfig:
       max_prompt_length: prompts with more tokens are dropped; batches are padded to it.
       global_batch_size: prompts per step over all hosts (each gets G samples in rollout).
       num_epochs: passes over the data; None repeats forever.
-      shuffle: reshuffle every epoch (deterministically from ``seed``).
-      seed: shuffle seed.
+      shuffle: reshuffle every epoch (deterministically from ``seed``: ``epoch_seed``).
+      seed: shuffle seed, in [0, 2**32).
       drop_remainder: drop each epoch's last partial global batch. False (evaluation) needs
         ``num_epochs=1`` and one process; the last batch is then smaller.
       strict: raise on the first malformed row instead of skipping it.
@@ -225,9 +234,10 @@ class PromptPipeline:
         if not 0 <= process_index < process_count:
             raise ValueError(f"process_index {process_index} not in [0, {process_count})")
         if config.global_batch_size % process_count:
-            raise ValueError(
-                f"global_batch_size {config.global_batch_size} is not divisible by "
-                f"process_count {process_count}"
+            raise ConfigError(
+                f"DataConfig.prompts_per_step = {config.global_batch_size} is not divisible by "
+                f"the {process_count} hosts (processes): each takes an equal share of a step's "
+                f"prompts; use a multiple of {process_count}"
             )
         if not config.drop_remainder and (config.num_epochs != 1 or process_count != 1):
             raise ValueError("drop_remainder=False needs num_epochs=1 and a single process")
@@ -252,14 +262,22 @@ class PromptPipeline:
             raise ConfigError(_too_few_prompts(n, config, self.report))
         self.fingerprint = self._fingerprint()
 
-        ds = grain.MapDataset.source(self.prompts)
-        if config.shuffle:
-            ds = ds.shuffle(seed=config.seed)
-        ds = ds[:per_epoch].repeat(config.num_epochs)
+        self._per_epoch = per_epoch
+        ds = grain.MapDataset.range(per_epoch).repeat(config.num_epochs)
+        ds = ds.map_with_index(self._prompt_at)
         if process_count > 1:
             ds = ds[process_index::process_count]
         ds = ds.batch(self.local_batch_size, drop_remainder=config.drop_remainder, batch_fn=list)
         self.dataset = ds.map_with_index(self._make_batch)
+
+    def _prompt_at(self, index: int, position: int) -> PreparedPrompt:
+        """The prompt at global position ``index``, ``position`` in its epoch: the permutation
+        of all prompts that ``MapDataset.shuffle`` draws, seeded by ``epoch_seed``."""
+        if self.config.shuffle:
+            seed = epoch_seed(self.config.seed, index // self._per_epoch)
+            n = len(self.prompts)
+            position = index_shuffle(position, max_index=n - 1, seed=seed, rounds=4)
+        return self.prompts[position]
 
     def _settings(self) -> list[Any]:
         c = self.config
@@ -335,13 +353,15 @@ class PromptIterator:
             "version": _STATE_VERSION,
             "fingerprint": self._pipeline.fingerprint,
             "fingerprint_version": _FINGERPRINT_VERSION,
+            "order_version": _ORDER_VERSION,
             "grain": self._it.get_state(),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continues from ``state``; raises ``ValueError`` if it belongs to other data/settings.
         A state without ``fingerprint_version`` (saved before the fingerprint covered the
-        prompts' content) is checked against the ids and settings only, with a warning."""
+        prompts' content) is checked against the ids and settings only, with a warning; one
+        without ``order_version`` (epochs >= 1 seeded by seed + epoch) is refused past epoch 0."""
         kind = state.get("fingerprint_version")
         if state.get("version") != _STATE_VERSION or "grain" not in state or kind not in (
             None, _FINGERPRINT_VERSION,
@@ -357,6 +377,15 @@ class PromptIterator:
             log.warning(
                 "the data iterator state predates content fingerprints: only the prompt ids "
                 "and pipeline settings were checked, not the prompts' text or answers"
+            )
+        pipe, done = self._pipeline, state["grain"].get("next_index", 0)
+        old_order = state.get("order_version") != _ORDER_VERSION and pipe.config.shuffle
+        if old_order and done > pipe.steps_per_epoch:  # its later epochs: other prompts
+            raise ValueError(
+                f"the data iterator state was saved {done} batches in, past the first epoch "
+                f"({pipe.steps_per_epoch} batches), by a version that shuffled later epochs "
+                "with seed + epoch; they are now shuffled with a hash of (seed, epoch), so the "
+                "run would go on with other prompts: finish it with that version, or start anew"
             )
         self._it.set_state(state["grain"])
 

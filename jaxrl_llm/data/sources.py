@@ -280,11 +280,14 @@ def _read_arrow_table(path: epath.Path):
         return pa.memory_map(str(path))
 
     try:
-        with source() as f:
-            return pa.ipc.open_stream(f).read_all()
-    except pa.ArrowInvalid:
-        with source() as f:
-            return pa.ipc.open_file(f).read_all()
+        try:
+            with source() as f:
+                return pa.ipc.open_stream(f).read_all()
+        except pa.ArrowInvalid:
+            with source() as f:
+                return pa.ipc.open_file(f).read_all()
+    except (pa.ArrowException, OSError) as e:
+        raise DataSourceError(f"{path}: cannot read as Arrow IPC (stream or file): {e}") from e
 
 
 def _table_records(source: str, table) -> Iterator[RawRecord]:

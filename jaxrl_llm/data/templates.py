@@ -11,6 +11,10 @@ Templates (``TEMPLATES``):
   problem as the user message.
 - ``search_r1``: Search-R1's instruction with the question appended, as one user message.
 
+A ``system_prompt`` replaces every other system message (the data's, ToRL's) in any template;
+``system_prompt=""`` leaves none. (A chat template may still write its own default system
+turn when the messages have none, as Qwen2.5's does.)
+
 Every template first builds chat messages; ``render_prompt`` then either applies the tokenizer's
 chat template (``use_chat_template=True``, always for ``chat``) or joins the message contents
 as plain text, which is how base models are prompted (ToRL and Search-R1 both start from base
@@ -20,6 +24,8 @@ models).
 from __future__ import annotations
 
 from typing import Any
+
+from jaxrl_llm.config_checks import ConfigError
 
 TEMPLATES = ("raw", "chat", "torl", "search_r1")
 
@@ -68,22 +74,25 @@ def prompt_messages(
       example: a normalized example (``prompt``; optionally ``messages``, set from the
         prompt field's chat messages by ``data/examples.py``).
       template: one of ``TEMPLATES``.
-      system_prompt: a system message to put first (for ``torl``, replaces ToRL's).
+      system_prompt: a system message to put first, in place of any other (the data's own,
+        ToRL's for ``torl``); ``""``: no system message at all; None: the template's own
+        (ToRL's for ``torl``, the data's messages as they are, none otherwise).
     """
     if template not in TEMPLATES:
         raise ValueError(f"unknown prompt template {template!r}; expected one of {TEMPLATES}")
     if template in ("raw", "chat"):
         messages = list(example.get("messages") or [{"role": "user", "content": example["prompt"]}])
     elif template == "torl":
-        return [
-            {"role": "system", "content": system_prompt or TORL_SYSTEM_PROMPT},
+        messages = [
+            {"role": "system", "content": TORL_SYSTEM_PROMPT},
             {"role": "user", "content": example["prompt"]},
         ]
     else:
         messages = [{"role": "user", "content": search_r1_prompt(example["prompt"])}]
     if system_prompt is not None:
         messages = [m for m in messages if m["role"] != "system"]
-        messages.insert(0, {"role": "system", "content": system_prompt})
+        if system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
     return messages
 
 
@@ -118,9 +127,19 @@ def render_prompt(
     messages = prompt_messages(example, template, system_prompt=system_prompt)
     if not (use_chat_template or template == "chat"):
         return plain_text(messages)
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"template {template!r} with the chat template needs a tokenizer that has one "
-            "(tokenizer.chat_template is empty)"
-        )
+    check_chat_template(
+        tokenizer, f"template {template!r} (DataConfig.template, eval's --template)"
+    )
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def check_chat_template(tokenizer: Any, chosen: str) -> None:
+    """Raise ``ConfigError`` when ``tokenizer`` has no chat template to render through (a base
+    model's has none), naming ``chosen`` (the setting that asked for it) and the checkpoint."""
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return
+    where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+    raise ConfigError(
+        f"{chosen} renders prompts through the tokenizer's chat template, and {where} has "
+        "none: use 'raw' or 'torl' for a base model, or a checkpoint whose tokenizer has one"
+    )

@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 from jaxrl_llm.assets import resolve_checkpoint
 from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.pipeline import PromptIterator
-from jaxrl_llm.data.prompts import PromptData, check_data_files, prompt_data
+from jaxrl_llm.data.prompts import PromptData, check_data_files, check_template, prompt_data
 from jaxrl_llm.learner import ahead as ahead_lib
 from jaxrl_llm.learner import lora as lora_lib
 from jaxrl_llm.learner.checkpoint import Checkpointer, base_identity, check_base
@@ -109,8 +109,9 @@ def check_context(seq_len: int, src: str | os.PathLike) -> None:
     raise ConfigError(f"{what}: lower them, or use a checkpoint with a longer context")
 
 
-def build_learner(cfg: RLConfig) -> Learner:
-    """Load the policy (and critic) straight into the training layout; build the steps."""
+def build_learner(cfg: RLConfig, tokenizer: Any = None) -> Learner:
+    """Load the policy (and critic) straight into the training layout; build the steps.
+    `tokenizer`: the policy checkpoint's, when the caller has loaded it already."""
     mesh, sampling_mesh = _meshes(cfg.mesh)
     src = resolve_checkpoint(cfg.policy.checkpoint, "PolicyConfig.checkpoint")
     check_context(cfg.seq_len, src)
@@ -155,7 +156,7 @@ def build_learner(cfg: RLConfig) -> Learner:
     )  # fmt: skip
     return Learner(
         mesh=mesh,
-        tokenizer=load_tokenizer(src),
+        tokenizer=load_tokenizer(src) if tokenizer is None else tokenizer,
         policy=policy,
         graphdef=graphdef,
         state=state,
@@ -232,10 +233,12 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
     cfg.validate()
     check_data_files(cfg.data)  # a wrong path fails before the model loads
     _check_one_process(cfg)
+    tokenizer = load_tokenizer(resolve_checkpoint(cfg.policy.checkpoint, "PolicyConfig.checkpoint"))
+    check_template(cfg.data, tokenizer)  # 'chat' on a base model's tokenizer: before any folder
     run_dir = epath.Path(cfg.resolved_run_dir())
     ckpt, step0 = _open_checkpoints(cfg, run_dir, resume)
     try:
-        learner = build_learner(cfg)
+        learner = build_learner(cfg, tokenizer)
         data_root, scratch = _data_root(run_dir)
         data = prompt_data(cfg.data, learner.tokenizer, data_root)
         prompts = data.train.iterator()

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.pipeline import PipelineConfig, build_prompt_pipeline
 from jaxrl_llm.data.sources import SourceConfig
 
@@ -80,13 +81,21 @@ def test_hosts_split_each_global_batch(math_jsonl, char_tokenizer):
         a, b = hosts[0][step], hosts[1][step]
         assert len(a) == len(b) == 2 and not set(a) & set(b)
         assert sorted(a + b) == sorted(global_ids)
-    with pytest.raises(ValueError, match="not divisible"):
+    with pytest.raises(ConfigError, match=r"DataConfig.prompts_per_step = 3 .* 2 hosts"):
         build_prompt_pipeline(
             config(math_jsonl, global_batch_size=3),
             char_tokenizer,
             process_index=0,
             process_count=2,
         )
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_a_seed_grain_cannot_shuffle_with_is_a_config_error(math_jsonl, seed):
+    with pytest.raises(
+        ConfigError, match=rf"PipelineConfig.seed = {seed}: expected int \(>= 0 and < 4294967296\)"
+    ):
+        config(math_jsonl, seed=seed)
 
 
 def test_long_prompts_are_filtered_counted_and_logged(tmp_path, char_tokenizer, caplog):

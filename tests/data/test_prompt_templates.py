@@ -2,6 +2,7 @@
 
 import pytest
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.templates import (
     SEARCH_R1_TEMPLATE,
     TORL_SYSTEM_PROMPT,
@@ -34,7 +35,9 @@ def test_chat_uses_the_tokenizer_chat_template(chat_tokenizer, char_tokenizer):
         EXAMPLE, "chat", tokenizer=chat_tokenizer, system_prompt="Be exact."
     )
     assert with_system == "<|system|>Be exact.\n<|user|>What is 2 + 3\n<|assistant|>"
-    with pytest.raises(ValueError, match="chat template"):
+    with pytest.raises(
+        ConfigError, match=r"template 'chat' .*renders .* has none: use 'raw' or 'torl'"
+    ):
         render_prompt(EXAMPLE, "chat", tokenizer=char_tokenizer)
 
 
@@ -66,3 +69,15 @@ def test_data_messages_are_kept_for_raw_and_unknown_template_fails():
     assert render_prompt(ex, "raw") == "S\nU"
     with pytest.raises(ValueError, match="unknown prompt template"):
         render_prompt(EXAMPLE, "alpaca")
+
+
+@pytest.mark.parametrize("template", ["raw", "chat", "torl", "search_r1"])
+def test_an_empty_system_prompt_means_no_system_turn_in_every_template(template, chat_tokenizer):
+    with_system = dict(
+        EXAMPLE, messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    )
+    for example in (EXAMPLE, with_system):
+        messages = prompt_messages(example, template, system_prompt="")
+        assert [m["role"] for m in messages] == ["user"], messages
+    text = render_prompt(EXAMPLE, template, tokenizer=chat_tokenizer, system_prompt="")
+    assert TORL_SYSTEM_PROMPT not in text and "<|system|>" not in text

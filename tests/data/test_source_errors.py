@@ -71,3 +71,18 @@ def test_a_utf8_byte_order_mark_does_not_cost_the_first_row(tmp_path, suffix):
     assert [ex["prompt"] for ex in examples] == [r["prompt"] for r in ROWS]
     lines = [1, 2, 3] if suffix == "jsonl" else [2, 6, 10]  # indent=1: "[", then 4 per object
     assert [ex["id"] for ex in examples] == [f"bom.{suffix}:{line}" for line in lines]
+
+
+@pytest.mark.parametrize("content", [b"", b"not an arrow stream"], ids=["empty", "junk"])
+def test_an_arrow_file_that_cannot_be_read_raises_a_source_error_naming_it(tmp_path, content):
+    path = tmp_path / "bad.arrow"
+    path.write_bytes(content)
+    with pytest.raises(DataSourceError, match=rf"^{path}: cannot read as Arrow IPC"):
+        load_examples(SourceConfig(str(path)))
+
+
+def test_a_save_to_disk_shard_that_cannot_be_read_names_the_shard(tmp_path):
+    (tmp_path / "state.json").write_text(json.dumps({"_data_files": [{"filename": "d.arrow"}]}))
+    (tmp_path / "d.arrow").write_bytes(b"truncated")
+    with pytest.raises(DataSourceError, match=rf"^{tmp_path / 'd.arrow'}: cannot read as Arrow"):
+        load_examples(SourceConfig(str(tmp_path)))
