@@ -163,7 +163,9 @@ def _field_checks(cls: type, name: str, rng: Range | None) -> tuple[str, Callabl
         constrained = Literal[rng]  # pyright: ignore[reportInvalidTypeForm]
     else:
         constrained = Annotated[non_none, rng] if rng is not None else non_none
-    adapter = pydantic.TypeAdapter(constrained | None if optional else constrained)
+    # No config number is infinite or NaN (a NaN passes no range; an inf passes `> 0`).
+    finite = pydantic.ConfigDict(allow_inf_nan=False)
+    adapter = pydantic.TypeAdapter(constrained | None if optional else constrained, config=finite)
     to_tuple = typing.get_origin(non_none) is tuple
 
     def check_value(value: Any) -> Any:

@@ -36,8 +36,9 @@ Every setting of a run is a field of a frozen dataclass registered with gin. A g
 `--gin_param` binds a field by its class and name, `OptimConfig.lr = 1e-5`; gin files only
 override the defaults below. A nested config (`RLConfig.optim`) is built from its own class's
 bindings, so bind `OptimConfig.lr`, not `RLConfig.optim.lr`. An unknown name fails when the
-gin files are parsed, a wrong type or a value outside "allowed" when the config is built,
-before any model loads; cross-field rules are checked by `RLConfig.validate()`.
+gin files are parsed; a wrong type, a value outside "allowed" or a number that is not finite
+(inf, NaN) when the config is built, before any model loads; cross-field rules are checked
+by `RLConfig.validate()`.
 """
 
 

@@ -35,6 +35,8 @@ def test_a_macro_used_must_be_defined_when_parsed():
 CONFIGS = [
     (lambda: RolloutConfig(env="arithmetic", tool="python"), "brings its own tools"),
     (lambda: RolloutConfig(env="chess", tool="none"), "rollout.env = 'chess': expected 'none'"),
+    (lambda: RolloutConfig(temperature=float("inf")), "RolloutConfig.temperature = inf: expected"),
+    (lambda: RolloutConfig(top_p=float("nan")), "RolloutConfig.top_p = nan: expected"),
     (lambda: DataConfig(builtin_levels=(9,)), r"builtin_levels = \(9,\): expected one or more"),
     (lambda: DataConfig(builtin_levels=()), r"builtin_levels = \(\): expected one or more"),
     (lambda: DataConfig(seed=2**32), r"DataConfig.seed = 4294967296: expected int \(>= 0 and <"),

@@ -84,8 +84,6 @@ class LoraConfig:
     )
 
     def __post_init__(self):
-        if not math.isfinite(self.alpha):  # Gt(0) lets inf through: a NaN first forward
-            raise ConfigError(f"LoraConfig.alpha = {self.alpha!r}: expected a finite number > 0")
         if not self.targets:
             raise ConfigError("LoraConfig.targets = (): expected at least one projection name")
         for t in self.targets:

@@ -58,7 +58,7 @@ TRAIN = [
     (["LoraConfig.targets = ('[',)"], "LoraConfig.targets: '[' is not a regular expression"),
     (["LoraConfig.targets = ()"], "LoraConfig.targets = (): expected at least one"),
     (["LoraConfig.targets = ('q_proj', 'qproj')"], "no weight matched 'qproj'"),
-    (["LoraConfig.alpha = 1e999"], "LoraConfig.alpha = inf: expected a finite number"),
+    (["LoraConfig.alpha = 1e999"], "LoraConfig.alpha = inf: expected float (> 0)"),
     (
         ["PolicyConfig.scan_layers = True", "LoraConfig.targets = ('model/layers/0/mlp/up_proj',)"],
         "scan_layers = True stacks the layers",
