@@ -57,6 +57,11 @@ _RANGES = "__checked_ranges__"  # the class attribute `checked_fields` stores it
 _DOC = "doc"  # the metadata key of a field's description
 
 
+# float32's largest number: a value a float32 program holds (a sampling temperature) must not
+# exceed it (1e39 is finite in Python and inf in float32).
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 class ConfigError(ValueError):
     """A gin file, binding or config value is wrong (unknown key, bad value, missing file)."""
 

@@ -37,6 +37,10 @@ CONFIGS = [
     (lambda: RolloutConfig(env="chess", tool="none"), "rollout.env = 'chess': expected 'none'"),
     (lambda: RolloutConfig(temperature=float("inf")), "RolloutConfig.temperature = inf: expected"),
     (lambda: RolloutConfig(top_p=float("nan")), "RolloutConfig.top_p = nan: expected"),
+    (
+        lambda: RolloutConfig(val_temperature=1e39),
+        r"RolloutConfig.val_temperature = 1e\+39: expected float",
+    ),
     (lambda: DataConfig(builtin_levels=(9,)), r"builtin_levels = \(9,\): expected one or more"),
     (lambda: DataConfig(builtin_levels=()), r"builtin_levels = \(\): expected one or more"),
     (lambda: DataConfig(seed=2**32), r"DataConfig.seed = 4294967296: expected int \(>= 0 and <"),

@@ -42,6 +42,7 @@ import numpy as np
 from etils import epath
 
 from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.rewards.config import solved
 
 log = logging.getLogger(__name__)
 
@@ -310,9 +311,10 @@ def score_run(
     """Computes every prompt's per-epoch accuracy and LIM score from a run's sample records.
 
     Step s belongs to epoch ``(s - first_step) // steps_per_epoch``; steps past
-    ``epochs * steps_per_epoch`` are ignored. A sample is correct when its reward equals
-    ``correct_reward`` (LIMR: reward == 1) in float32, the precision the rollout stage records
-    rewards in; a warning says when no sample is. Missing epochs are back-filled from the next
+    ``epochs * steps_per_epoch`` are ignored. A sample is correct when it solved its problem
+    by the rule validation and ``eval`` use, reward >= ``correct_reward`` compared in float32
+    (``rewards.config.solved``; LIMR: reward == 1, the same where no bonus lifts a reward
+    above it); a warning says when no sample is. Missing epochs are back-filled from the next
     one and prompts still incomplete are dropped (``backfill_and_drop``). Unreadable sample
     lines are skipped with a warning. Raises ``ConfigError`` (nothing written) when the records end
     before the last step of the last epoch asked for (naming the last record and how many
@@ -324,7 +326,7 @@ def score_run(
         usable prompts // ``DataConfig.prompts_per_step``); the RL steps per epoch when each
         step draws one batch.
       epochs: how many epochs to score (LIMR: 21).
-      correct_reward: the reward of a correct sample.
+      correct_reward: a sample is correct at this reward or more (`RewardConfig.correct`).
       first_step: the number of the first step (1, as ``record_samples`` is documented).
       out_path: where to write the scores; default ``run_dir/lim_scores.json``.
 
@@ -348,9 +350,7 @@ def score_run(
                     bad_lines += 1
                     continue
                 cell = counts.setdefault(pid, np.zeros((epochs, 2)))[epoch]
-                # Rewards are recorded as the stage holds them, float32: compare at that
-                # precision (0.9 is on disk as float32(0.9) = 0.8999999761581421).
-                cell[0] += np.float32(reward) == np.float32(correct_reward)
+                cell[0] += bool(solved(reward, correct_reward))  # float32, as recorded
                 cell[1] += 1
     if bad_lines:
         log.warning("skipped %d unreadable sample lines", bad_lines)
@@ -359,8 +359,9 @@ def score_run(
     correct, total = (sum(c[:, k].sum() for c in counts.values()) for k in (0, 1))
     if not correct:
         log.warning(
-            "no sample of the %d scored has reward %g, the correct one: every accuracy is 0 "
-            "and every prompt scores 1; pass the run's RewardConfig.correct (--correct-reward)",
+            "no sample of the %d scored has reward %g or more, the correct one: every accuracy "
+            "is 0 and every prompt scores 1; pass the run's RewardConfig.correct "
+            "(--correct-reward)",
             total,
             correct_reward,
         )

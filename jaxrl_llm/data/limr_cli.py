@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--correct-reward",
         type=float,
         default=1.0,
-        help="the reward of a correct sample (default 1.0)",
+        help="a sample is correct at this reward or more (RewardConfig.correct; default 1.0)",
     )
     score.add_argument("--first-step", type=int, default=1, help="number of the first step")
     score.add_argument("--out", help=f"scores file (default RUN/{limr.SCORES_FILE})")

@@ -57,7 +57,7 @@ _STATE_VERSION = 1
 # 2: ids, token ids and answers (`PromptPipeline._fingerprint`); absent: ids only (before
 # 2026-12-05, `PromptPipeline.ids_fingerprint`).
 _FINGERPRINT_VERSION = 2
-# 2: epochs >= 1 seeded by `epoch_seed`'s hash; absent: by seed + epoch (up to cd966c9).
+# 2: epochs >= 1 seeded by `epoch_seed`'s hash; absent: by seed + epoch (before 63937c5).
 _ORDER_VERSION = 2
 
 

@@ -163,7 +163,8 @@ def _kind(value: Any) -> str:
 def pair_messages(example: Mapping[str, Any]) -> tuple[list[dict[str, str]], str]:
     """(The chat before the response, the response) of a prompt/response pair: `prompt` a
     string (one user message) or chat messages, as `data.examples.row_conversation` reads it;
-    `system`, when given, replaces the prompt's system message. `ValueError` saying what is
+    `system`, when given, replaces the prompt's system message ("": none, as
+    `DataConfig.system_prompt`). `ValueError` saying what is
     wrong for any other row."""
     prompt, response, system = example["prompt"], example["response"], example.get("system")
     if not isinstance(prompt, str | list):
@@ -173,9 +174,10 @@ def pair_messages(example: Mapping[str, Any]) -> tuple[list[dict[str, str]], str
         raise ValueError(f"'response' must be a string, got {_kind(response)}")
     if system is not None and not isinstance(system, str):
         raise ValueError(f"'system' must be a string or null, got {_kind(system)}")
-    if system:
+    if system is not None:  # as DataConfig.system_prompt: "" is no system turn
         messages = [m for m in messages if m["role"] != "system"]
-        messages.insert(0, {"role": "system", "content": system})
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
     return messages, response
 
 

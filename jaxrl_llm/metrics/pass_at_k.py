@@ -30,11 +30,13 @@ def majority_correct(
     """maj@k of one problem: whether the most voted answer is the truth.
 
     `answers[i]` is sample i's extracted answer (None: none, which does not vote) and
-    `correct[i]` the reward's verdict on it. Votes go to classes of equal answers: every
-    sample marked correct votes for one class, the truth's (its spellings, `0.5` and
-    `\\frac{1}{2}`, all equal the truth); a wrong answer joins the first wrong class whose
-    first answer it is `equivalent` to (e.g. `rewards.answers_equivalent`), else opens a new
-    one. The largest class wins; a tie goes to the class whose first vote came first.
+    `correct[i]` whether the sample solved the problem. Votes go to classes of equal answers:
+    every solved sample votes for one class, the truth's (its spellings, `0.5` and
+    `\\frac{1}{2}`, all equal the truth); any other answer joins the first class whose first
+    answer it is `equivalent` to (e.g. `rewards.answers_equivalent`), the truth's included (a
+    right answer whose score a penalty took below `RewardConfig.correct` still votes for it),
+    else opens a new one. The largest class wins; a tie goes to the class whose first vote
+    came first.
     """
     votes: list[int] = []  # per class, in order of its first vote
     firsts: list[str] = []  # each class's first answer
@@ -42,20 +44,19 @@ def majority_correct(
     for answer, ok in zip(answers, correct, strict=True):
         if answer is None:
             continue
-        if ok:
-            if truth is None:
-                truth = len(votes)
-                votes.append(0)
-                firsts.append(answer)
-            votes[truth] += 1
-            continue
-        same = (c for c, first in enumerate(firsts) if c != truth and equivalent(answer, first))
-        c = next(same, None)
+        c = truth if ok and truth is not None else _class_of(answer, firsts, equivalent)
         if c is None:
             c = len(votes)
             votes.append(0)
             firsts.append(answer)
+        if ok:
+            truth = c
         votes[c] += 1
     if truth is None:
         return False
     return votes.index(max(votes)) == truth  # index: the first class with the most votes
+
+
+def _class_of(answer: str, firsts: list[str], equivalent: Callable[[str, str], bool]) -> int | None:
+    """The first class whose first answer `answer` is `equivalent` to, or None."""
+    return next((c for c, first in enumerate(firsts) if equivalent(answer, first)), None)

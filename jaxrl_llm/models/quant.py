@@ -64,7 +64,7 @@ def quantize_int8(
     cut = absmax / scale.astype(jnp.float32) > INT8_MAX + 0.5
     scale = jnp.where(cut, jnp.nextafter(scale, jnp.asarray(jnp.inf, scale.dtype)), scale)
     s32 = scale.astype(jnp.float32)
-    s32 = jnp.where(s32 > 0, s32, 1.0)  # a scale that underflowed its dtype: W_q s = 0
+    s32 = jnp.where(s32 > 0, s32, 1.0)  # still 0 (subnormals flushed): W_q s = 0, no NaN
     q = jnp.clip(jnp.round(w32 / s32), -INT8_MAX, INT8_MAX).astype(jnp.int8)
     return q, jnp.squeeze(scale, axes)
 

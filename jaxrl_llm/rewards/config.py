@@ -120,9 +120,10 @@ class RewardConfig:
 
 def solved(scores: Any, correct: float) -> np.ndarray:
     """Which samples solved their problem: score >= `RewardConfig.correct`, compared in
-    float32, the precision scores are recorded in (float32(0.9) is below the float 0.9), so a
-    format bonus on a wrong answer or a penalty on a right one does not move a sample across.
-    The one rule of `val/test_score` (`RolloutStage.validate`) and `jaxrl-llm eval`."""
+    float32, the precision scores are recorded in (float32(0.9) is below the float 0.9). A
+    bonus below `correct` (format) does not make a wrong answer solved; a penalty (ToRL's
+    failed code cell) can leave a right one unsolved. The one rule of `val/test_score`
+    (`RolloutStage.validate`), `jaxrl-llm eval` and LIMR's accuracies (`data.limr`)."""
     return np.asarray(scores, np.float32) >= np.float32(correct)
 
 

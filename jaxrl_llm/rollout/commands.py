@@ -11,12 +11,11 @@ import math
 import time
 from pathlib import Path
 
-from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.config_checks import FLOAT32_MAX, ConfigError
 from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model, parse_mesh
 
 # Flags that count something and need at least one (those a command has are checked).
 _AT_LEAST_ONE = ("n", "max_new_tokens", "slots", "steps_per_call")
-_FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +44,7 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
             raise ConfigError(f"{_flag(name)} = {value}: expected an integer >= 1")
     temperature = getattr(args, "temperature", 0.0)
     # NaN fails every comparison; sampling holds float32, where 1e39 is already inf.
-    if not 0 <= temperature <= _FLOAT32_MAX:
+    if not 0 <= temperature <= FLOAT32_MAX:
         raise ConfigError(
             f"--temperature = {temperature}: expected a finite value >= 0 (0 = greedy)"
         )

@@ -7,7 +7,14 @@ import dataclasses
 
 import gin
 
-from jaxrl_llm.config_checks import ConfigError, Ge, Interval, checked_fields, documented
+from jaxrl_llm.config_checks import (
+    FLOAT32_MAX,
+    ConfigError,
+    Ge,
+    Interval,
+    checked_fields,
+    documented,
+)
 
 
 @gin.configurable
@@ -15,7 +22,7 @@ from jaxrl_llm.config_checks import ConfigError, Ge, Interval, checked_fields, d
 @checked_fields(
     n=Ge(1),
     max_new_tokens=Ge(1),
-    temperature=Ge(0),
+    temperature=Interval(ge=0, le=FLOAT32_MAX),
     top_k=Ge(0),
     top_p=Interval(gt=0, le=1),
     max_tool_calls=Ge(0),
@@ -23,7 +30,7 @@ from jaxrl_llm.config_checks import ConfigError, Ge, Interval, checked_fields, d
     max_turn_tokens=Ge(1),
     max_slots=Ge(1),
     steps_per_call=Ge(1),
-    val_temperature=Ge(0),
+    val_temperature=Interval(ge=0, le=FLOAT32_MAX),
     weights=("same", "int8", "w8a8"),
     kv_cache_dtype=("auto", "bfloat16", "int8"),
 )

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from typing_extensions import TypeVar  # `default=` (PEP 696) before Python 3.13
 
+from jaxrl_llm.config_checks import FLOAT32_MAX
+
 Array = jax.Array
 # The leaves of a `SlotSampling`: `jax.Array` (the default), numpy scalars on the host
 # (`SlotSampling.one`), `NamedSharding` in a sharding pytree. (As `jaxrl_llm.types.Leaf`,
@@ -39,7 +41,6 @@ GREEDY_TEMPERATURE = 0.0
 # The largest top_k a slot holds (int32): any k >= V keeps every token, so a larger k is the
 # same filter.
 MAX_TOP_K = int(np.iinfo(np.int32).max)
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -120,11 +120,12 @@ def test_score_run_correct_reward_is_configurable_and_steps_map_to_epochs(tmp_pa
 
 def test_score_run_counts_a_reward_recorded_in_float32_as_correct(tmp_path):
     """The rollout stage records scores as float32 (`RolloutStage`), so a correct reward of 0.9
-    is on disk as float32(0.9) = 0.8999999761581421: it is correct; the next float32 is not."""
+    is on disk as float32(0.9) = 0.8999999761581421: it is correct (reward >= correct, the
+    rule of validation and eval); the float32 below it is not."""
     correct = np.float32(0.9)
-    above = np.nextafter(correct, np.float32(1))
+    below = np.nextafter(correct, np.float32(0))
     for step in (1, 2):
-        rewards = np.asarray([correct, correct, correct, above], np.float32)
+        rewards = np.asarray([correct, correct, correct, below], np.float32)
         record_samples(tmp_path, step, ["a", "a", "b", "b"], rewards)
     assert json.loads((tmp_path / "samples" / "step_1.jsonl").open().readline())["reward"] != 0.9
     result = score_run(tmp_path, steps_per_epoch=1, epochs=2, correct_reward=0.9)
@@ -138,8 +139,8 @@ def test_score_run_warns_when_no_sample_counts_as_correct(tmp_path, caplog):
         score_run(tmp_path, steps_per_epoch=1, epochs=2)
     assert "no sample" not in caplog.text
     with caplog.at_level("WARNING"):
-        score_run(tmp_path, steps_per_epoch=1, epochs=2, correct_reward=0.9)
-    assert "no sample of the 4 scored has reward 0.9" in caplog.text
+        score_run(tmp_path, steps_per_epoch=1, epochs=2, correct_reward=1.5)
+    assert "no sample of the 4 scored has reward 1.5 or more" in caplog.text
 
 
 def _scored_run(tmp_path):

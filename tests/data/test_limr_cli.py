@@ -54,10 +54,11 @@ def test_score_writes_scores_and_plot(run_dir, capsys):
 
 def test_score_custom_paths_and_correct_reward(run_dir, tmp_path, capsys):
     out, plot = tmp_path / "s.json", tmp_path / "p.png"
-    # With -1 as the "correct" reward, accuracy is 1 - the accuracy above.
-    args = ["--run", run_dir, "--steps-per-epoch", 2, "--epochs", 3, "--correct-reward", -1]
+    # A sample is correct at reward >= --correct-reward: at -1.5 every sample (rewards 1 and
+    # -1) is, so every accuracy is 1.
+    args = ["--run", run_dir, "--steps-per-epoch", 2, "--epochs", 3, "--correct-reward", -1.5]
     report = run_cli(capsys, "score", *args, "--out", out, "--plot", plot)
-    np.testing.assert_allclose(limr.load_scores(out).accuracy, 1 - ACCURACY, atol=1e-12)
+    np.testing.assert_array_equal(limr.load_scores(out).accuracy, np.ones_like(ACCURACY))
     assert plot.exists() and report["scores"] == str(out)
     report = run_cli(capsys, "score", *args, "--out", out, "--no-plot")
     assert "plot" not in report

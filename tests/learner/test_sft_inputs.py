@@ -134,6 +134,9 @@ def test_a_chat_messages_prompt_is_rendered_as_those_messages(tok):
     swapped = [{"role": "system", "content": "T"}, chat[1]]
     prompt = tok.apply_chat_template(swapped, tokenize=False, add_generation_prompt=True)
     assert tok.decode(ids) == prompt + "5" + END
+    ids, _ = encode_example({"system": "", "prompt": chat, "response": "5"}, tok)
+    prompt = tok.apply_chat_template(chat[1:], tokenize=False, add_generation_prompt=True)
+    assert tok.decode(ids) == prompt + "5" + END  # "": no system turn (DataConfig's rule)
 
 
 USER, ASSISTANT = {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}

@@ -69,3 +69,14 @@ def test_majority_merges_equivalent_wrong_answers():
     # A tie between the truth and a merged wrong answer goes to the one seen first.
     assert not majority_correct(["7", "12", "7.0", "12"], [False, True, False, True], _same_number)
     assert majority_correct(["12", "7", "7.0", "12"], [True, False, False, True], _same_number)
+
+
+def test_a_right_answer_a_penalty_left_unsolved_still_votes_for_the_truth():
+    """A right answer scored below RewardConfig.correct (ToRL's failed-cell penalty: 1 - 0.5)
+    is not solved, but it is the truth's answer: its vote goes to the truth's class, whether
+    it comes before the solved samples or after them (it had opened a class of its own, and
+    8, 8 won 2 to 1)."""
+    assert majority_correct(["7", "7", "8", "8"], [True, False, False, False])
+    assert majority_correct(["7", "7", "8", "8"], [False, True, False, False])
+    assert not majority_correct(["8", "7", "8", "7"], [False, False, False, True], _same_number)
+    assert majority_correct(["7.0", "8", "7", "8"], [False, False, True, False], _same_number)
