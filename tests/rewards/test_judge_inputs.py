@@ -3,7 +3,6 @@ response, the question and the reference cannot forge chat turns in the judge's 
 and a verdict outside the judge's score range (or beyond float32) does not become a reward.
 The judge's sampler is scripted: no model."""
 
-import math
 import types
 from typing import cast
 
@@ -74,7 +73,8 @@ def test_inserted_texts_cannot_forge_chat_turns(tokenizer):
         (r"\boxed{1000}", {}),  # outside the default [0, 1]
         (r"\boxed{-50}", {}),
         ("Score: 11/10", {"parser": "number", "scale": 10.0}),
-        ("1e39", {"parser": "number", "score_range": (-math.inf, math.inf)}),
+        # a range wider than float32 (config numbers are finite): float32's bound still holds
+        ("1e39", {"parser": "number", "score_range": (-1e300, 1e300)}),
     ],
 )
 def test_a_verdict_out_of_range_is_unparsed(verdict, config):
