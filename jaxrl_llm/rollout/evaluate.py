@@ -175,10 +175,9 @@ def _rows(got, correct: float) -> list[dict[str, Any]]:
     """One row per problem of a scored `Rollout`: its samples' texts, answers, and whether
     each solved it (`rewards.config.solved` against the run's `RewardConfig.correct`)."""
     from jaxrl_llm.rewards import extract_answer
-
-    G, out = got.group_size, []
     from jaxrl_llm.rewards.config import solved
 
+    G, out = got.group_size, []
     ok = solved(got.scores, correct).tolist()
     for p, pid in enumerate(got.prompt_ids):
         texts = [c.text for c in got.completions[p * G : (p + 1) * G]]

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm.config_checks import FLOAT32_MAX
 from jaxrl_llm.rewards.judge_config import (
     JUDGE_PREFIX,
     JudgeConfig,
@@ -44,7 +45,6 @@ from jaxrl_llm.rollout.sampling import SamplingParams
 from jaxrl_llm.tools.special_tokens import neutralise_special_tokens, special_token_strings
 
 COUNTS = ("retries", "unparsed", "too_long")
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class Judge:

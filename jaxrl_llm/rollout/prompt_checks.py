@@ -16,12 +16,13 @@ import numpy as np
 _SHOWN = 5  # problems named in an error; the count says how many there are
 
 
-def prompt_problem(ids: np.ndarray, max_length: int, vocab_size: int | None) -> str | None:
-    """Why the prompt `ids` [P] cannot be generated, or None when it can; `vocab_size` None
+def prompt_problem(ids: np.ndarray, max_length: int | None, vocab_size: int | None) -> str | None:
+    """Why the prompt `ids` [P] cannot be generated, or None when it can; `max_length` None
+    leaves the length to the caller (the server counts the BOS it adds), `vocab_size` None
     (an engine without a model config) checks lengths only."""
     if len(ids) == 0:
         return "empty prompt"
-    if len(ids) > max_length:
+    if max_length is not None and len(ids) > max_length:
         return f"prompt of {len(ids)} tokens exceeds max_prefill_length {max_length}"
     if vocab_size is not None:
         outside = np.flatnonzero((ids < 0) | (ids >= vocab_size))

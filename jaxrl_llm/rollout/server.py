@@ -83,7 +83,7 @@ class _Orchestrator(orchestrator.LLMOrchestrator):
         # The samplers' own rule (empty, out of the vocabulary); the length is checked below,
         # counting the BOS the Driver adds.
         vocab = self._engine.config.vocab_size
-        problem = prompt_problem(np.asarray(ids, np.int64), len(ids), vocab)
+        problem = prompt_problem(np.asarray(ids, np.int64), None, vocab)
         if problem is not None:
             return problem
         # The Driver prepends the BOS, where the tokenizer has one, unless the request
