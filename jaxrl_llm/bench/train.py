@@ -108,14 +108,18 @@ def bench_jax(
 
 def bench_torch(path: Path, batch: int, seq_len: int, repeats: int) -> dict:
     """PyTorch forward + backward of the HF model (`step_s`) and the same followed by what our
-    step also does, global-norm clipping and AdamW (`step_with_adamw_s`: the same work)."""
+    step also does, global-norm clipping and AdamW (`step_with_adamw_s`: the same work), on
+    the device kind JAX runs ours on (`torch_device`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    device = torch_device()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).train()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model = model.to(device).train()
     ids = torch.from_numpy(_ids(model.config.vocab_size, batch, seq_len).astype(np.int64))
-    # Our OptimConfig's defaults; `fused` is PyTorch's fastest AdamW on CPU (one kernel).
+    ids = ids.to(device)
+    # Our OptimConfig's defaults; `fused` is PyTorch's fastest AdamW (one kernel).
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, fused=True)
 
     def fwd_bwd() -> None:
@@ -129,20 +133,42 @@ def bench_torch(path: Path, batch: int, seq_len: int, repeats: int) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         opt.step()
 
-    with_adamw()  # warm-up (and the optimiser's state)
+    def waited(fn) -> float:  # a GPU's kernels run after the call returns
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    waited(with_adamw)  # warm-up (and the optimiser's state)
     best = {"fwd_bwd": float("inf"), "adamw": float("inf")}
     for _ in range(repeats):  # interleaved, so both see the same machine
         for key, fn in (("fwd_bwd", fwd_bwd), ("adamw", with_adamw)):
-            t0 = time.perf_counter()
-            fn()
-            best[key] = min(best[key], time.perf_counter() - t0)
+            best[key] = min(best[key], waited(fn))
     return {
         "step_s": best["fwd_bwd"],
         "tokens_per_s": batch * (seq_len - 1) / best["fwd_bwd"],
         "step_with_adamw_s": best["adamw"],
         "tokens_per_s_with_adamw": batch * (seq_len - 1) / best["adamw"],
         "torch_threads": torch.get_num_threads(),
+        "torch_device": str(device),
+        # float32 matmuls on an NVIDIA GPU: TF32 on both sides (JAX's default precision there).
+        "torch_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
     }
+
+
+def torch_device():
+    """CUDA when JAX runs on a GPU and this PyTorch build has CUDA (the same chip for both),
+    else the CPU. On CUDA, float32 matmuls may use TF32, as XLA's default precision does
+    there: PyTorch's own default (full float32) would compare unlike work."""
+    import jax
+    import torch
+
+    if jax.default_backend() == "gpu" and torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        return torch.device("cuda")
+    return torch.device("cpu")
 
 
 def main(args: argparse.Namespace) -> int:

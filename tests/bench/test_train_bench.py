@@ -36,6 +36,8 @@ def test_bench_train_json(capsys):
     assert out["speedup_vs_torch_fwd_bwd"] == pytest.approx(
         ours["tokens_per_s"] / torch_run["tokens_per_s"]
     )
+    # PyTorch runs on the device kind ours does: the CPU here, as JAX is.
+    assert (torch_run["torch_device"], torch_run["torch_tf32"]) == ("cpu", False)
     assert ceil["matmul_flops"] > 1e8
     assert ceil["host"]["compile_cache"] is False  # compile_s is XLA's, not a cache load
     # Op time grouped by the source lines that emitted it. The share of *time* that maps moves
