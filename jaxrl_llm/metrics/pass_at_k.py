@@ -38,23 +38,61 @@ def majority_correct(
     else opens a new one. The largest class wins; a tie goes to the class whose first vote
     came first.
     """
-    votes: list[int] = []  # per class, in order of its first vote
+    return majority_correct_at(answers, correct, [len(answers)], equivalent)[0]
+
+
+def majority_correct_at(
+    answers: Sequence[str | None],
+    correct: Sequence[bool],
+    ks: Sequence[int],
+    equivalent: Callable[[str, str], bool] = operator.eq,
+) -> list[bool]:
+    """`majority_correct` of the first k samples, for each k of `ks`, with each sample's class
+    found once: a sample's class depends only on the samples before it, so the first k
+    samples' classes are a prefix of all n's (maj@1..maj@n cost the comparisons of maj@n alone,
+    where voting k by k repeats them for every k)."""
+    if len(answers) != len(correct):
+        raise ValueError(f"{len(answers)} answers but {len(correct)} correct flags")
+    n = max(ks, default=0)
+    if n > len(answers):
+        raise ValueError(f"k={n} > n={len(answers)} samples")
+    classes = _classes(answers[:n], correct[:n], equivalent)
+    return [_truth_wins(classes[:k], correct[:k]) for k in ks]
+
+
+def _classes(
+    answers: Sequence[str | None], correct: Sequence[bool], equivalent: Callable[[str, str], bool]
+) -> list[int | None]:
+    """Each sample's class (None: no answer, no vote), classes numbered in order of their
+    first vote (`majority_correct`'s rule)."""
+    out: list[int | None] = []
     firsts: list[str] = []  # each class's first answer
     truth: int | None = None  # the truth's class
     for answer, ok in zip(answers, correct, strict=True):
         if answer is None:
+            out.append(None)
             continue
         c = truth if ok and truth is not None else _class_of(answer, firsts, equivalent)
         if c is None:
-            c = len(votes)
-            votes.append(0)
+            c = len(firsts)
             firsts.append(answer)
         if ok:
             truth = c
-        votes[c] += 1
+        out.append(c)
+    return out
+
+
+def _truth_wins(classes: Sequence[int | None], correct: Sequence[bool]) -> bool:
+    """Whether the truth's class (that of the first solved sample) has the most votes, a tie
+    going to the class numbered first (its first vote came first)."""
+    truth = next((c for c, ok in zip(classes, correct, strict=True) if ok), None)
     if truth is None:
         return False
-    return votes.index(max(votes)) == truth  # index: the first class with the most votes
+    votes = [0] * (1 + max(c for c in classes if c is not None))
+    for c in classes:
+        if c is not None:
+            votes[c] += 1
+    return votes.index(max(votes)) == truth
 
 
 def _class_of(answer: str, firsts: list[str], equivalent: Callable[[str, str], bool]) -> int | None:

@@ -13,6 +13,7 @@ runs rewards in worker processes and kills one that overruns.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -51,14 +52,23 @@ def answers_equivalent(predicted: str, gold: str, *, timeout_s: float = 5.0) -> 
         return True
     seconds = max(1, math.ceil(timeout_s)) if _in_main_thread() else None
     try:
-        gold_parsed = parse(_as_latex(gold), parsing_timeout=seconds)
-        pred_parsed = parse(_as_latex(predicted), parsing_timeout=seconds)
+        gold_parsed = list(_parsed(_as_latex(gold), seconds))  # verify takes a list
+        pred_parsed = list(_parsed(_as_latex(predicted), seconds))
         if not gold_parsed or not pred_parsed:
             return False
         return bool(verify(gold_parsed, pred_parsed, timeout_seconds=seconds))
     except Exception as e:  # math_verify raises on malformed LaTeX and on timeouts
         logger.debug("math_verify failed on %r vs %r: %s", predicted, gold, e)
         return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(latex: str, seconds: int | None) -> tuple:
+    """math_verify's parse of `latex`, kept for its next comparison: maj@k compares each
+    answer with every class before it, and a parse costs most of a comparison. A parse that
+    raises (malformed, or out of time) is not kept. Kept as a tuple, so no caller can change
+    it: callers pass verify a list of it (verify reads a tuple as one expression)."""
+    return tuple(parse(latex, parsing_timeout=seconds))
 
 
 def _normalise_latex(text: str) -> str:

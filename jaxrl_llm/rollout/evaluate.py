@@ -24,7 +24,7 @@ from jaxrl_llm.config import add_gin_arguments, parse_gin
 from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.examples import FieldMap
 from jaxrl_llm.data.sources import SourceConfig, require_source
-from jaxrl_llm.metrics.pass_at_k import majority_correct, pass_at_k
+from jaxrl_llm.metrics.pass_at_k import majority_correct_at, pass_at_k
 from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
 
 log = logging.getLogger(__name__)
@@ -199,12 +199,12 @@ def _summary(rows: list[dict[str, Any]], n: int, ks: list[int]) -> dict[str, Any
 
     result: dict[str, Any] = {"problems": len(rows), "n": n}
     result["pass@1"] = float(np.mean([np.mean(r["correct"]) for r in rows]))
-    for k in ks:
+    # Each sample's vote is classed once for every k (`majority_correct_at`).
+    maj = np.array([majority_correct_at(r["answers"], r["correct"], ks, answers_equivalent)
+                    for r in rows]).reshape(len(rows), len(ks))  # fmt: skip
+    for j, k in enumerate(ks):
         result[f"pass@{k}"] = float(np.mean([pass_at_k(n, sum(r["correct"]), k) for r in rows]))
-        maj = [
-            majority_correct(r["answers"][:k], r["correct"][:k], answers_equivalent) for r in rows
-        ]
-        result[f"maj@{k}"] = float(np.mean(maj))
+        result[f"maj@{k}"] = float(np.mean(maj[:, j]))
     return result
 
 

@@ -6,8 +6,10 @@ import math
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from jaxrl_llm.metrics.pass_at_k import majority_correct, pass_at_k
+from jaxrl_llm.metrics.pass_at_k import majority_correct, majority_correct_at, pass_at_k
 
 
 @pytest.mark.parametrize(
@@ -69,6 +71,43 @@ def test_majority_merges_equivalent_wrong_answers():
     # A tie between the truth and a merged wrong answer goes to the one seen first.
     assert not majority_correct(["7", "12", "7.0", "12"], [False, True, False, True], _same_number)
     assert majority_correct(["12", "7", "7.0", "12"], [True, False, False, True], _same_number)
+
+
+_SAMPLES = st.lists(
+    st.tuples(st.sampled_from([None, "1", "1.0", "2", "2.0", "3", "4"]), st.booleans()),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_SAMPLES, st.data())
+def test_maj_at_every_k_equals_voting_on_each_prefix(samples, data):
+    """maj@k for several k at once (each sample classed once) equals `majority_correct` run on
+    each prefix of k samples (how eval voted before), with merged spellings and ties."""
+    answers, correct = [a for a, _ in samples], [c for _, c in samples]
+    ks = data.draw(st.lists(st.integers(0, len(samples)), max_size=5))
+    for eq in (_same_number, lambda a, b: a == b):
+        expected = [majority_correct(answers[:k], correct[:k], eq) for k in ks]
+        assert majority_correct_at(answers, correct, ks, eq) == expected
+
+
+def test_maj_at_every_k_compares_as_often_as_maj_at_n_alone():
+    """Voting k by k compared every prefix's answers again: maj@1, 2, 4, ..., 64 of 64
+    distinct wrong answers made 2,667 comparisons (each two math_verify parses in eval);
+    classing each sample once makes maj@64's 2,016 for all seven."""
+    calls = 0
+
+    def counted(a: str, b: str) -> bool:
+        nonlocal calls
+        calls += 1
+        return a == b
+
+    answers, correct = [str(i) for i in range(64)], [False] * 63 + [True]
+    ks = [1, 2, 4, 8, 16, 32, 64]
+    assert majority_correct_at(answers, correct, ks, counted) == [False] * 7
+    assert calls == 64 * 63 // 2  # each sample against the classes before it, once
+    with pytest.raises(ValueError, match="k=65 > n=64"):
+        majority_correct_at(answers, correct, [65])
 
 
 def test_a_right_answer_a_penalty_left_unsolved_still_votes_for_the_truth():

@@ -177,3 +177,24 @@ def test_math_reward_with_a_list_of_accepted_answers():
     wrong += [(r"\boxed{2}", ("#### 3", r"so \boxed{4}"))]
     for response, golds in wrong:
         assert math_reward(response, golds, correct=1.0, incorrect=0.0) == 0.0, golds
+
+
+def test_each_answer_is_parsed_once_across_comparisons(monkeypatch):
+    """maj@k compares each answer with every class before it: math_verify parses each string
+    once (`verifiable._parsed`), not twice per comparison, and the comparisons still see the
+    parsed values (0.25 equals 1/4; 0.75 does not)."""
+    from jaxrl_llm.rewards import verifiable
+
+    seen: list[str] = []
+
+    def counted(text: str, **kw):
+        seen.append(text)
+        return real(text, **kw)
+
+    real = verifiable.parse
+    monkeypatch.setattr(verifiable, "parse", counted)
+    verifiable._parsed.cache_clear()
+    texts = ["0.25", "\\frac{1}{4}", "0.75"]
+    got = [verifiable.answers_equivalent(a, b) for a in texts for b in texts if a != b]
+    assert got == [True, False, True, False, False, False]
+    assert sorted(seen) == sorted("\\boxed{" + t + "}" for t in texts)
