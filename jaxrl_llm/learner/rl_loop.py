@@ -14,8 +14,10 @@ import os
 import time
 
 import jax
+import numpy as np
 from flax import nnx
 
+from jaxrl_llm.algorithms import registry
 from jaxrl_llm.config import write_resolved_config
 from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.pipeline import PromptIterator
@@ -60,12 +62,10 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
         raise
     health = HealthMonitor()
     records: list[dict] = []
+    undrawn = False  # a record written since dashboard.png was last drawn
     try:
         if state.step == 0 and cfg.eval_every:
-            m = _validate(run)  # the producer starts after it
-            writer.write(0, m)
-            records.append({"step": 0, **m})
-            _refresh_dashboard(run_dir)
+            records += _first_validation(run, writer)  # the producer starts after it
         if producer is not None:
             producer.start(state.policy.params, run.learner.frozen)
         while state.step < cfg.steps:
@@ -81,11 +81,13 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
                     producer.publish(step, state.policy.params, run.learner.frozen)
             writer.write(step, metrics)
             records.append({"step": step, **metrics})
+            undrawn = True
             log.info(summary_line(step, metrics))
             if jax.process_index() == 0:
                 health.check(step, metrics)
-                if "val/test_score" in metrics:
-                    _refresh_dashboard(run_dir)
+            if "val/test_score" in metrics:  # redrawn after each validation, and at the end
+                _refresh_dashboard(run_dir)
+                undrawn = False
             if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
                 ahead_lib.save(
                     run.ckpt, step, device_state(state), run.prompts, run.ahead, producer
@@ -97,10 +99,25 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
             model = nnx.merge(learner.graphdef, learner.policy_params())
             export_final(model, run_dir, cfg.policy.checkpoint, tokenizer=learner.tokenizer)
     finally:
-        if producer is not None:  # before the sampler it uses closes; a stop waits for
-            producer.close()  # the batch being sampled, if any, to end
-        close_run(run, writer)
+        try:
+            if producer is not None:  # before the sampler it uses closes; a stop waits for
+                producer.close()  # the batch being sampled, if any, to end
+            close_run(run, writer)
+        finally:  # however the loop ended (an error too), the dashboard shows every record
+            if undrawn:
+                _refresh_dashboard(run_dir)
     return records
+
+
+def _first_validation(run: Run, writer: MetricsWriter) -> list[dict]:
+    """Step 0's record: the validation of the initial policy, written and drawn; none when
+    the run has no validation data."""
+    metrics = _validate(run)
+    if not metrics:
+        return []
+    writer.write(0, metrics)
+    _refresh_dashboard(run.run_dir)
+    return [{"step": 0, **metrics}]
 
 
 def _producer(run: Run) -> RolloutProducer | None:
@@ -164,8 +181,7 @@ def train_step(
     else:
         samples, metrics = producer.take(step)
     metrics.update(staleness_metrics(samples, step))
-    same = all_equal_groups(samples.scores, cfg.rollout.n)
-    metrics["batch/all_equal_groups_frac"] = float(same.mean())
+    metrics.update(group_metrics(cfg, samples.scores))
     t1 = time.perf_counter()
     exp, device, padding = learn.make_experience(cfg, learner, samples)
     metrics.update(learn.host_metrics(exp))
@@ -189,6 +205,18 @@ def train_step(
     metrics["perf/tokens_per_s"] = samples.num_tokens / metrics["timing/step"]
     run.generations.write(step, samples)
     return metrics
+
+
+def group_metrics(cfg: RLConfig, scores: np.ndarray) -> dict[str, float]:
+    """`batch/all_equal_groups_frac`: the fraction of prompt groups whose `rollout.n` scores
+    are all equal, so a group baseline gives them advantage 0. Only for an estimator
+    registered with a group baseline (`min_group_size` >= 2: GRPO, RLOO) and n > 1; empty
+    otherwise (a critic's or a batch baseline reads no groups, and with n = 1 every
+    "group" is one sample)."""
+    n = cfg.rollout.n
+    if n < 2 or registry.capabilities("advantage", cfg.algo.estimator).min_group_size < 2:
+        return {}
+    return {"batch/all_equal_groups_frac": float(all_equal_groups(scores, n).mean())}
 
 
 def _validate(run: Run, producer: RolloutProducer | None = None, step: int = 0) -> dict[str, float]:

@@ -44,6 +44,7 @@ from jaxrl_llm.learner.steps import (
     make_policy_step,
 )
 from jaxrl_llm.metrics.generations import GenerationLog
+from jaxrl_llm.metrics.writer import MetricsConfig
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer
 from jaxrl_llm.models.config import CheckpointError, ModelConfig
 from jaxrl_llm.models.hf_io import read_config
@@ -270,7 +271,10 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
         if cfg.val_reward is not None:
             val_reward = build_rewards(cfg.validation_reward(), mesh=scoring, judges=build_judge)
             built.append(val_reward)
-        generations = GenerationLog(run_dir, cfg.log_generations, learner.tokenizer)
+        generations = GenerationLog(
+            run_dir, cfg.log_generations, learner.tokenizer,
+            tensorboard=MetricsConfig().tensorboard,  # as the metrics writer reads it
+        )  # fmt: skip
     except BaseException:
         with contextlib.ExitStack() as stack:
             for close in (rollout.close, ckpt.close, *(b.close for b in built)):

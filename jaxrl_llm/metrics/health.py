@@ -5,7 +5,11 @@
 run, is logged with `logging.warning`, and carries the metric values and a hint naming the
 gin knob to try. Checks and their signs:
 
-- `non_finite`: NaN or Inf in any metric (warns at once).
+- `non_finite:<family>`: NaN or Inf in a metric, once per family (the name's first part:
+  `actor`, `critic`, `reward`, `timing`, ...), at once; so a NaN timing or reward mean does
+  not hide a NaN loss later. Only the update's families (`actor`, `critic`) say that the
+  trainer skipped the update. A NaN `reward/<name>/mean` is not counted: it means no sample
+  was scored by that reward in the step (docs/rewards.md), not a divergence.
 - `kl_explosion`: |actor/kl_loss| or |actor/ppo_kl| above `kl_max`, or above
   `kl_spike_factor` x its running median and above `kl_spike_floor` (at once).
 - `entropy_collapse`: actor/entropy below `entropy_collapse_frac` x its early mean, or below
@@ -18,7 +22,8 @@ gin knob to try. Checks and their signs:
   near 0 as the policy sharpens (seen on the built-in run).
 - `clipfrac_high`: actor/pg_clipfrac above `clipfrac_max` for `patience` steps.
 - `all_equal_groups`: batch/all_equal_groups_frac (the fraction of prompt groups whose G
-  rewards are all equal) above `all_equal_max` for `patience` steps.
+  rewards are all equal) above `all_equal_max` for `patience` steps. The loop logs it only
+  for an estimator with a group baseline (GRPO, RLOO) and G > 1 (`rl_loop.group_metrics`).
 - `length_at_cap`: response_length/clip_ratio above `length_clip_max` for `patience` steps.
 
 The cost per step is a few dict lookups plus, once the pg_loss window is full, one
@@ -37,6 +42,12 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 KL_KEYS = ("actor/kl_loss", "actor/ppo_kl")
+UPDATE_FAMILIES = ("actor", "critic")  # a non-finite loss or gradient skips their update
+
+
+def _nothing_scored(key: str, value: float) -> bool:
+    """`reward/<name>/mean` is NaN when the reward scored no sample in the step."""
+    return math.isnan(value) and key.startswith("reward/") and key.endswith("/mean")
 
 
 def _as_float(v: Any) -> float | None:
@@ -65,8 +76,8 @@ class HealthMonitor:
         counts as upward (robust to outliers; ~3.7 standard errors of tau for pure noise
         at the default window of 20).
       clipfrac_max: actor/pg_clipfrac level read as "near 1".
-      all_equal_max: batch/all_equal_groups_frac level above which most GRPO groups carry
-        no learning signal.
+      all_equal_max: batch/all_equal_groups_frac level above which most prompt groups carry
+        no learning signal under a group baseline (GRPO, RLOO).
       length_clip_max: response_length/clip_ratio level read as "stuck at the cap".
       patience: consecutive steps a level condition (entropy, clip fraction, all-equal
         groups, length at cap) must hold before it warns; spikes and NaNs warn at once.
@@ -113,7 +124,8 @@ class HealthMonitor:
         self._pairs = np.triu_indices(trend_window, k=1)
 
     def check(self, step: int, metrics: dict[str, Any]) -> list[str]:
-        """Warnings raised by this step's metrics (each kind once per run); also logged.
+        """Warnings raised by this step's metrics (each kind, and non-finite values of each
+        metric family, once per run); also logged.
 
         `metrics` maps verl metric names to numbers (floats, numpy or JAX scalars, or the
         strings "nan"/"inf" that `metrics.jsonl` holds); absent metrics are not checked.
@@ -122,9 +134,14 @@ class HealthMonitor:
             k: f for k, v in metrics.items() if k != "step" and (f := _as_float(v)) is not None
         }
         found: list[tuple[str, str]] = []
-        bad = {k: v for k, v in values.items() if not math.isfinite(v)}
-        if bad:
-            found.append(("non_finite", self._non_finite(step, bad)))
+        bad = {
+            k: v for k, v in values.items() if not math.isfinite(v) and not _nothing_scored(k, v)
+        }
+        by_family: dict[str, dict[str, float]] = {}
+        for k, v in bad.items():
+            by_family.setdefault(k.split("/")[0], {})[k] = v
+        for family, keys in sorted(by_family.items()):
+            found.append((f"non_finite:{family}", self._non_finite(step, family, keys)))
         finite = {k: v for k, v in values.items() if math.isfinite(v)}
         for kind, msg in (
             self._kl_check(step, finite),
@@ -159,15 +176,20 @@ class HealthMonitor:
 
     # -- checks: each returns (kind, message) or (None, "") --------------------------------
 
-    def _non_finite(self, step: int, bad: dict[str, float]) -> str:
+    def _non_finite(self, step: int, family: str, bad: dict[str, float]) -> str:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items())[:6])
         more = f" (+{len(bad) - 6} more)" if len(bad) > 6 else ""
+        head = f"step {step}: non-finite metrics: {shown}{more}."
+        if family not in UPDATE_FAMILIES:
+            return (
+                f"{head} Not a loss or gradient, so no update was skipped for it; check what "
+                "computes it (e.g. a reward function returning inf, a tool's counter)"
+            )
         return (
-            f"step {step}: non-finite metrics: {shown}{more}. The trainer skips any update "
-            "whose loss or gradient is non-finite (parameters unchanged; actor/skipped > 0 "
-            "says it did); if it repeats, lower OptimConfig.lr, keep "
-            "OptimConfig.max_grad_norm on, train in float32, and check rewards and "
-            "advantages for inf/NaN (e.g. a reward function returning inf)"
+            f"{head} The trainer skips any update whose loss or gradient is non-finite "
+            f"(parameters unchanged; {family}/skipped > 0 says it did); if it repeats, lower "
+            "OptimConfig.lr, keep OptimConfig.max_grad_norm on, train in float32, and check "
+            "rewards and advantages for inf/NaN (e.g. a reward function returning inf)"
         )
 
     def _kl_check(self, step: int, m: dict[str, float]) -> tuple[str | None, str]:
@@ -256,7 +278,7 @@ class HealthMonitor:
         score = m.get("critic/score/mean")
         score_s = "" if score is None else f", critic/score/mean={score:.3g}"
         return "all_equal_groups", (
-            f"step {step}: {key}={v:.3g}{score_s} for {self.patience} steps: most GRPO "
+            f"step {step}: {key}={v:.3g}{score_s} for {self.patience} steps: most prompt "
             "groups have all-equal rewards, so their advantages are 0 and there is no "
             "learning signal. If most answers are right (high score), use harder prompts; if "
             "most are wrong, easier ones (or a LIMR subset); or raise RolloutConfig.n, or set "

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DASHBOARD = "dashboard.png"
+METRICS = "metrics.jsonl"
 COLUMNS = 3  # panels per dashboard row
 
 
@@ -106,12 +107,13 @@ class NoMetricsError(ConfigError, FileNotFoundError):
 
 
 def load_series(run_dir: str | os.PathLike) -> dict[str, Series]:
-    """Each metric of a run as (steps, values), non-finite values ("nan"/"inf") dropped."""
+    """Each metric of a run (its directory or its metrics.jsonl) as (steps, values),
+    non-finite values ("nan"/"inf") dropped."""
     path = epath.Path(run_dir)
     if not (path / "metrics.jsonl").exists() and not path.is_file():
         raise NoMetricsError(f"no metrics.jsonl in {path}: not a training run's directory")
     points: dict[str, list[tuple[int, float]]] = {}
-    for record in read_metrics(path):
+    for record in read_metrics(path):  # records only: other lines skipped, with a warning
         step = record.get("step")
         if step is None:
             continue
@@ -131,8 +133,10 @@ def run_labels(run_dirs: list[epath.Path]) -> list[str]:
     """Legend labels, one per run and all different (runs are keyed by label): each run
     directory's name, widened by parent folders (`x/a/run`, `y/a/run`) until it differs
     from every other run's label; the full path, numbered, for a run given twice."""
-    # A local path is resolved first, so "." is labelled by its folder's name.
-    full = [os.fspath(d if "://" in os.fspath(d) else epath.Path(d).resolve()) for d in run_dirs]
+    # A local path is resolved first, so "." is labelled by its folder's name; a run given
+    # as its metrics.jsonl is labelled by its folder.
+    dirs = [d.parent if d.name == METRICS else d for d in map(epath.Path, run_dirs)]
+    full = [os.fspath(d if "://" in os.fspath(d) else d.resolve()) for d in dirs]
     parts = [p.rstrip("/").split("/") for p in full]
     labels = []
     for i, own in enumerate(parts):
@@ -182,8 +186,8 @@ def write_dashboard(
 ) -> list[Path | epath.Path]:
     """Write `dashboard.png` and one `dashboard_<group>.png` per present group to out_dir.
 
-    run_dirs: run directories (each holding `metrics.jsonl`); several runs overlay, one
-      colour per run, labelled by directory name.
+    run_dirs: run directories (each holding `metrics.jsonl`) or their metrics.jsonl files;
+      several runs overlay, one colour per run, labelled by directory name.
     per_group: also write the per-group PNGs (False halves the time: dashboard only).
     Returns the written paths, dashboard first; empty (and a logged warning) when no run
     has any plotted metric. Call on process 0 only; a few seconds on a busy 2-core CPU.
@@ -253,13 +257,16 @@ def _draw_panel(ax, panel: Panel, runs: dict[str, dict[str, Series]]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", type=epath.Path, nargs="+", metavar="RUN_DIR",
-                        help="run directories holding metrics.jsonl; several overlay")  # fmt: skip
+                        help="run directories holding metrics.jsonl (or the metrics.jsonl "
+                             "files); several overlay")  # fmt: skip
     parser.add_argument("--out", type=epath.Path, default=None,
-                        help="output folder (default: the first RUN_DIR)")  # fmt: skip
+                        help="output folder (default: the first RUN_DIR, or the folder of the "
+                             "first file given)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
-    paths = write_dashboard(args.run_dirs, args.out or args.run_dirs[0])
+    first = epath.Path(args.run_dirs[0])
+    paths = write_dashboard(args.run_dirs, args.out or (first.parent if first.is_file() else first))
     for p in paths:
         print(p)
     return 0 if paths else 1

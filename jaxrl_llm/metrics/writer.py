@@ -164,14 +164,22 @@ def _start_wandb(config: MetricsConfig, run_dir: epath.Path, *, resuming: bool) 
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Records of a metrics.jsonl (a run dir or the file); a torn last line is skipped."""
+    """Records of a metrics.jsonl (a run dir or the file); a torn last line is skipped, and
+    a line that is JSON but not an object (a hand edit: `null`, `[1]`) with a warning that
+    names it, so `--resume`'s writer and `plot` read records only."""
     path = epath.Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    out, skipped = [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):
+            out.append(record)
+        else:
+            skipped.append(number)
+    if skipped:
+        log.warning("%s: skipped line(s) %s: not JSON objects", path, skipped[:10])
     return out

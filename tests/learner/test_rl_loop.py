@@ -79,6 +79,7 @@ def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path, monkey
         "response_length/clip_ratio", "val/test_score", "rollout/logprob_diff/mean",
         "timing/rollout", "timing/experience", "timing/update", "timing/step",
         "perf/tokens_per_s", "perf/padding_frac", "perf/experience_padding_frac",
+        "batch/all_equal_groups_frac",  # GRPO: a group baseline
     ]  # fmt: skip
     for key in expected:
         assert key in last, key

@@ -71,6 +71,40 @@ def test_nan_fires_at_once_says_skipped_and_only_once(caplog):
     assert [r.getMessage() for r in caplog.records] == [msg]
 
 
+def test_nan_reward_mean_is_nothing_scored_and_a_later_nan_loss_still_warns():
+    """reward/<name>/mean is NaN when no sample was scored (docs/rewards.md): not a
+    divergence, no warning; a NaN loss and inf grad norm later are still reported."""
+    monitor = HealthMonitor()
+    first = monitor.check(3, {"reward/math/mean": float("nan"), "reward/timeouts": 16,
+                              "actor/pg_loss": 0.01})  # fmt: skip
+    later = monitor.check(9, {"actor/pg_loss": float("nan"), "actor/grad_norm": "inf"})
+    assert first == []
+    (msg,) = later
+    assert "actor/grad_norm=inf" in msg and "actor/pg_loss=nan" in msg and "skip" in msg
+
+
+def test_non_finite_warns_once_per_key_family():
+    """An inf timing (or a reward's inf mean) is reported without the claim that an update
+    was skipped, and does not silence a NaN loss later; each family warns once."""
+
+    def sign(step, m):
+        if step >= 20:
+            m["timing/step"] = float("inf")
+        if step == 25:
+            m["reward/math/mean"] = float("inf")  # a reward returning inf is not "nothing scored"
+        if step >= 30:
+            m["actor/pg_loss"] = float("nan")
+
+    warnings = fired(run(HealthMonitor(), sign))
+    assert [(step, msg.split(":")[1].strip()) for step, msg in warnings] == [
+        (20, "non-finite metrics"), (25, "non-finite metrics"), (30, "non-finite metrics"),
+    ]  # fmt: skip
+    (timing, reward, loss) = (msg for _, msg in warnings)
+    assert "timing/step=inf" in timing and "skips any update" not in timing
+    assert "reward/math/mean=inf" in reward and "skips any update" not in reward
+    assert "actor/pg_loss=nan" in loss and "skips any update" in loss
+
+
 def test_kl_above_absolute_threshold_fires():
     def sign(step, m):
         if step >= 50:
@@ -169,7 +203,7 @@ def test_each_kind_fires_once_per_run():
     warnings = fired(run(monitor, everything))
     assert len(warnings) == 7 == len(monitor.fired)
     assert monitor.fired == {
-        "non_finite", "kl_explosion", "entropy_collapse", "pg_loss_trend", "clipfrac_high",
+        "non_finite:timing", "kl_explosion", "entropy_collapse", "pg_loss_trend", "clipfrac_high",
         "all_equal_groups", "length_at_cap",
     }  # fmt: skip
 

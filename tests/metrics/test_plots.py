@@ -92,3 +92,26 @@ def test_plot_without_plottable_metrics_writes_nothing(tmp_path):
     assert write_dashboard([run], tmp_path / "out") == []
     with pytest.raises(FileNotFoundError):
         write_dashboard([tmp_path / "missing"], tmp_path / "out")
+
+
+def test_plot_command_given_a_metrics_file_writes_next_to_it(tmp_path, capsys):
+    run = write_run(tmp_path / "run", [{"step": s, "critic/score/mean": 0.1 * s} for s in (1, 2)])
+    assert cli.main(["plot", str(run / "metrics.jsonl")]) == 0
+    assert (run / "dashboard.png").exists() and (run / "dashboard_reward.png").exists()
+    assert str(run / "dashboard.png") in capsys.readouterr().out
+    other = write_run(tmp_path / "other", [{"step": 1, "critic/score/mean": 0.3}])
+    (ax,) = build_figures([run / "metrics.jsonl", other])["reward"].axes  # labelled by folder
+    assert {line.get_label() for line in ax.get_lines()} == {"run", "other"}
+
+
+def test_a_line_that_is_not_a_json_object_is_skipped(tmp_path, caplog):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = ['{"step": 1, "critic/score/mean": 0.5}', "null", "[2, 3]", "7", '{"step": 2, "x": 1}']
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    series = load_series(run)
+    assert {k: (s.tolist(), v.tolist()) for k, (s, v) in series.items()} == {
+        "critic/score/mean": ([1], [0.5]), "x": ([2], [1.0]),
+    }  # fmt: skip
+    assert "skipped line(s) [2, 3, 4]: not JSON objects" in caplog.text
+    assert "metrics.jsonl" in caplog.text

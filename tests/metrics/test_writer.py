@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import types
@@ -122,3 +123,16 @@ def test_non_finite_values_reach_tensorboard_and_wandb(tmp_path, fake_wandb, mon
     assert math.isnan(fake_wandb.logs[1][0]["actor/pg_loss"])
     assert fake_wandb.logs[2][0]["actor/pg_loss"] == math.inf
     assert [r["actor/pg_loss"] for r in read_metrics(tmp_path)] == [0.5, "nan", "inf", 0.25]
+
+
+def test_a_resume_reads_past_a_line_that_is_not_an_object(tmp_path, caplog):
+    """A hand-edited metrics.jsonl with a `null` line: the resumed writer keeps the records
+    up to its step and drops that line with a warning naming it (it crashed with
+    AttributeError on `None.get`); a torn last line is skipped as before."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "a": 1}\nnull\n{"step": 2, "a": 2}\n{"step": 3, "a"')
+    MetricsWriter(tmp_path, config=MetricsConfig(tensorboard=False), resume_step=2).close()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"step": 1, "a": 1}, {"step": 2, "a": 2},
+    ]  # fmt: skip
+    assert "skipped line(s) [2]: not JSON objects" in caplog.text
