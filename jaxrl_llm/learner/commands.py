@@ -59,14 +59,20 @@ def train_main(args: argparse.Namespace) -> int:
 
 def check_mesh(m: MeshConfig) -> None:
     """`MeshConfig`'s shape against this run's devices (the trainer's: those
-    `rollout_devices` leaves), a `ConfigError` before anything opens or loads."""
+    `rollout_devices` leaves), a `ConfigError` before anything opens or loads. Several
+    processes: the tensor axis within each host's devices, as `plan` checks it (each host
+    samples on its own devices: `sharding.hosts.local_sampling_mesh`)."""
     import jax
 
+    from jaxrl_llm.learner.plan_shapes import host_mesh_shape
     from jaxrl_llm.sharding.mesh import resolve_mesh_shape
 
     trainer = jax.device_count() - m.rollout_devices
-    if trainer > 0:  # else the run's own check names rollout_devices (`learner.run`)
-        resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=trainer)
+    if trainer <= 0:  # the run's own check names rollout_devices (`learner.run`)
+        return
+    _, _, tensor = resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=trainer)
+    if jax.process_count() > 1 and not m.rollout_devices:  # else one process only (`run`)
+        host_mesh_shape(jax.device_count(), jax.local_device_count(), tensor)
 
 
 def add_overwrite_argument(parser: argparse.ArgumentParser) -> None:

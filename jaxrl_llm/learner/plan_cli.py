@@ -8,14 +8,16 @@ import dataclasses
 import json
 from typing import Any
 
+import numpy as np
+
 from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.learner.plan import GB, Plan, Workload, plan_memory
-from jaxrl_llm.learner.plan_shapes import SHAPES, model_config
+from jaxrl_llm.learner.plan_shapes import SHAPES, host_mesh_shape, model_config
 
 
 def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
     """Single-setting changes (as gin bindings) and the peak each gives, best first."""
-    d, f, t = mesh_shape
+    d, f, _ = mesh_shape
     options: list[tuple[str, Any, tuple, Workload]] = []
     if not cfg.remat:
         options.append(("PolicyConfig.remat=True", cfg.replace(remat=True), mesh_shape, w))
@@ -24,11 +26,7 @@ def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
         mini = w.micro_batch * w.micro_batches
         ww = dataclasses.replace(w, micro_batch=mb, micro_batches=mini // mb)
         options.append((f"AlgoConfig.micro_batch_size={mb}", cfg, mesh_shape, ww))
-    if d > 1:
-        options.append((f"MeshConfig.data={d // 2} (fsdp={f * 2})", cfg, (d // 2, f * 2, t), w))
-    per_host = kw.get("devices_per_host")
-    if f > 1 and (not per_host or per_host % (t * 2) == 0):  # tensor stays within a host
-        options.append((f"MeshConfig.tensor={t * 2} (fsdp={f // 2})", cfg, (d, f // 2, t * 2), w))
+    options += [(c, cfg, m, w) for c, m in _mesh_options(mesh_shape, kw.get("devices_per_host"))]
     options += [(change, cfg, mesh_shape, ww) for change, ww in _scorer_options(w, cfg.dtype)]
     if w.sampler_weights == "same" and plan.terms["rollout_weights"]:  # a copy already
         ww = dataclasses.replace(w, sampler_weights="int8")
@@ -41,6 +39,39 @@ def suggest(cfg, mesh_shape, w: Workload, plan: Plan, **kw) -> list[dict]:
         p = plan_memory(c, m, ww, device_memory=plan.device_memory, **kw)
         out.append({"change": change, "peak": p.peak, "fits": bool(p.fits)})
     return sorted(out, key=lambda s: s["peak"])
+
+
+def _mesh_options(mesh_shape, per_host: int | None) -> list[tuple[str, tuple[int, int, int]]]:
+    """Meshes over the same devices with more of them on fsdp (taken from data) or on
+    tensor (taken from fsdp): the smallest factor of the axis moved that `train` builds
+    (`_buildable`); an odd axis moves whole (data=3 -> data=1, fsdp x 3), not halved."""
+    d, f, t = mesh_shape
+    factors = lambda n: [k for k in range(2, n + 1) if n % k == 0]
+    moves = (
+        ([(d // k, f * k, t) for k in factors(d)], "MeshConfig.data={0} (fsdp={1})"),
+        ([(d, f // k, t * k) for k in factors(f)], "MeshConfig.tensor={2} (fsdp={1})"),
+    )
+    out = []
+    for shapes, label in moves:
+        shape = next((s for s in shapes if _buildable(s, mesh_shape, per_host)), None)
+        if shape is not None:
+            out.append((label.format(*shape), shape))
+    return out
+
+
+def _buildable(shape, current, per_host: int | None) -> bool:
+    """Whether `train` builds `shape` where it would build `current`: the mesh resolver's
+    rule over the same devices, and with several hosts each host's sampling mesh."""
+    from jaxrl_llm.sharding.mesh import resolve_mesh_shape
+
+    devices = int(np.prod(current))
+    try:
+        resolve_mesh_shape(*shape, num_devices=devices)
+        if per_host and per_host < devices:  # several processes (`plan_memory`)
+            host_mesh_shape(devices, per_host, shape[2])
+    except ConfigError:
+        return False
+    return True
 
 
 def _smaller_micro_batch(w: Workload, rows: int) -> int | None:

@@ -111,12 +111,9 @@ def host_mesh_shape(devices: int, devices_per_host: int, tensor: int) -> tuple[i
             f"--devices-per-host={devices_per_host} does not divide --devices={devices}: "
             "every host drives the same number of devices"
         )
-    if devices_per_host % tensor:
-        raise ConfigError(
-            f"MeshConfig.tensor = {tensor} does not fit in a host's {devices_per_host} "
-            "devices; a multi-host RL run samples on each host separately, so keep the tensor "
-            "axis within a host (tensor <= devices per host) and scale with fsdp/data"
-        )
+    from jaxrl_llm.sharding.hosts import check_tensor_in_host
+
+    check_tensor_in_host(tensor, devices_per_host)
     return devices_per_host // tensor, 1, tensor
 
 

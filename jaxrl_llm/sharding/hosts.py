@@ -44,6 +44,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.sharding.axes import MESH_AXES
 from jaxrl_llm.sharding.reshard import already_placed, target_shardings
 from jaxrl_llm.sharding.rules import SAMPLE_RULES, Rules
@@ -54,15 +55,22 @@ def _host_devices(mesh: Mesh, process: int) -> list:
     return [d for d in mesh.devices.flat if d.process_index == process]
 
 
+def check_tensor_in_host(tensor: int, devices_per_host: int) -> None:
+    """A `ConfigError` unless `tensor` divides a host's devices: a multi-host RL run samples
+    on each host's own devices (`local_sampling_mesh`), so a tensor group cannot span hosts
+    (`train`'s mesh check, `plan`'s and the sampling mesh's own, one rule)."""
+    if devices_per_host < 1 or devices_per_host % tensor:
+        raise ConfigError(
+            f"MeshConfig.tensor = {tensor} does not fit in a host's {devices_per_host} "
+            "devices; a multi-host RL run samples on each host separately, so keep the tensor "
+            "axis within a host (a divisor of its devices) and scale with fsdp/data"
+        )
+
+
 def _host_grid(mesh: Mesh, process: int) -> np.ndarray:
     tensor = mesh.shape["tensor"]
     devices = _host_devices(mesh, process)
-    if not devices or len(devices) % tensor:
-        raise ValueError(
-            f"mesh tensor axis of {tensor} does not fit in host {process}'s {len(devices)} "
-            "devices; a multi-host RL run samples on each host separately, so keep the "
-            "tensor axis within a host (tensor <= devices per host) and scale with fsdp/data"
-        )
+    check_tensor_in_host(tensor, len(devices))
     # Consecutive devices along the (last, fastest) tensor axis form one tensor group.
     grid = np.empty((len(devices) // tensor, 1, tensor), dtype=object)
     for i, d in enumerate(devices):
@@ -70,7 +78,7 @@ def _host_grid(mesh: Mesh, process: int) -> np.ndarray:
     where = {d: idx[:-1] for idx, d in np.ndenumerate(mesh.devices)}  # all but tensor
     for group in grid.reshape(-1, tensor):
         if len({where[d] for d in group}) != 1:
-            raise ValueError(
+            raise ConfigError(
                 "a tensor group of the training mesh spans hosts; keep the tensor axis "
                 "within a host for multi-host RL"
             )
@@ -119,6 +127,8 @@ class WeightSync:
         treedef = jax.tree.structure(abstract)
         target = local_shardings
         if self._multi:
+            if train_mesh is None:
+                raise ValueError("a WeightSync on several processes needs the training mesh")
             target = target_shardings(abstract, host_replicated_mesh(train_mesh), rules)
         out = jax.tree.unflatten(treedef, jax.tree.leaves(target))
         self._cast = cast

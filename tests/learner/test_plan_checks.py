@@ -1,5 +1,8 @@
 """`plan` refuses what `train` refuses (`RLConfig.validate`), checks its own flags, and
-suggests only a micro-batch size `train` takes."""
+suggests only a micro-batch size `train` takes and meshes `train` can build."""
+
+import json
+import re
 
 import pytest
 
@@ -47,3 +50,32 @@ def test_the_suggested_micro_batch_divides_the_mini_batch(
     changes = [s["change"] for s in suggest(builtin, mesh, work, plan)]
     sizes = [int(c.split("=")[1]) for c in changes if c.startswith("AlgoConfig.micro_batch_size")]
     assert sizes == ([] if expected is None else [expected])
+
+
+# (--devices, --devices-per-host, the mesh, the mesh changes expected): odd axes included
+ODD_MESHES = [
+    (6, None, {"data": 3, "fsdp": 2},
+     {"MeshConfig.data=1 (fsdp=6)", "MeshConfig.tensor=2 (fsdp=1)"}),
+    (6, None, {"fsdp": 3, "tensor": 2}, {"MeshConfig.tensor=6 (fsdp=1)"}),
+    (12, 4, {"data": 3, "fsdp": 2, "tensor": 2},
+     {"MeshConfig.data=1 (fsdp=6)", "MeshConfig.tensor=4 (fsdp=1)"}),
+    (6, 2, {"fsdp": 3, "tensor": 2}, set()),  # tensor=6 would not fit in a host's 2 devices
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("devices, per_host, mesh, expected", ODD_MESHES)
+def test_the_suggested_meshes_are_ones_train_builds(devices, per_host, mesh, expected, capsys):
+    """Each suggested mesh has the devices' product and fits a host; fed back to `plan`, it
+    is planned (exit 1: still over the tiny memory), not refused (exit 2)."""
+    flags = ["plan", f"--devices={devices}", "--device-memory-gb=0.001", "--json"]
+    flags += [f"--devices-per-host={per_host}"] if per_host else []
+    binds = lambda m: [f"--gin_param=MeshConfig.{k}={v}" for k, v in m.items()]
+    assert cli.main(flags + binds(mesh)) == 1
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    changes = {s["change"] for s in out["suggestions"] if s["change"].startswith("MeshConfig.")}
+    assert changes == expected
+    for change in changes:
+        axes = {k: int(v) for k, v in re.findall(r"(data|fsdp|tensor)=(\d+)", change)}
+        assert cli.main(flags + binds({**mesh, **axes})) == 1, capsys.readouterr().err
+        planned = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["mesh"]
+        assert planned == {"data": 1, "fsdp": 1, "tensor": 1, **mesh, **axes}

@@ -1,6 +1,8 @@
 """`sharding.hosts` in one process (8 simulated devices); the two-process behaviour is tested
 end to end in tests/integration/test_multihost.py."""
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.models import init_model
 from jaxrl_llm.sharding import SAMPLE_RULES, TRAIN_RULES, build_mesh, hosts, target_shardings
 from jaxrl_llm.testing import tiny_config
@@ -65,3 +68,29 @@ def test_weight_sync_hands_over_in_the_sampling_layout(shape, cast):
         assert x.sharding.is_equivalent_to(s, x.ndim)
         assert x.dtype == (cast or y.dtype)
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y).astype(x.dtype))
+
+
+class _Device:
+    """A device of a faked multi-host mesh: `_host_grid` reads only `process_index`."""
+
+    def __init__(self, process_index: int):
+        self.process_index = process_index
+
+
+def _mesh_over(processes: list[int], shape: tuple[int, int, int]):
+    devices = np.empty(len(processes), dtype=object)
+    devices[:] = [_Device(p) for p in processes]
+    return SimpleNamespace(
+        shape=dict(zip(("data", "fsdp", "tensor"), shape)), devices=devices.reshape(shape)
+    )
+
+
+@pytest.mark.parametrize("processes, shape, message", [
+    ([0, 0, 1, 1], (1, 1, 4), "MeshConfig.tensor = 4 does not fit in a host's 2 devices"),
+    ([0, 0, 1, 1, 2, 2], (1, 2, 3), "MeshConfig.tensor = 3 does not fit in a host's 2 devices"),
+    ([0, 1, 0, 1], (2, 1, 2), "a tensor group of the training mesh spans hosts"),
+])  # fmt: skip
+def test_a_tensor_axis_that_spans_hosts_is_a_config_error(processes, shape, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        hosts._host_grid(_mesh_over(processes, shape), 0)  # type: ignore[arg-type]
+    assert "\n" not in str(e.value) and "keep the tensor axis within a host" in str(e.value)
