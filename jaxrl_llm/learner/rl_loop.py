@@ -72,6 +72,8 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
             step = state.step + 1
             evaluate = bool(cfg.eval_every) and (step % cfg.eval_every == 0 or step == cfg.steps)
             metrics = train_step(run, step, producer, publish=not evaluate)
+            if step == 1:  # what building the training data kept and dropped, logged once
+                metrics.update(run.data.train.report.as_metrics())
             state.step = step
             if evaluate:
                 t0 = time.perf_counter()

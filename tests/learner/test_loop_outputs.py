@@ -38,7 +38,8 @@ def _run_without_validation(run) -> list[dict]:
 
 @pytest.mark.slow  # measured: 16 s on 2 shared cores, compiled programs cached
 def test_run_without_validation_draws_its_dashboard_and_no_empty_step_0(tmp_path):
-    """The dashboard is drawn at the end, no empty {"step": 0} row is written; TensorBoard
+    """The dashboard is drawn at the end, no empty {"step": 0} row is written (no
+    validation), step 1's row holds what building the data kept and dropped; TensorBoard
     off writes no event files (the generations log included); REINFORCE++ with n = 1 has
     no groups, so no all-equal-groups fraction."""
     run = tmp_path / "run"
@@ -49,7 +50,14 @@ def test_run_without_validation_draws_its_dashboard_and_no_empty_step_0(tmp_path
         "tensorboard files": sorted(p.name for p in run.rglob("*tfevents*")),
         FRAC: [r["step"] for r in records if FRAC in r],
     }
-    assert seen == {"steps written": [1], "dashboard.png": True, "tensorboard files": [], FRAC: []}
+    expected = {"steps written": [1], "dashboard.png": True, "tensorboard files": [], FRAC: []}
+    assert seen == expected
+    # The built-in task's 16 training rows (builtin_train_size), none dropped.
+    data = {k: v for k, v in read_metrics(run)[0].items() if k.startswith("data/")}
+    assert data == {
+        "data/rows_read": 16.0, "data/malformed_rows": 0.0, "data/filtered_too_long": 0.0,
+        "data/prompts": 16.0,
+    }  # fmt: skip
 
 
 @pytest.mark.slow  # as above
