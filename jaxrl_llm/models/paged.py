@@ -6,7 +6,11 @@ directly): a layer's pool is `kv_pages [P, ps, 2K, H]`, combined head 2k holding
 and 2k + 1 value head k. Token t of a sequence lives in page `page_indices[t // ps]` at row
 `t % ps`; its flat slot is `page * ps + t % ps`, and a flat slot >= P * ps means "do not
 write" (padding, inactive rows). `kv_lens` counts a sequence's tokens in the cache, the
-current query token included; 0 marks an inactive row (its output is zero).
+current query token included; 0 marks an inactive row (its output is zero). A row's unused
+table entries may hold P (the engine's "no page"; a gather clamps it to page P - 1, another
+sequence's) and the slots past its length keep what a page's previous occupant wrote: the
+walks read such slots and may find inf or NaN there, so every walk (as the TPU kernel) selects
+them out of the scores and the values alike, and they never reach an output.
 
 `decode_attention` (one query per sequence) walks a ragged work list of (sequence, page)
 pairs in blocks of `block_pages` pages with an online softmax, so a step reads the pages
@@ -26,6 +30,7 @@ dim, P pages, ps page size, pps pages per sequence.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -257,8 +262,11 @@ def _init(qg: Array):
 
 def _block_stats(qg, blk, ok, sm_scale):
     """Per-item softmax statistics of a block: qg [C, K, G, H], blk [C, t, 2K, H] keys and
-    values, ok [C, t] -> max [C, K, G], sum [C, K, G], unnormalised output [C, K, G, H]."""
+    values, ok [C, t] -> max [C, K, G], sum [C, K, G], unnormalised output [C, K, G, H].
+    Slots outside `ok` may hold inf or NaN (module docstring): scores are masked by a select
+    and values zeroed, as p = 0 alone leaves 0 * inf = NaN in the p . v product."""
     kb, vb = blk[:, :, 0::2], blk[:, :, 1::2]
+    vb = jnp.where(ok[:, :, None, None], vb, jnp.zeros((), vb.dtype))
     acc = compute_dtype(qg)
     s = jnp.einsum("ckgh,cpkh->ckgp", qg, kb, preferred_element_type=acc)
     mask = ok[:, None, None, :]
@@ -324,7 +332,7 @@ def _by_item(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
     ends = jnp.cumsum(n_pages)
     starts = ends - n_pages
     total = ends[-1]
-    seg = dict(num_segments=B, indices_are_sorted=True)
+    seg: dict[str, Any] = dict(num_segments=B, indices_are_sorted=True)
 
     def body(c, carry):
         m, total_p, o = carry
@@ -356,13 +364,17 @@ def gathered_attention(
     sm_scale: float,
 ) -> Array:
     """Causal attention of T queries per sequence (at `positions` [B, T]) over the row's
-    whole page table, gathered densely: q [B, T, N, H] -> [B, T, N, H]."""
+    whole page table, gathered densely: q [B, T, N, H] -> [B, T, N, H]. Values past a row's
+    length are zeroed (module docstring); the row's own later tokens, masked for an earlier
+    query by p = 0 only, reach it if not finite (as in `self_attention.attend`)."""
     B, T, N, H = q.shape
     K = kv_pages.shape[2] // 2
     blk = take_pages(kv_pages, page_indices)  # [B, pps, ps, 2K, H]
     kv = blk.reshape(B, -1, 2 * K, H)
     k, v = kv[:, :, 0::2], kv[:, :, 1::2]
     key_pos = jnp.arange(kv.shape[1])
+    in_row = key_pos[None, :, None, None] < kv_lens[:, None, None, None]
+    v = jnp.where(in_row, v, jnp.zeros((), v.dtype))  # 0 * inf = NaN: see `_block_stats`
     mask = (key_pos[None, None, :] <= positions[:, :, None]) & (
         key_pos[None, None, :] < kv_lens[:, None, None]
     )
