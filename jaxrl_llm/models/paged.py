@@ -207,7 +207,10 @@ def decode_attention(
     else:
         use_column, _ = pages_read(kv_lens, ps, page_indices.shape[1], jnp)
         _, denom, o = jax.lax.cond(use_column, lambda: _by_column(*args), lambda: _by_item(*args))
-    out = jnp.where(denom[..., None] > 0, o / jnp.maximum(denom, 1e-30)[..., None], 0.0)
+    # Inactive rows (kv_len 0) are zero; an active row's NaN (a NaN key it attends: an
+    # overflow upstream) stays NaN, as on the GPU path, rather than read as a zero output.
+    active = (kv_lens > 0)[:, None, None, None]
+    out = jnp.where(active, o / jnp.maximum(denom, 1e-30)[..., None], 0.0)
     return out.reshape(B, N, H).astype(q.dtype)
 
 
