@@ -48,6 +48,7 @@ from jaxrl_llm.models.paged import batch_axes
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
 from jaxrl_llm.rollout.pages import SlotPages
 from jaxrl_llm.rollout.programs import DecodePrograms
+from jaxrl_llm.rollout.prompt_checks import prompt_problem, prompt_problems, refusal
 from jaxrl_llm.rollout.records import DecodeState, ParamsRef, Prefix, StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling
 from jaxrl_llm.sharding import SAMPLE_RULES, ShardingContext, build_mesh, reshard
@@ -241,10 +242,12 @@ class Engine(engine_api.Engine):
         tokens = np.asarray(padded_tokens, np.int32).reshape(-1)
         if not 0 < int(true_length) <= tokens.shape[0]:
             raise ValueError(f"true_length {true_length} outside (0, {tokens.shape[0]}]")
-        if tokens.shape[0] > self._max_prefill:
-            raise ValueError(
-                f"prompt of {tokens.shape[0]} tokens exceeds max_prefill_length {self._max_prefill}"
-            )
+        # The drivers' rule (`prompt_checks`): an id outside the vocabulary embeds as NaN.
+        problem = prompt_problem(tokens, self._max_prefill, None) or prompt_problem(
+            tokens[: int(true_length)], None, self.config.vocab_size
+        )
+        if problem:
+            raise ValueError(problem)
         lengths = np.asarray([true_length], np.int32)
         prefix = self._prefill_fn(self.place_params(params), tokens[None], lengths)
         self.pages.register(prefix, [int(true_length)])
@@ -257,9 +260,10 @@ class Engine(engine_api.Engine):
         rows = 1 << (len(prompts) - 1).bit_length()
         tokens = np.zeros((rows, width), np.int32)
         lengths = np.ones(rows, np.int32)  # padding rows: one token, never inserted
+        problems = prompt_problems(prompts, self._max_prefill, self.config.vocab_size)
+        if problems:
+            raise refusal(problems)
         for m, p in enumerate(prompts):
-            if not 0 < len(p) <= self._max_prefill:
-                raise ValueError(f"prompt of {len(p)} tokens: outside (0, {self._max_prefill}]")
             tokens[m, : len(p)], lengths[m] = p, len(p)
         prefix = self._prefill_fn(self.place_params(params), tokens, lengths)
         self.pages.register(prefix, [len(p) for p in prompts])

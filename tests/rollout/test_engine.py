@@ -204,6 +204,21 @@ def test_prefill_rejects_bad_lengths(tiny_engine):
         tiny_engine.prefill(params=params, padded_tokens=np.ones(16, np.int32), true_length=0)
 
 
+def test_prefill_refuses_ids_outside_the_vocabulary(tiny_engine):
+    """The Engine API called directly (JetStream's Driver, a user) refuses what the drivers
+    refuse (`prompt_checks`): an id >= V embedded as NaN, a negative one as the last row.
+    Padding past `true_length` is not read, so it is not checked."""
+    params, V = tiny_engine.load_params(), tiny_engine.config.vocab_size
+    for bad in (V, -1):
+        ids = np.array([1, 2, bad, 3], np.int32)
+        with pytest.raises(ValueError, match=f"token id {bad} at position 2 is outside"):
+            tiny_engine.prefill(params=params, padded_tokens=ids, true_length=4)
+        with pytest.raises(ValueError, match=f"prompt 1: token id {bad} at position 2"):
+            tiny_engine.prefill_many(params, [ids[:2], ids])
+    padded = np.array([1, 2, V + 5, V + 5], np.int32)  # junk padding: never embedded
+    tiny_engine.prefill(params=params, padded_tokens=padded, true_length=2)
+
+
 @pytest.mark.slow  # 13 s in a loaded 2-worker run, AMD EPYC AVX2
 def test_engine_without_own_params_needs_them_passed(tiny_model):
     from flax import nnx
