@@ -13,6 +13,8 @@ from jaxrl_llm.config import add_gin_arguments, parse_gin
 from jaxrl_llm.config_checks import ConfigError
 
 if TYPE_CHECKING:
+    from etils import epath
+
     from jaxrl_llm.learner.rl_config import MeshConfig
 
 DEFAULT_TRAIN_GIN = "grpo_tiny.gin"
@@ -44,6 +46,7 @@ def train_main(args: argparse.Namespace) -> int:
     # Multi-host: the default run_dir has a timestamp; every host takes process 0's.
     cfg = dataclasses.replace(cfg, run_dir=allgather_objects(cfg.resolved_run_dir())[0])
     check_mesh(cfg.mesh)
+    check_shared_run_dir(cfg.resolved_run_dir())  # process 0's, as set above
     print(f"run directory: {cfg.run_dir}", flush=True)
     t0 = time.perf_counter()
     records = run_rl(cfg, resume=args.resume)
@@ -73,6 +76,61 @@ def check_mesh(m: MeshConfig) -> None:
     _, _, tensor = resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=trainer)
     if jax.process_count() > 1 and not m.rollout_devices:  # else one process only (`run`)
         host_mesh_shape(jax.device_count(), jax.local_device_count(), tensor)
+
+
+SHARED_CHECK_FILE = ".jaxrl-llm-shared-check"  # process 0's marker, removed at once
+
+
+def check_shared_run_dir(run_dir: str) -> None:
+    """Several processes: a `ConfigError` on every host unless each reads the marker process
+    0 writes into `run_dir`, before anything else is written there. Orbax's multi-host save
+    has process 0 make each checkpoint's folders and the others wait for them: on each
+    host's own disk (a relative path on every TPU VM) they never appear, and the run would
+    hang at its first save for Orbax's 10 minutes. One process: nothing to check or write."""
+    import uuid
+
+    import jax
+    from etils import epath
+
+    from jaxrl_llm.sharding import hosts
+
+    if jax.process_count() == 1:
+        return
+    path = epath.Path(run_dir)
+    marker = path / SHARED_CHECK_FILE
+    token = error = None
+    if jax.process_index() == 0:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            token = uuid.uuid4().hex
+            marker.write_text(token)
+        except Exception as e:  # any kind (gcsfs's are not all OSError): every host must stop
+            error = f"{type(e).__name__}: {e}"
+    token, error = hosts.allgather_objects((token, error))[0]  # written before this
+    if error is not None:
+        raise ConfigError(
+            f"run_dir {run_dir}: process 0 cannot write there ({error}); give --run_dir (or "
+            "RLConfig.run_dir) a folder every host can write, a gs:// path or a shared one"
+        )
+    seen = hosts.allgather_objects(_read_marker(marker) == token)  # read before removing
+    if jax.process_index() == 0:
+        marker.unlink()
+    blind = [str(p) for p, ok in enumerate(seen) if not ok]
+    if blind:
+        raise ConfigError(
+            f"run_dir {run_dir} is not shared by every host: process{'es' * (len(blind) > 1)} "
+            f"{', '.join(blind)} cannot read the file process 0 wrote there, and a multi-host "
+            "checkpoint needs every host to see process 0's folders; every host must share the "
+            "run directory: give --run_dir (or RLConfig.run_dir) a gs:// path or a shared "
+            "filesystem's folder"
+        )
+
+
+def _read_marker(marker: epath.Path) -> str | None:
+    try:
+        return marker.read_text()
+    except Exception:  # not there (another disk) or not readable: not shared either way
+        return None
 
 
 def add_overwrite_argument(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 import jax
 import numpy as np
@@ -76,6 +81,12 @@ def initialize_distributed(
     detects everything itself: set `JAXRL_DISTRIBUTED=auto`. With `JAX_PLATFORMS=cpu`
     (multi-process CPU runs and tests) collectives go through gloo. Returns whether it
     initialised.
+
+    SIGTERM: `jax.distributed.initialize` installs JAX's preemption notifier, a C++ SIGTERM
+    handler, over whatever the process had; a Python handler set before (the command line's,
+    `cli._exit_cleanly_on_sigterm`: SIGTERM -> exit 143) is set again after it, else a
+    distributed run would swallow SIGTERM and train on. JAX's preemption sync
+    (`multihost_utils.reached_preemption_sync_point`) then never fires; nothing here uses it.
     """
     env = os.environ
     coordinator_address = coordinator_address or env.get("JAXRL_COORDINATOR_ADDRESS")
@@ -94,9 +105,21 @@ def initialize_distributed(
         num_processes,
         process_id,
     )
+    kept = _python_sigterm_handler()
     jax.distributed.initialize(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
     )
+    if kept is not None:  # JAX's notifier replaced it below Python, which still reports it
+        signal.signal(signal.SIGTERM, kept)
     return True
+
+
+def _python_sigterm_handler() -> Callable[[int, FrameType | None], Any] | int | None:
+    """The SIGTERM handler set from Python (a function, or SIG_IGN), to set again once JAX
+    has installed its own; None for the default, or off the main thread (not ours to set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signal.SIGTERM)
+    return None if handler in (signal.SIG_DFL, None) else handler
