@@ -1,6 +1,7 @@
 """tpu_scripts/*.sh: --dry-run prints the exact gcloud commands; shellcheck-clean."""
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -30,11 +31,12 @@ def test_create():
 
 
 def test_setup_installs_jax_tpu_on_every_worker():
-    tar, scp, ssh = dry_run("setup.sh")
-    assert tar[0] == "tar" and "--exclude=.venv" in tar
+    pack, scp, ssh = dry_run("setup.sh")
+    assert pack[0] == "tar" and "--null" in pack
     assert scp[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"] and "--worker=all" in scp
     assert ssh[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "rl"]
-    assert "--worker=all" in ssh and "pip install -e '.[tpu]'" in ssh[-1]
+    assert "--worker=all" in ssh and "bash tpu_scripts/install_worker.sh" in ssh[-1]
+    assert "pip install -e '.[tpu]'" in (SCRIPTS / "install_worker.sh").read_text()
 
 
 def test_launch_runs_train_everywhere_with_auto_distributed():
@@ -46,21 +48,53 @@ def test_launch_runs_train_everywhere_with_auto_distributed():
     assert train == ["train", "--gin_file=configs/grpo_tiny.gin", '--gin_param=X="a b"']
 
 
+def _worker(tmp_path: Path, jaxrl_llm: str | None) -> tuple[Path, Path]:
+    """A worker's home after setup.sh: ~/jaxrl-llm, and its venv's `jaxrl-llm` when given."""
+    home = tmp_path / "home"
+    (home / "jaxrl-llm").mkdir(parents=True)
+    if jaxrl_llm is not None:
+        fake = home / "jaxrl-llm" / ".venv" / "bin" / "jaxrl-llm"
+        fake.parent.mkdir(parents=True)
+        fake.write_text(f"#!/usr/bin/env bash\n{jaxrl_llm}\n")
+        fake.chmod(0o755)
+    return home, home / "jaxrl-llm" / "train.log"
+
+
+def _run_remote(remote: str, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", remote], cwd=home, env={**os.environ, "HOME": str(home)},
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+
+
 def test_launch_reports_a_failed_run_as_failed(tmp_path):
-    """The command each worker runs, run here by bash with a `jaxrl-llm` that fails: its exit
-    status is the run's, not `tee`'s (a crashed run must not read as a good one)."""
+    """The command each worker runs, run here by bash with a venv `jaxrl-llm` that fails: its
+    exit status is the run's, not `tee`'s (a crashed run must not read as a good one)."""
+    [ssh] = dry_run("launch.sh", "--gin_file=configs/grpo_tiny.gin")
+    home, log = _worker(tmp_path, "echo 'Traceback: training failed' >&2; exit 3")
+    r = _run_remote(ssh[-1].removeprefix("--command="), home)
+    assert r.returncode == 3, r.stderr
+    assert "training failed" in log.read_text()
+
+
+def test_launch_runs_the_venv_jaxrl_llm(tmp_path):
+    """setup.sh installs into ~/jaxrl-llm/.venv (Python 3.11+); launch runs that `jaxrl-llm`,
+    and names setup.sh when a worker has none."""
     [ssh] = dry_run("launch.sh", "--gin_file=configs/grpo_tiny.gin")
     remote = ssh[-1].removeprefix("--command=")
-    home, bin_dir = tmp_path / "home", tmp_path / "home" / ".local" / "bin"
-    bin_dir.mkdir(parents=True)
-    (home / "jaxrl-llm").mkdir()
-    fake = bin_dir / "jaxrl-llm"
-    fake.write_text("#!/usr/bin/env bash\necho 'Traceback: training failed' >&2\nexit 3\n")
-    fake.chmod(0o755)
-    r = subprocess.run(["bash", "-c", remote], cwd=home, env={**os.environ, "HOME": str(home)},
-                       capture_output=True, text=True, timeout=30)  # fmt: skip
-    assert r.returncode == 3, r.stderr
-    assert "training failed" in (home / "jaxrl-llm" / "train.log").read_text()
+    home, log = _worker(tmp_path, 'echo "venv $*"')
+    assert _run_remote(remote, home).returncode == 0
+    assert log.read_text() == "venv train --gin_file=configs/grpo_tiny.gin\n"
+    home, _ = _worker(tmp_path / "bare", None)
+    r = _run_remote(remote, home)
+    assert r.returncode == 2 and "tpu_scripts/setup.sh" in r.stderr
+
+
+def test_multi_host_examples_share_one_run_dir():
+    """Every host of a slice writes its part of each Orbax checkpoint into --run_dir: the
+    launch examples (docs/tpu.md, launch.sh's usage) give a gs:// one, never a local one."""
+    docs = (SCRIPTS.parent / "docs" / "tpu.md").read_text()
+    usage = (SCRIPTS / "launch.sh").read_text().split("source ")[0]
+    run_dirs = re.findall(r"--run_dir=(\S+)", docs + usage)
+    assert run_dirs and all(d.startswith("gs://") for d in run_dirs), run_dirs
 
 
 def test_delete():
