@@ -18,9 +18,10 @@ A tool's schema is read from its signature and Google-style docstring by `transf
 checked against it with `jsonschema` before the function runs.
 
 Every call ends in a `tool` message, never an exception: an unknown tool, arguments the
-schema rejects, a function that raises, one that runs past `timeout_s`, one whose return
-value JSON cannot write, and a malformed call (`tool_calls.MalformedCall`) each answer
-"Error: ..." and count in `metrics()`:
+schema rejects, a function that raises (also `SystemExit` from a `sys.exit`, or a
+`KeyboardInterrupt` it raises itself; the caller's Ctrl-C still stops the run), one that
+runs past `timeout_s`, one whose return value JSON cannot write, and a malformed call
+(`tool_calls.MalformedCall`) each answer "Error: ..." and count in `metrics()`:
 `tools/<name>/{calls,errors,timeouts,latency_s}`, `tools/malformed`, `tools/unknown`.
 
 A call runs in its own daemon thread. Python cannot stop a thread, so a function that hangs
@@ -75,15 +76,28 @@ def as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
+class ToolExit(Exception):
+    """A tool's own `BaseException` that is not an `Exception` (`sys.exit` in a CLI wrapper
+    or a library, a `KeyboardInterrupt` or `GeneratorExit` it raises): an error of the call,
+    not the end of the rollout. The caller's Ctrl-C arrives in the main thread, never here."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
 def _run_with_timeout(fn: Callable[..., Any], kwargs: dict, timeout_s: float) -> Any:
-    """`fn(**kwargs)` in a daemon thread; TimeoutError after `timeout_s`; its exception."""
+    """`fn(**kwargs)` in a daemon thread; TimeoutError after `timeout_s`; its exception
+    (`ToolExit` for one that is not an `Exception`)."""
     box: dict[str, Any] = {}
 
     def target():
         try:
             box["value"] = fn(**kwargs)
-        except BaseException as e:  # handed to the caller
+        except Exception as e:  # handed to the caller
             box["error"] = e
+        except BaseException as e:  # raised in the tool's thread: the tool's own
+            box["error"] = ToolExit(e)
 
     thread = threading.Thread(target=target, daemon=True, name="tool-call")
     thread.start()
@@ -140,7 +154,8 @@ class ToolBox:
             return f"Error: {call.name} timed out ({e})"
         except Exception as e:
             self._count(key + "errors")
-            return f"Error: {call.name} raised {type(e).__name__}: {e}"
+            raised = e.error if isinstance(e, ToolExit) else e
+            return f"Error: {call.name} raised {type(raised).__name__}: {raised}"
         finally:
             self._count(key + "answered", time.perf_counter() - t0, call.name)
         return self._written(value, key, call.name)

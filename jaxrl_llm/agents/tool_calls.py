@@ -8,7 +8,9 @@ new format is one function. Built-in:
 - "qwen" (alias "hermes"): Qwen2.5 / Qwen3 instruct templates, and every template that
   follows the Hermes convention. Each call is a block
   `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`; a turn may hold several.
-  Text outside the blocks is the turn's content.
+  Text outside the blocks is the turn's content. A block is the JSON object after the tag
+  when the closing tag follows it, so an argument may hold `</tool_call>` (a template's
+  `tojson` writes it unescaped); else it ends at the first closing tag.
 - "llama3_json": Llama 3.1 / 3.2 with custom (JSON) tools. The whole turn is the call,
   `{"name": ..., "parameters": {...}}` (Meta's docs; "arguments" is taken too), optionally
   after `<|python_tag|>`; several calls are separated by ";" or whitespace. A turn that
@@ -18,12 +20,15 @@ Reasoning is not a place for calls, in every format: `parse_turn` hands the pars
 turn without its reasoning (`split_reasoning`), as vLLM separates reasoning content (its
 reasoning parser) before its tool parser reads what follows. Reasoning is each
 `<think>` ... `</think>` block; a `<think>` never closed, to the turn's end (the turn ended,
-or was cut, while the model thought); and, before the turn's first `<think>`, the text up
-to a `</think>` (the block a template opens in its generation prompt: Qwen3-Thinking-2507,
-DeepSeek-R1). So a `<tool_call>` drafted while thinking is not run; one after `</think>`
-is. The rule is the same for every format, since the tags are the reasoning models' own,
-whatever format they call tools in (DeepSeek-R1's Qwen and Llama distillations, Qwen3);
-a turn without the tags is unchanged. Other reasoning markup (gpt-oss's channels) is not
+or was cut, while the model thought); and, where the template's generation prompt ends
+with `<think>` (`prompt_opens_reasoning`; Qwen3-Thinking-2507, DeepSeek-R1), the text before
+the turn's first `<think>` up to a `</think>`. So a `<tool_call>` drafted while thinking is
+not run; one after `</think>` is. Without a `<think>` in the generation prompt, a
+`</think>` that closes nothing is plain text (an argument may hold it); with one, a call
+that such a `</think>` cuts (an unfinished call before it) is malformed, never dropped.
+The rule is the same for every format, since the tags are the reasoning models' own,
+whatever format they call tools in (DeepSeek-R1's Qwen and Llama distillations, Qwen3); a
+turn without the tags is unchanged. Other reasoning markup (gpt-oss's channels) is not
 read as reasoning.
 
 `arguments` may arrive as an object or as a JSON string of one (OpenAI's wire form); both
@@ -94,8 +99,10 @@ def register_parser(*names: str) -> Callable[[Parser], Parser]:
     return add
 
 
-def parse_turn(fmt: str, text: str) -> ParsedTurn:
-    """The calls in `text` as format `fmt` writes them, outside its reasoning."""
+def parse_turn(fmt: str, text: str, *, prompt_opens_reasoning: bool = False) -> ParsedTurn:
+    """The calls in `text` as format `fmt` writes them, outside its reasoning.
+    `prompt_opens_reasoning`: the chat template's generation prompt ends with `<think>`
+    (`ChatFormat.opens_reasoning`), so the text up to the first `</think>` is reasoning too."""
     try:
         parser = PARSERS[fmt]
     except KeyError:
@@ -103,25 +110,29 @@ def parse_turn(fmt: str, text: str) -> ParsedTurn:
             f"tool-call format {fmt!r}: expected one of {', '.join(sorted(PARSERS))} "
             "(add one with jaxrl_llm.agents.register_parser)"
         ) from None
+    head, text = _prompt_block(text) if prompt_opens_reasoning else (None, text)
     reasoning, rest = split_reasoning(text)
+    parsed = parser(rest)
+    if head is not None:
+        reasoning.insert(0, head)
+        cut = _cut_calls(parser, head)
+        parsed = dataclasses.replace(parsed, malformed=(*cut, *parsed.malformed))
     if not reasoning:
-        return parser(rest)
-    return dataclasses.replace(parser(rest), reasoning="\n".join(r.strip() for r in reasoning))
+        return parsed
+    return dataclasses.replace(parsed, reasoning="\n".join(r.strip() for r in reasoning))
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
-def split_reasoning(text: str) -> tuple[list[str], str]:
+def split_reasoning(text: str, *, prompt_opens_reasoning: bool = False) -> tuple[list[str], str]:
     """(The reasoning blocks of a turn, the turn without them), as the module docstring
-    says: each `<think>` ... `</think>`, an unclosed `<think>` to the end, and the text up
-    to a `</think>` that comes before any `<think>`. Tags that open or close nothing (a
-    second `</think>`) stay in the rest."""
-    blocks: list[str] = []
-    head, closed, tail = text.partition(THINK_CLOSE)
-    if closed and THINK_OPEN not in head:  # opened by the template's generation prompt
-        blocks.append(head)
-        text = tail
+    says: each `<think>` ... `</think>`, an unclosed `<think>` to the end, and, where the
+    generation prompt opened a `<think>` (`prompt_opens_reasoning`), the text up to a
+    `</think>` that comes before any `<think>`. Tags that open or close nothing (a second
+    `</think>`) stay in the rest."""
+    head, text = _prompt_block(text) if prompt_opens_reasoning else (None, text)
+    blocks: list[str] = [] if head is None else [head]
     rest: list[str] = []
     while True:
         before, opened, after = text.partition(THINK_OPEN)
@@ -132,6 +143,28 @@ def split_reasoning(text: str) -> tuple[list[str], str]:
         blocks.append(inside)
         if not closed:
             return blocks, "".join(rest)
+
+
+def _prompt_block(text: str) -> tuple[str | None, str]:
+    """(The reasoning the generation prompt opened: the text up to the first `</think>`
+    when no `<think>` comes before it, else None; the text after it)."""
+    head, closed, tail = text.partition(THINK_CLOSE)
+    return (head, tail) if closed and THINK_OPEN not in head else (None, text)
+
+
+def _cut_calls(parser: Parser, head: str) -> list[MalformedCall]:
+    """The call that the `</think>` ending `head` cut (a `</think>` inside its arguments),
+    as malformed: a malformed call the parser reads to the head's end. Whole calls drafted
+    in the reasoning stay drafts, not run and not counted, as in a `<think>` block."""
+    end = head.rstrip()
+    return [
+        MalformedCall(
+            bad.text + THINK_CLOSE,
+            f"{THINK_CLOSE} inside the call ends the reasoning the prompt opened ({bad.reason})",
+        )
+        for bad in parser(head).malformed
+        if bad.text.strip() and end.endswith(bad.text.rstrip())
+    ]
 
 
 # What Python's json raises on text it cannot read: a `JSONDecodeError` (a `ValueError`) for
@@ -171,23 +204,60 @@ def _split(found: list[ToolCall | MalformedCall]) -> tuple[tuple, tuple]:
     return calls, tuple(c for c in found if isinstance(c, MalformedCall))
 
 
-_QWEN_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
+_QWEN_OPEN, _QWEN_CLOSE = "<tool_call>", "</tool_call>"
+# Markup the parsers read, kept in a turn's text also where the tokenizer makes it a special
+# token (`ChatFormat` removes the other special tokens).
+PARSER_MARKUP = (THINK_OPEN, THINK_CLOSE, _QWEN_OPEN, _QWEN_CLOSE)
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"\s*")
+
+
+def _after_space(text: str, i: int) -> int:
+    m = _SPACE.match(text, i)
+    return m.end() if m else i
+
+
+def _qwen_block(text: str, start: int) -> tuple[str, int, bool]:
+    """(The body of the block opened at `start`, the index after the block, whether it is
+    closed). The body is the JSON object after the tag when the closing tag follows it, so
+    a closing tag inside a string argument (as `tojson` writes it) is the argument's; else
+    the text up to the first closing tag, or to the end."""
+    body_at = start + len(_QWEN_OPEN)
+    brace = _after_space(text, body_at)
+    if text.startswith("{", brace):
+        try:
+            _, end = _DECODER.raw_decode(text, brace)
+        except _UNREADABLE:
+            pass
+        else:
+            close = _after_space(text, end)
+            if text.startswith(_QWEN_CLOSE, close):
+                return text[body_at:close], close + len(_QWEN_CLOSE), True
+    close = text.find(_QWEN_CLOSE, body_at)
+    if close < 0:
+        return text[body_at:], len(text), False
+    return text[body_at:close], close + len(_QWEN_CLOSE), True
 
 
 @register_parser("qwen", "hermes")
 def parse_qwen(text: str) -> ParsedTurn:
     found: list[ToolCall | MalformedCall] = []
-    for m in _QWEN_BLOCK.finditer(text):
-        body = m.group(1).strip()
-        if not m.group(2):
-            found.append(MalformedCall(m.group(0), "unclosed <tool_call> block"))
+    outside: list[str] = []
+    i = 0
+    while (start := text.find(_QWEN_OPEN, i)) >= 0:
+        outside.append(text[i:start])
+        raw, i, closed = _qwen_block(text, start)
+        body = raw.strip()
+        if not closed:
+            found.append(MalformedCall(text[start:], "unclosed <tool_call> block"))
             continue
         try:
             found.append(read_call(json.loads(body), body))
         except _UNREADABLE as e:
             found.append(MalformedCall(body, f"not JSON: {_why(e)}"))
+    outside.append(text[i:])
     calls, malformed = _split(found)
-    return ParsedTurn(_QWEN_BLOCK.sub("", text).strip(), calls, malformed)
+    return ParsedTurn("".join(outside).strip(), calls, malformed)
 
 
 _PYTHON_TAG = "<|python_tag|>"

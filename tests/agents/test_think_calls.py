@@ -17,15 +17,15 @@ CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call
 
 
 @pytest.mark.parametrize(
-    ("text", "reasoning"),
+    ("text", "reasoning", "opened"),
     [
-        (f"<think>\nMaybe {DRAFT}? No.\n</think>\n\n{CALL}", f"Maybe {DRAFT}? No."),
-        (f"Plan: {DRAFT}\n</think>\n\n{CALL}", f"Plan: {DRAFT}"),  # <think> in the prompt
-        (f"<think>a</think>{CALL}<think>then {DRAFT}</think>", f"a\nthen {DRAFT}"),
+        (f"<think>\nMaybe {DRAFT}? No.\n</think>\n\n{CALL}", f"Maybe {DRAFT}? No.", False),
+        (f"Plan: {DRAFT}\n</think>\n\n{CALL}", f"Plan: {DRAFT}", True),  # <think> in the prompt
+        (f"<think>a</think>{CALL}<think>then {DRAFT}</think>", f"a\nthen {DRAFT}", False),
     ],
 )
-def test_a_call_after_the_reasoning_runs_and_one_inside_does_not(text, reasoning):
-    turn = parse_turn("qwen", text)
+def test_a_call_after_the_reasoning_runs_and_one_inside_does_not(text, reasoning, opened):
+    turn = parse_turn("qwen", text, prompt_opens_reasoning=opened)
     assert turn.calls == (ToolCall("add", {"a": 2, "b": 3}),)
     assert turn.malformed == () and turn.content == "" and turn.reasoning == reasoning
 
