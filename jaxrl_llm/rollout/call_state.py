@@ -49,6 +49,21 @@ class CallState:
     refresh: Refresh | None = None
     version: int = 0  # of the params the next call samples with (tracked with `refresh`)
 
+    def release(self, engine: Any) -> None:
+        """Give back what the call still holds of `engine`'s KV pages: the slots still
+        decoding and the prompts prefilled whose samples were not all inserted. Nothing after
+        a call that ran to its end; after one an exception cut short (an `on_finish` or a
+        scorer raising, Ctrl-C) the engine's pool outlives it, and the pages held would make
+        the next call's samples wait for room that never frees (a false "needs more KV pages
+        than the whole pool holds")."""
+        for b, s in enumerate(self.slots):
+            if s is not None:
+                engine.release_slot(b)
+                self.slots[b] = None
+        while self.ready:
+            _, prefix, row, _ = self.ready.popleft()
+            engine.release_prompt(prefix, row)
+
     def finish(self, s: LiveSample, completion: Completion) -> None:
         """Record a finished sample and pass it to `on_finish`."""
         key = (s.prompt_index, s.sample_index)

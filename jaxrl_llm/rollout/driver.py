@@ -189,6 +189,7 @@ class RolloutDriver:
         finally:
             if call.pool is not None:
                 call.pool.shutdown(wait=True, cancel_futures=True)
+            call.release(eng)  # what an exception left held
         return [call.results[(i, j)] for i, sp in enumerate(call.sampling) for j in range(sp.n)]
 
     def _start_call(

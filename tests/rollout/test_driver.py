@@ -334,3 +334,27 @@ def test_tool_calls_run_on_tool_workers_threads_at_once(builtin, workers):
     assert all(c.finish_reason == "stop" for c in out)
     broken = [c.error for c in out if c.error]
     assert (not broken) if workers == 4 else broken, broken
+
+
+def test_a_call_cut_short_gives_its_pages_back(tiny_model):
+    """An exception out of `generate` (an `on_finish` raising, as a scorer may; Ctrl-C)
+    left the slots' KV pages reserved in the engine, which outlives the call: with a pool
+    sized for the work, every later call failed with a false "needs more KV pages than the
+    whole pool holds". The next call now finds the whole pool free and runs."""
+    from jaxrl_llm.rollout import Engine
+
+    engine = Engine(tiny_model, max_concurrent_decodes=2, max_cache_length=64, page_size=8,
+                    num_pages=8)  # fmt: skip  # one 40-token sample fills the pool
+    driver = RolloutDriver(engine, steps_per_call=2)
+    short = SamplingParams(temperature=1.0, max_new_tokens=1)
+    long = SamplingParams(temperature=1.0, max_new_tokens=40, seed=0)
+    prompts = [[5, 6, 7], [8, 9]]
+
+    def scorer_fails(i, completion):
+        raise RuntimeError("reward failed")
+
+    with pytest.raises(RuntimeError, match="reward failed"):
+        driver.generate(prompts, [short, long], on_finish=scorer_fails)
+    assert engine.pages.num_free == engine.num_pages
+    assert [c.finish_reason for c in driver.generate(prompts[1:], long)] == ["length"]
+    assert engine.pages.num_free == engine.num_pages
