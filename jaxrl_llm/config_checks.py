@@ -66,6 +66,11 @@ class ConfigError(ValueError):
     """A gin file, binding or config value is wrong (unknown key, bad value, missing file)."""
 
 
+class OutDirInUseError(ConfigError, FileExistsError):
+    """An output folder holds a finished model and overwriting was not asked for
+    (`--overwrite`): `sft` / `rm`'s out_dir with its `hf/`, `export`'s --out."""
+
+
 class PluginImportError(ConfigError, ImportError):
     """A plug-in the config names ("package.module:factory": a tool, environment, reward or
     sampler backend) cannot be imported."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from jaxrl_llm.models.config import CheckpointError
 from jaxrl_llm.types import Completion, Rollout
 
 if TYPE_CHECKING:
@@ -71,6 +72,21 @@ def decode(record: dict[str, Any]) -> tuple[int, Batch]:
         raise ValueError(
             f"a checkpoint's saved batch is malformed ({type(e).__name__}: {e})"
         ) from e
+
+
+def check_group_size(batches: dict[int, Batch], n: int, step_dir: Any) -> None:
+    """Refuse batches sampled ahead with another group size than this run's `n`
+    (`RolloutConfig.n`): trained with it, GRPO's baseline would average other groups'
+    samples. One `CheckpointError` naming checkpoint `step_dir`, the saved n and the steps."""
+    other = sorted((step, r.group_size) for step, (r, _) in batches.items() if r.group_size != n)
+    if other:
+        g = other[0][1]
+        steps = [step for step, size in other if size == g]
+        raise CheckpointError(
+            f"checkpoint {step_dir} holds the batches of steps {steps}, sampled ahead with "
+            f"RolloutConfig.n = {g} (this run: {n}); resume with RolloutConfig.n = {g}, or "
+            "start a new run_dir"
+        )
 
 
 def _encode_completion(c: Completion) -> dict[str, Any]:

@@ -14,7 +14,8 @@ nothing is removed: a step folder visibly incomplete (no `state/_METADATA` or no
 `extra/metadata`, as a partial copy leaves it) is not a step (`all_steps`, `latest_step`
 skip it, warning once); one that cannot be read (a truncated file, corrupt JSON) ends the
 read naming the folder and the fix: move it aside, and the latest complete step before it
-is taken.
+is taken. Retention (`max_to_keep`) keeps the latest complete steps and deletes older complete
+ones after each save; an incomplete folder is neither counted nor removed.
 
 Two checks keep a checkpoint on the run it belongs to, each ending the command with one line
 (a `CheckpointError`) instead of a wrong model or Orbax's traceback:
@@ -54,15 +55,19 @@ def checkpoint_directory(directory: str | os.PathLike) -> epath.Path:
 class Checkpointer:
     """A run's checkpoints. `read_only`: for a reader beside a live run (`jaxrl-llm export`):
     it neither creates the folder nor removes temporary folders, one of which may be the
-    trainer's save in progress (a writer cleans up leftovers of a killed run at its start)."""
+    trainer's save in progress (a writer cleans up leftovers of a killed run at its start).
+    `create`: make the folder if it is missing (a resume does not: it needs one)."""
 
     def __init__(
-        self, directory: str | os.PathLike, *, max_to_keep: int | None = 3, read_only: bool = False
-    ):
+        self, directory: str | os.PathLike, *, max_to_keep: int | None = 3,
+        read_only: bool = False, create: bool = True,
+    ):  # fmt: skip
         self.directory = checkpoint_directory(directory)
+        # Retention is ours (`_remove_old`): Orbax's would count incomplete step folders.
+        self._max_to_keep = None if read_only else max_to_keep
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=None if read_only else max_to_keep,
-            create=not read_only,
+            max_to_keep=None,
+            create=create and not read_only,
             cleanup_tmp_directories=not read_only,
             read_only=read_only,
             enable_async_checkpointing=False,
@@ -113,6 +118,19 @@ class Checkpointer:
         )
         self._manager.wait_until_finished()
         log.info("saved checkpoint %s/%d", self.directory, step)
+        self._remove_old()
+
+    def _remove_old(self) -> None:
+        """Keep the latest `max_to_keep` complete steps: older complete ones are deleted, an
+        incomplete folder never (it is not a step; the user moves it aside). Collective, as
+        Orbax's delete is: every process lists the same steps."""
+        if self._max_to_keep is None:
+            return
+        steps = self.all_steps()
+        for step in steps[: max(len(steps) - self._max_to_keep, 0)]:
+            self._manager.delete(step)
+            log.info("removed checkpoint %s/%d (max_to_keep %d)", self.directory, step,
+                     self._max_to_keep)  # fmt: skip
 
     def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
         """Restore `step` into the shapes, dtypes and shardings of `like` (a pytree of arrays);
@@ -169,7 +187,8 @@ class Checkpointer:
             yield
         except CheckpointError:
             raise
-        except (ValueError, OSError, KeyError, TypeError) as e:
+        except (ValueError, OSError, KeyError, TypeError, AttributeError) as e:
+            # AttributeError: Orbax's reader on JSON of another shape (`null` metadata).
             step_dir = self.directory / str(step)
             why = str(e).strip().splitlines()[0] if str(e).strip() else ""
             why = why.split(" [tensorstore_spec=")[0]  # TensorStore appends its whole spec
@@ -184,6 +203,25 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def nothing_to_resume(directory: epath.Path, incomplete: dict[int, str]) -> CheckpointError:
+    """The error of a resume that finds no complete step in `directory` (a
+    `checkpoint_directory`; `incomplete`: its `incomplete_steps`), naming what is there: a
+    resume that started over instead would replace the run's metrics.jsonl and hf/."""
+    names = sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+    aside = [n for n in names if not n.isdigit() and "orbax-checkpoint-tmp" not in n]
+    found = []
+    if incomplete:
+        found.append(f"incomplete steps {sorted(incomplete)}")
+    if aside:
+        found.append(f"moved aside: {', '.join(aside)}")
+    what = "; ".join(found) or ("no step" if directory.exists() else "no such folder")
+    fix = "fix --run_dir (or RLConfig.run_dir), or drop --resume to start a new run"
+    if found:  # starting over there would replace this run's metrics.jsonl and hf/
+        fix = ("put a complete step back there, fix --run_dir (or RLConfig.run_dir), or start "
+               "a new run in another run_dir")  # fmt: skip
+    return CheckpointError(f"--resume: no complete checkpoint in {directory} ({what}): {fix}")
 
 
 # What every step Orbax writes holds: the arrays' metadata and the JSON extra.

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jaxrl_llm.config import add_gin_arguments, parse_gin
-from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.config_checks import ConfigError, OutDirInUseError
 
 if TYPE_CHECKING:
     from etils import epath
@@ -139,10 +139,6 @@ def add_overwrite_argument(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="train again into an out_dir that already holds a trained model (hf/), replacing it",
     )
-
-
-class OutDirInUseError(ConfigError, FileExistsError):
-    """The output folder holds a finished model (`hf/`) and overwriting was not asked for."""
 
 
 def refuse_finished_out_dir(out_dir: str, field: str, *, overwrite: bool = False) -> None:

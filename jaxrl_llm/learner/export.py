@@ -27,7 +27,9 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
+from jaxrl_llm.models.hf_io import INDEX_FILE
 from jaxrl_llm.models.lora import adapters, projection_weights
+from jaxrl_llm.models.stop_tokens import GENERATION_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="merged",
         help="LoRA runs: merged HF weights, or a PEFT adapter folder (adapters only)",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the model an existing --out holds (its weights, index, PEFT adapter and "
+        "generation_config.json are removed first)",
+    )
+
+
+# Marks an --out that holds a model: an export there needs --overwrite.
+_MODEL_MARKERS = ("config.json", "*.safetensors", "*.safetensors.index.json", "adapter_*")
+# An earlier model's files, removed before a model is written: readers would take a stale
+# sharded index over model.safetensors, or load an old adapter or sampling defaults with it.
+_OLD_MODEL_FILES = ("model*.safetensors", INDEX_FILE, "adapter_*", GENERATION_CONFIG)
+
+
+def check_out(out: str | os.PathLike, *, overwrite: bool) -> None:
+    """Before any model loads: a `ConfigError` when `out` is a file, an `OutDirInUseError`
+    when it is a folder holding a model (`_MODEL_MARKERS`) and not `overwrite`."""
+    from jaxrl_llm.config import ConfigError
+    from jaxrl_llm.config_checks import OutDirInUseError
+
+    out = epath.Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {os.fspath(out)!r} is a file: name a folder for the model")
+    if overwrite or not out.is_dir():
+        return
+    held = sorted({p.name for pattern in _MODEL_MARKERS for p in out.glob(pattern)})
+    if held:
+        raise OutDirInUseError(
+            f"--out {os.fspath(out)!r} already holds a model ({', '.join(held)}): pass "
+            "--overwrite to replace it (its weights, index, PEFT adapter and "
+            "generation_config.json are removed first), or choose another --out"
+        )
+
+
+def _remove_old_model(out: epath.Path) -> None:
+    """Delete `_OLD_MODEL_FILES` in the folder `out` (local or gs://) before a model is
+    written there; other files (a tokenizer, the user's notes) stay."""
+    if not out.is_dir():
+        return
+    for pattern in _OLD_MODEL_FILES:
+        for path in out.glob(pattern):
+            path.unlink()
 
 
 def save_pretrained_to(model: Any, out: str | os.PathLike, *, tokenizer: Any = None) -> None:
@@ -120,16 +165,20 @@ def peft_target_modules(model: nnx.Module) -> list[str] | str:
 
 
 def _write_via_local(out: str | os.PathLike, write) -> None:
-    """`write(folder)` into `out`; a `gs://` folder is written locally first (safetensors
-    and tokenizers write local files), then each file copied (process 0)."""
+    """`write(folder)` into `out`, an earlier model's files removed first
+    (`_remove_old_model`); a `gs://` folder is written locally first (safetensors and
+    tokenizers write local files), then each file copied (process 0)."""
     out = epath.Path(out)
     if "://" not in os.fspath(out):
+        if jax.process_index() == 0:
+            _remove_old_model(out)
         write(out)
         return
     with tempfile.TemporaryDirectory(prefix="jaxrl-hf-") as tmp:
         write(tmp)
         if jax.process_index() != 0:
             return
+        _remove_old_model(out)
         for top, _, files in os.walk(tmp):
             dst = out / os.path.relpath(top, tmp)
             dst.mkdir(parents=True, exist_ok=True)
@@ -177,12 +226,15 @@ def export_policy(
     out: str | os.PathLike,
     step: int | None = None,
     fmt: str = "merged",
+    *,
+    overwrite: bool = False,
 ) -> int:
     """Write the policy of `run_dir`'s checkpoint `step` (latest if None) to `out`: HF
     safetensors (`fmt='merged'`; a LoRA run's adapters folded in) or, for a LoRA run, a
     PEFT adapter folder (`fmt='peft'`). The base must have the model config the run
     trained as, and a LoRA run's adapters go only onto the base they trained on
-    (`checkpoint.check_base`, by content: the base may have moved)."""
+    (`checkpoint.check_base`, by content: the base may have moved). An `out` holding a model
+    is refused before anything loads unless `overwrite` (`check_out`)."""
     from jaxrl_llm.assets import resolve_checkpoint
     from jaxrl_llm.config import ConfigError
     from jaxrl_llm.learner.checkpoint import base_identity, check_base
@@ -192,6 +244,7 @@ def export_policy(
 
     run_dir = epath.Path(run_dir)
     cfg = _run_config(run_dir)
+    check_out(out, overwrite=overwrite)
     lora = cfg.policy.lora
     # The adapters go onto the float weights, an int8 run's too (as QLoRA's are used).
     on_float = None if lora is None else dataclasses.replace(lora, quantize_base="none")
@@ -220,13 +273,27 @@ def export_policy(
     nnx.replace_by_pure_dict(params, jax.tree.map(np.asarray, raw))
     model = nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
     if fmt == "peft":
-        save_peft_adapter(model, out, base_model=os.fspath(src))
+        _write_out(out, lambda: save_peft_adapter(model, out, base_model=os.fspath(src)))
     else:
         if lora is not None:
             model = merge_adapters(model)
-        save_pretrained_to(model, out, tokenizer=load_tokenizer(src))
+        _write_out(out, lambda: save_pretrained_to(model, out, tokenizer=load_tokenizer(src)))
     log.info("exported %s step %d to %s", run_dir, step, out)
     return step
+
+
+def _write_out(out: str | os.PathLike, write: Any) -> None:
+    """`write()`, an `OSError` of it (a parent that is a file, no permission, a full disk)
+    as one `ConfigError` naming --out."""
+    from jaxrl_llm.config import ConfigError
+
+    try:
+        write()
+    except OSError as e:
+        raise ConfigError(
+            f"--out {os.fspath(out)!r}: cannot write the model there ({type(e).__name__}: "
+            f"{e}); name a folder you can write"
+        ) from e
 
 
 def _run_config(run_dir: epath.Path) -> Any:
@@ -276,6 +343,6 @@ def _unwrap_variables(tree):
 
 
 def main(args: argparse.Namespace) -> int:
-    step = export_policy(args.run, args.out, args.step, args.format)
+    step = export_policy(args.run, args.out, args.step, args.format, overwrite=args.overwrite)
     print(f"exported step {step} to {args.out}")
     return 0

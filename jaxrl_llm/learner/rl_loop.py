@@ -55,7 +55,8 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
     try:
         if jax.process_index() == 0:
             write_resolved_config(run_dir)
-        writer = MetricsWriter(run_dir, resume_step=state.step if run.resumed else None)
+        resumed = run.resumed and state.step > 0  # else a fresh start: no record is kept
+        writer = MetricsWriter(run_dir, resume_step=state.step if resumed else None)
         producer = _producer(run)
     except BaseException:
         close_run(run)

@@ -32,7 +32,7 @@ from jaxrl_llm.data.pipeline import PromptIterator
 from jaxrl_llm.data.prompts import PromptData, check_data_files, check_template, prompt_data
 from jaxrl_llm.learner import ahead as ahead_lib
 from jaxrl_llm.learner import lora as lora_lib
-from jaxrl_llm.learner.checkpoint import Checkpointer, base_identity, check_base
+from jaxrl_llm.learner.checkpoint import Checkpointer, base_identity, check_base, nothing_to_resume
 from jaxrl_llm.learner.experience import make_experience_fn
 from jaxrl_llm.learner.optim import make_optimizer
 from jaxrl_llm.learner.rl_config import MeshConfig, RLConfig
@@ -249,6 +249,7 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
             restored, extra = ckpt.restore(step0, device_state(state))
             state.policy, state.critic = restored["policy"], restored.get("critic")
             ahead = _restore_data(prompts, extra, ckpt.directory / str(step0), run_dir)
+            ahead_lib.check_group_size(ahead, cfg.rollout.n, ckpt.directory / str(step0))
             state.step = step0
             log.info("resumed from %s step %d", ckpt.directory, step0)
     except BaseException:
@@ -312,7 +313,8 @@ def _open_checkpoints(
     checkpoint's is refused here, before any model loads, and so is another base when its
     weights are part of the resumed run (a LoRA run's frozen base, or a KL term's
     reference)."""
-    ckpt = Checkpointer(run_dir / "checkpoints")
+    # A resume creates no folder: with no checkpoint to continue, it is refused (nothing written).
+    ckpt = Checkpointer(run_dir / "checkpoints", create=not resume)
     try:
         step0 = ckpt.latest_step()
         _check_incomplete(ckpt, step0, run_dir, resume)
@@ -334,24 +336,25 @@ def _check_incomplete(
     ckpt: Checkpointer, step0: int | None, run_dir: epath.Path, resume: bool
 ) -> None:
     """Without `resume`, refuse a run directory with step folders, complete or not. With it,
-    refuse an incomplete step after `step0` (the latest complete one): the resumed run's
-    saves would meet its folder (Orbax refuses a step it lists) after the steps between."""
+    refuse a run with no complete step (starting over would replace its metrics and hf/),
+    and an incomplete step after `step0` (the latest complete one): the resumed run's saves
+    would meet its folder (Orbax refuses a step it lists) after the steps between."""
     incomplete = ckpt.incomplete_steps()
+    if resume and step0 is None:
+        raise nothing_to_resume(ckpt.directory, incomplete)
     if not resume and (step0 is not None or incomplete):
         what = f"step {step0}" if step0 is not None else f"incomplete steps {sorted(incomplete)}"
         raise RunDirInUseError(
             f"run_dir {run_dir} already has checkpoints ({what}): pass --resume to "
             "continue that run, or choose another run_dir (--run_dir / RLConfig.run_dir)"
         )
-    after = sorted(s for s in incomplete if step0 is None or s > step0)
+    after = sorted(s for s in incomplete if step0 is not None and s > step0)
     if resume and after:
         folder = ckpt.directory / str(after[0])
-        then = f"from step {step0}, the latest complete one" if step0 is not None else (
-            "from the start: no complete step is left")  # fmt: skip
         raise CheckpointError(
             f"checkpoint {folder} is incomplete (no {incomplete[after[0]]}): move it aside (mv "
-            f"{folder} {folder}.incomplete) and resume again, {then}; it is not skipped here, "
-            "as this run's saves would meet it"
+            f"{folder} {folder}.incomplete) and resume again, from step {step0}, the latest "
+            "complete one; it is not skipped here, as this run's saves would meet it"
         )
 
 
