@@ -22,6 +22,7 @@ import threading
 from collections.abc import Sequence
 
 from math_verify import parse, verify
+from math_verify.errors import TimeoutException
 
 from jaxrl_llm.rewards.extraction import DEFAULT_FALLBACKS, extract_answer, gold_answer, last_tag
 from jaxrl_llm.tools.python_tool import any_code_failed
@@ -57,7 +58,7 @@ def answers_equivalent(predicted: str, gold: str, *, timeout_s: float = 5.0) -> 
         if not gold_parsed or not pred_parsed:
             return False
         return bool(verify(gold_parsed, pred_parsed, timeout_seconds=seconds))
-    except Exception as e:  # math_verify raises on malformed LaTeX and on timeouts
+    except (Exception, TimeoutException) as e:  # malformed LaTeX; out of time (a BaseException)
         logger.debug("math_verify failed on %r vs %r: %s", predicted, gold, e)
         return False
 
@@ -65,10 +66,16 @@ def answers_equivalent(predicted: str, gold: str, *, timeout_s: float = 5.0) -> 
 @functools.lru_cache(maxsize=4096)
 def _parsed(latex: str, seconds: int | None) -> tuple:
     """math_verify's parse of `latex`, kept for its next comparison: maj@k compares each
-    answer with every class before it, and a parse costs most of a comparison. A parse that
-    raises (malformed, or out of time) is not kept. Kept as a tuple, so no caller can change
-    it: callers pass verify a list of it (verify reads a tuple as one expression)."""
-    return tuple(parse(latex, parsing_timeout=seconds))
+    answer with every class before it, and a parse costs most of a comparison. A parse out
+    of time raises `TimeoutException` and is not kept (a stall of a busy host must not mark
+    that string unparsable for good; math_verify returns [] for it unless asked to raise);
+    a malformed string is kept as no parse, () (the same every time). Kept as a tuple, so no
+    caller can change it: callers pass verify a list of it (verify reads a tuple as one
+    expression)."""
+    try:
+        return tuple(parse(latex, parsing_timeout=seconds, raise_on_error=True))
+    except Exception:  # malformed: parse's own [] without raise_on_error
+        return ()
 
 
 def _normalise_latex(text: str) -> str:

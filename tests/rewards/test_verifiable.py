@@ -198,3 +198,28 @@ def test_each_answer_is_parsed_once_across_comparisons(monkeypatch):
     got = [verifiable.answers_equivalent(a, b) for a in texts for b in texts if a != b]
     assert got == [True, False, True, False, False, False]
     assert sorted(seen) == sorted("\\boxed{" + t + "}" for t in texts)
+
+
+def test_a_parse_out_of_time_is_not_kept(monkeypatch):
+    """One stalled parse (a busy host) scores that sample wrong, as before, but is not kept:
+    math_verify returns [] for a parse out of time, and keeping it marked the truth
+    unparsable for the rest of the process (every later sample of that prompt scored 0)."""
+    import time
+
+    import math_verify.parser as mvp
+
+    from jaxrl_llm.rewards import verifiable
+
+    real, stall = mvp.extract_target_from_pred, {"on": True}
+
+    def sometimes_slow(*args, **kwargs):
+        if stall["on"]:
+            time.sleep(3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mvp, "extract_target_from_pred", sometimes_slow)
+    verifiable._parsed.cache_clear()
+    score = lambda: verifiable.math_reward(r"\boxed{72}", "72.0", incorrect=0.0, timeout_s=1)
+    assert score() == 0.0  # out of time (1 s)
+    stall["on"] = False
+    assert score() == 1.0
