@@ -78,8 +78,12 @@ def _flag(name: str) -> str:
 
 
 def _read_prompts(args: argparse.Namespace) -> list[str]:
-    """`--prompts-file`'s non-empty lines, else the `--prompt`s, else one example prompt."""
+    """`--prompts-file`'s non-empty lines, else the `--prompt`s, else one example prompt;
+    an empty `--prompt` is a `ConfigError` here, before the model loads (the sampler
+    refuses an empty prompt only after)."""
     if not args.prompts_file:
+        if any(p == "" for p in args.prompt or []):
+            raise ConfigError("--prompt '': a prompt must not be empty")
         return args.prompt or ["What is 12 + 30?"]
     if not args.prompts_file.is_file():
         raise ConfigError(f"--prompts-file {str(args.prompts_file)!r}: no such file")

@@ -17,7 +17,9 @@ What it fixes, and why:
    `patch_orchestrator()` rebinds that module-level function to one using `jax.tree.map`
    (the generate thread looks the name up in the module at call time), rather than
    re-adding `jax.tree_map` to JAX for everybody. It also undoes the DEBUG root logging
-   that module's import installs.
+   that module's import installs, and sends the module's own `logging.info` /
+   `logging.warning` calls (two INFO lines per decode step) to a logger of its own,
+   `jetstream.orchestrator`, at WARNING: the root logger is at INFO in `jaxrl-llm`.
 2. `HFTokenizer`: a JetStream `Tokenizer` over a `transformers` tokenizer. JetStream's own
    tokenizers are SentencePiece and tiktoken only. Its stop tokens are the checkpoint's
    EOS ids only: JetStream's default adds the pad id, but a pad id may be a real token
@@ -29,6 +31,10 @@ What it fixes, and why:
    engine's default cache - 1) raised in the Driver's prefill thread, which SIGKILLs the
    server. Bucketed widths, not the prompt's own length, keep the engine's prefill compiles
    as few as `Engine.prefill_bucket`'s.
+3. `StreamedText`: JetStream's detokenize thread decodes each token alone and holds back
+   only SentencePiece's `<0xAB>` pieces, so with a byte-level BPE (Qwen's) every character
+   split across tokens came out as U+FFFDs. `jaxrl-llm serve` redoes a text request's
+   samples' text with it (`server._Orchestrator.Decode`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import importlib
 import importlib.util
 import sys
 import types
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -88,7 +95,14 @@ from jetstream.engine import (  # noqa: E402  (after token_utils is made lazy)
     tokenizer_pb2,
 )
 
-__all__ = ["HFTokenizer", "engine_api", "patch_orchestrator", "prefill_buckets", "tokenizer_pb2"]
+__all__ = [
+    "HFTokenizer",
+    "StreamedText",
+    "engine_api",
+    "patch_orchestrator",
+    "prefill_buckets",
+    "tokenizer_pb2",
+]
 
 
 def _delete_pytree(tree: Any) -> None:
@@ -109,12 +123,17 @@ def patch_orchestrator():
     level, handlers = root.level, list(root.handlers)
     from jetstream.core import orchestrator
 
-    # Its import sets the root logger to DEBUG with a stdout handler: undo that, so its
-    # per-step INFO lines do not flood the server's output.
+    # Its import sets the root logger to DEBUG with a stdout handler: undo that.
     root.setLevel(level)
     for h in root.handlers[:]:
         if h not in handlers:
             root.removeHandler(h)
+    # It logs two INFO lines per decode step through the module-level `logging.info`, which
+    # reach the root logger (at INFO in `jaxrl-llm`): its functions read only `logging.info`
+    # and `logging.warning` after import, so a logger of its own at WARNING takes the name.
+    logger = logging.getLogger("jetstream.orchestrator")
+    logger.setLevel(logging.WARNING)
+    orchestrator.logging = logger
     orchestrator.delete_pytree = _delete_pytree
     return orchestrator
 
@@ -190,3 +209,41 @@ class HFTokenizer(tokenizer_api.Tokenizer):
     @property
     def stop_tokens(self) -> set[int]:
         return set(self.eos_ids)
+
+
+class StreamedText:
+    """One sample's streamed text: the decode of its ids, sent as it grows, held back while
+    it ends in U+FFFD (a character whose bytes have not all come) and flushed at the end (a
+    byte sequence that never completes comes out as U+FFFD, as `decode` has it).
+
+    Each step decodes a window, from the start of the last piece sent (context: SentencePiece
+    drops the first token's leading space), not the whole sample, so a step costs the same
+    at token 10 and token 10,000 (vLLM's incremental detokenizer does the same). The pieces
+    joined equal `decode(all ids)` with a byte-level BPE (Qwen's, Llama 3's), and with
+    SentencePiece's byte fallback while the bytes are valid UTF-8: that decoder turns a
+    whole invalid run into U+FFFDs, an ASCII byte in it too, which a piece sent cannot undo.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self._decode = decode
+        self._ids: list[int] = []
+        self._start = self._sent = 0  # window start; ids[:_sent] are sent
+
+    def add(self, ids: Iterable[int]) -> str:
+        """The text to send for `ids`, the sample's next tokens ("" while it is held back)."""
+        self._ids.extend(int(i) for i in ids)
+        return self._new_text(final=False)
+
+    def flush(self) -> str:
+        """The text still held back, at the end of the stream."""
+        return self._new_text(final=True)
+
+    def _new_text(self, *, final: bool) -> str:
+        if len(self._ids) == self._sent:
+            return ""
+        known = self._decode(self._ids[self._start : self._sent])
+        new = self._decode(self._ids[self._start :])[len(known) :]
+        if not final and (not new or new.endswith("\ufffd")):
+            return ""
+        self._start, self._sent = self._sent, len(self._ids)
+        return new

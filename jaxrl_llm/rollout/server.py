@@ -10,6 +10,9 @@ What we add around JetStream's pieces, and why:
   the tokenizer has one) must be answered with INVALID_ARGUMENT instead of crashing the
   server. Any max prefill length works: prompts are padded to the engine's own buckets
   (`jetstream_compat.prefill_buckets`), not JetStream's fixed list.
+- A text request's samples are re-decoded as they stream (`jetstream_compat.StreamedText`):
+  JetStream decodes each token alone, so a character split across tokens (any non-ASCII
+  one with a byte-level BPE, as Qwen's) came out as U+FFFDs. Token-id requests get ids only.
 - Token-id content is padded by our tokenizer (JetStream's `pad_tokens` prepends the BOS
   id unconditionally, which is None for Qwen).
 - Params are read through a `ParamsRef` at every call: attached to a training run
@@ -37,7 +40,7 @@ import grpc
 import numpy as np
 
 from jaxrl_llm.rollout.engine import Engine
-from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, patch_orchestrator
+from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, StreamedText, patch_orchestrator
 from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model
 from jaxrl_llm.rollout.prompt_checks import prompt_problem
 from jaxrl_llm.rollout.records import ParamsRef
@@ -46,7 +49,9 @@ log = logging.getLogger(__name__)
 
 orchestrator = patch_orchestrator()
 from jetstream.core import server_lib  # noqa: E402  (after the patch)
-from jetstream.core.proto import jetstream_pb2_grpc  # noqa: E402
+from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # noqa: E402
+
+_DecodeResponse = jetstream_pb2.DecodeResponse  # pyright: ignore[reportAttributeAccessIssue]
 
 
 class _Driver(orchestrator.Driver):
@@ -99,8 +104,23 @@ class _Orchestrator(orchestrator.LLMOrchestrator):
             if context is None:
                 raise ValueError(problem)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if request.WhichOneof("content") == "token_content":  # ids only: the client decodes
+            async for response in super().Decode(request, context):
+                yield response
+            return
+        # JetStream decodes each token alone: a character split across tokens (any non-ASCII
+        # one with a byte-level BPE) came out as U+FFFDs. Each sample's text is redone here.
+        streams: list[StreamedText] = []
         async for response in super().Decode(request, context):
+            samples = response.stream_content.samples
+            streams += [StreamedText(self._tokenizer.decode) for _ in samples[len(streams) :]]
+            for sample, stream in zip(samples, streams, strict=True):
+                sample.text = stream.add(sample.token_ids)
             yield response
+        rest = [stream.flush() for stream in streams]
+        if any(rest):  # text only: its ids went out with the responses above
+            samples = [_DecodeResponse.StreamContent.Sample(text=text) for text in rest]
+            yield _DecodeResponse(stream_content=_DecodeResponse.StreamContent(samples=samples))
 
 
 class Server(server_lib.JetStreamServer):

@@ -49,3 +49,18 @@ def jax_leaves(tree):
     import jax
 
     return jax.tree.leaves(tree)
+
+
+@pytest.mark.parametrize("prompts", [[""], ["Hi", ""]])
+def test_empty_prompt_is_a_configuration_error_before_the_model_loads(prompts, monkeypatch, capsys):
+    from jaxrl_llm.rollout import commands
+
+    def load(args):
+        raise AssertionError("the model loaded before the flags were checked")
+
+    monkeypatch.setattr(commands, "load_sampling_model", load)
+    argv = ["generate"] + [a for p in prompts for a in ("--prompt", p)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("jaxrl-llm generate: configuration error: --prompt ''"), err
