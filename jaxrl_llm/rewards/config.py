@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Any
 import gin
 import numpy as np
 
-from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields, documented, with_options
+from jaxrl_llm.config_checks import (
+    FLOAT32_MAX,
+    ConfigError,
+    Ge,
+    Gt,
+    checked_fields,
+    documented,
+    with_options,
+)
 from jaxrl_llm.rewards.judge_config import JudgeConfig, is_judge_reward, judge_folder
 from jaxrl_llm.rewards.model_config import (
     RewardModelConfig,
@@ -96,6 +104,7 @@ class RewardConfig:
                 "or drop the name binding"
             )
         for name, value in self.rewards().items():
+            _check_weight(name, value)
             if is_model_reward(name):
                 model_folder(name)
                 with_options(self.model, _options(value), f"reward {name!r}")
@@ -127,6 +136,19 @@ def solved(scores: Any, correct: float) -> np.ndarray:
     return np.asarray(scores, np.float32) >= np.float32(correct)
 
 
+def _check_weight(name: str, value: Any) -> None:
+    """`ConfigError` unless reward `name`'s weight is a number within float32: a NaN or inf
+    weight would fail every sample with an error blaming the reward."""
+    weight = value[0] if isinstance(value, tuple) else value
+    if not isinstance(weight, int | float) or isinstance(weight, bool):
+        raise ConfigError(f"RewardConfig.weights[{name!r}] = {weight!r}: expected a number")
+    if not abs(weight) <= FLOAT32_MAX:
+        raise ConfigError(
+            f"RewardConfig.weights[{name!r}] = {weight!r}: expected a finite number "
+            f"(|weight| <= {FLOAT32_MAX:.4g}); set the weight, or drop the reward"
+        )
+
+
 def _options(value: Any) -> Mapping[str, Any]:
     return value[1] if isinstance(value, tuple) else {}
 
@@ -151,7 +173,7 @@ def configured_reward(cfg: RewardConfig, *, field: str | None = None):
         if cfg.weights is None:
             return build_reward(cfg.name, **declared_options(cfg.name, cfg.offered))
         return combine_rewards(rules, offered=cfg.offered)
-    except (KeyError, TypeError, ImportError) as e:  # the registry's lookup and call checks
+    except (KeyError, TypeError, ValueError, ImportError) as e:  # the registry's checks
         message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         raise ConfigError(f"{field}: {message}") from None
 

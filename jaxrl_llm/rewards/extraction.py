@@ -11,9 +11,12 @@
                 excluded), so a markdown heading ("#### Step 2", "#### Final Answer") is not
                 read as one; thousands separators dropped ("#### 1,200" -> "1200");
   "answer_is"   the last "the (final) answer is X" / "Answer: X" (to the end of its sentence
-                or line), with surrounding "$" and markdown bold "**" removed;
+                or line; "**Answer**: X" too): the first inline math in X when it holds some
+                ("$5$ dollars" -> "5"; $...$, \\(...\\), \\[...\\]), else X with surrounding
+                "$" and markdown bold "**" removed;
   "answer_tag"  the content of the last <answer>...</answer>;
   "last_number" the last integer, decimal or simple fraction in the text.
+Every strategy reads a Unicode minus sign (U+2212, or an en dash opening a number) as "-".
 The default, `DEFAULT_FALLBACKS`, is the three explicit final-answer markers (boxed, ####,
 "the answer is"); "last_number" is never on by default: it rewards answers the prompt did
 not ask for. `gold_answer` reads a dataset's answer field the same way, \\boxed{} first, so
@@ -35,12 +38,34 @@ _GSM8K = re.compile(
 )
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*(\{)?")
+# "answer" and "is" / ":" may be apart by markdown bold ("**Answer**: 1/2").
 _ANSWER_IS = re.compile(
-    r"(?:final answer|answer)\s*(?:is|:)\s*:?\s*(.+?)(?:\.\s|\.$|\n|$)", re.IGNORECASE
+    r"(?:final answer|answer)\**\s*(?:is|:)\s*\**:?\s*(.+?)(?:\.\s|\.$|\n|$)", re.IGNORECASE
 )
+# The first inline math of a phrase ("$5$ dollars" -> "5"): $...$, $$...$$, \(...\), \[...\].
+_INLINE_MATH = re.compile(r"\$\$?([^$]+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+# U+2212 MINUS SIGN, and an en dash opening a number ("–5", not the range "3–5"), as "-".
+_MINUS = re.compile(r"\u2212|(?<![\w.])\u2013(?=\.?\d)")
 _TRAILING_LINE_BREAKS = re.compile(r"(?:\s*\\\\)+\s*$")  # "5 \\" in a box: layout, not answer
 _ANSWER_WRAPPING = re.compile(r"^[\s$*]+|[\s$*]+$")  # "$x$", "**x**" (markdown bold)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+
+
+def ascii_minus(text: str) -> str:
+    """`text` with a Unicode minus sign written as "-" (`_MINUS`), so that "−5" reads as -5."""
+    return _MINUS.sub("-", text)
+
+
+def answer_phrase(text: str) -> str | None:
+    """The last "the answer is X" / "Answer: X" phrase: the first inline math in it when it
+    holds some ("$5$ dollars" -> "5"), else the phrase without surrounding "$" and "**"."""
+    matches = _ANSWER_IS.findall(text)
+    if not matches:
+        return None
+    math = _INLINE_MATH.search(matches[-1])
+    if math:
+        return next(g for g in math.groups() if g is not None).strip()
+    return _ANSWER_WRAPPING.sub("", matches[-1])
 
 
 def last_boxed(text: str) -> str | None:
@@ -92,15 +117,16 @@ def last_gsm8k(text: str) -> str | None:
 
 
 def extract_answer(text: str, fallbacks: Sequence[str] = DEFAULT_FALLBACKS) -> str | None:
-    """The final answer by the first strategy in `fallbacks` that finds one (or None)."""
+    """The final answer by the first strategy in `fallbacks` that finds one (or None); a
+    Unicode minus sign reads as "-" (`ascii_minus`)."""
+    text = ascii_minus(text)
     for name in fallbacks:
         if name == "boxed":
             answer = last_boxed(text)
         elif name == "gsm8k":
             answer = last_gsm8k(text)
         elif name == "answer_is":
-            matches = _ANSWER_IS.findall(text)
-            answer = _ANSWER_WRAPPING.sub("", matches[-1]) if matches else None
+            answer = answer_phrase(text)
         elif name == "answer_tag":
             answer = last_tag(text, "answer")
         elif name == "last_number":
@@ -117,6 +143,7 @@ def gold_answer(ground_truth: str) -> str:
     """A dataset's answer field as a bare answer: the content of the last \\boxed{} of a
     worked solution, else the part after GSM8K's "####"; any other text unchanged. \\boxed
     comes first because a worked solution's markdown may use "####" headings."""
+    ground_truth = ascii_minus(ground_truth)
     if "\\boxed" in ground_truth or "\\fbox" in ground_truth:
         boxed = last_boxed(ground_truth)
         if boxed:

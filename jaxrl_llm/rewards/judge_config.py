@@ -28,7 +28,8 @@ Markdown emphasis ("**8**/10", "_correct_") and code marks are ignored; "1,000" 
   1. the first label of the last sentence after a verdict word ("Verdict: incorrect. The
      correct answer is 5" -> incorrect);
   2. else every mention, which must agree ("Incorrect. The correct answer is 5" is None).
-A number is divided by `scale` (a 1-10 rating with scale 10 scores in [0.1, 1]). A score
+A number is divided by `scale` (a 1-10 rating with scale 10 scores in [0.1, 1]); a Unicode
+minus sign (U+2212, or an en dash opening a number) reads as "-" ("\u22121" is -1). A score
 outside `score_range` ([0, 1] by default, the defaults' 0/1 verdict; labels must lie in it)
 does not parse: \\boxed{1000} or \\boxed{-50} is a judge off its format, asked again and
 then scored `unparsed_score`, never a reward beyond the judge's declared range. A parser is
@@ -47,7 +48,7 @@ import gin
 
 from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields, documented
 from jaxrl_llm.data.examples import last_user_message
-from jaxrl_llm.rewards.extraction import last_boxed
+from jaxrl_llm.rewards.extraction import ascii_minus, last_boxed
 
 JUDGE_PREFIX = "judge:"
 
@@ -102,8 +103,8 @@ _WINDOW = 4  # words before a label that qualify it
 
 def _plain(text: str) -> str:
     """`text` without markdown emphasis ("**8**/10") or code marks and without thousands
-    separators; a lone "*" (2*3) stays."""
-    text = _EMPHASIS.sub(r"\2", text.replace("`", ""))
+    separators, a Unicode minus sign as "-" ("−1"); a lone "*" (2*3) stays."""
+    text = _EMPHASIS.sub(r"\2", ascii_minus(text).replace("`", ""))
     return re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", text)
 
 

@@ -27,10 +27,12 @@ import functools
 import inspect
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from jaxrl_llm.config_checks import FLOAT32_MAX
 from jaxrl_llm.rewards import verifiable
+from jaxrl_llm.rewards.extraction import FALLBACKS
 from jaxrl_llm.tools.factory import resolve_import_path
 
 RewardFn = Callable[..., float]
@@ -44,6 +46,12 @@ _REGISTRY: dict[str, RewardFn] = {
 }
 # Registered rewards whose second argument is the row's "answer" rather than the row.
 _GETS_ANSWER: set[str] = set(_REGISTRY)
+# The values a built-in's option may take, checked when it is built (a typo must not wait for
+# the first sample): {reward: {option: (choices, whether the value is a list of them)}}.
+_CHOICES: dict[str, dict[str, tuple[tuple[str, ...], bool]]] = {
+    "math": {"fallbacks": (FALLBACKS, True)},
+    "format": {"style": (tuple(verifiable.FORMAT_STYLES), False)},
+}
 
 
 def register_reward(name: str, *, gets: str = "example") -> Callable[[RewardFn], RewardFn]:
@@ -95,11 +103,28 @@ def _check_options(name: str, fn: RewardFn, options: Mapping[str, Any]) -> None:
         ) from None
 
 
+def _check_values(name: str, options: Mapping[str, Any]) -> None:
+    """`ValueError` naming the choices when a built-in's option value is not one of them."""
+    for option, (choices, many) in _CHOICES.get(name, {}).items():
+        if option not in options:
+            continue
+        value = options[option]
+        if many:
+            ok = not isinstance(value, str | bytes) and isinstance(value, Sequence)
+            ok = ok and all(v in choices for v in value)
+            expected = f"a list of {choices}"
+        else:
+            ok, expected = value in choices, f"one of {choices}"
+        if not ok:
+            raise ValueError(f"reward {name!r} option {option} = {value!r}: expected {expected}")
+
+
 def get_reward(name: str, **options: Any) -> RewardFn:
     """The function `name` refers to, with `options` bound and checked now; its second
     argument is what it was registered with (the ground truth for the built-ins)."""
     fn, _ = resolve_reward(name)
     _check_options(name, fn, options)
+    _check_values(name, options)
     return functools.partial(fn, **options) if options else fn
 
 
@@ -137,17 +162,27 @@ def score_error(
 ) -> TypeError | ValueError | None:
     """Why `value` is not a score of reward `name`, or None when it is one: NaN, inf or not a
     number would reach the advantages, so the sample fails as when the reward raises (scored
-    `RewardConfig.incorrect`, counted in `reward/errors`). The one rule for rule rewards
-    (`finite_score`), reward models and judges (`ModelAndRuleRewards`) and `jaxrl-llm score`;
-    the error names the reward, the value, `where` (e.g. " on sample 3") and `fix`."""
+    `RewardConfig.incorrect`, counted in `reward/errors`); so does a number beyond float32
+    (|score| > `FLOAT32_MAX`), the precision scores are recorded in, where it is inf. The one
+    rule for rule rewards (`finite_score`), reward models and judges (`ModelAndRuleRewards`)
+    and `jaxrl-llm score`; the error names the reward, the value, `where` (e.g. " on sample
+    3") and `fix`."""
     if isinstance(value, str | bytes):
         return TypeError(f"reward {name!r} returned {value!r}{where}, not a number: {fix}")
     try:
         score = float(value)
+    except OverflowError:  # an int beyond float64
+        score = math.inf
     except (TypeError, ValueError):
         return TypeError(f"reward {name!r} returned {value!r}{where}, not a number: {fix}")
-    if not math.isfinite(score):
+    if math.isnan(score):
         return ValueError(f"reward {name!r} returned {value!r}{where}, not a finite number: {fix}")
+    if abs(score) > FLOAT32_MAX:
+        shown = f"{score:.4g}" if math.isfinite(score) else repr(value)
+        return ValueError(
+            f"reward {name!r} returned {shown}{where}, not a finite float32 number "
+            f"(|score| <= {FLOAT32_MAX:.4g}): {fix}"
+        )
     return None
 
 
@@ -191,6 +226,7 @@ def build_reward(name: str, **options: Any) -> Reward:
     """The reward `name` (registered name or import path) with `options` bound and checked."""
     fn, gets = resolve_reward(name)
     _check_options(name, fn, options)
+    _check_values(name, options)
     return Reward(name, fn, gets, tuple(sorted(options.items())))
 
 
@@ -204,7 +240,13 @@ class CombinedReward:
         return {reward.name: reward(response, example) for reward, _ in self.parts}
 
     def __call__(self, response: str, example: Mapping[str, Any]) -> float:
-        return float(sum(weight * reward(response, example) for reward, weight in self.parts))
+        total = sum(weight * reward(response, example) for reward, weight in self.parts)
+        return finite_score(self.total_name, total)
+
+    @property
+    def total_name(self) -> str:
+        """What the weighted total's errors name: "math + format"."""
+        return " + ".join(self.part_names)
 
     @property
     def part_names(self) -> tuple[str, ...]:
@@ -220,8 +262,8 @@ class CombinedReward:
             t0 = time.perf_counter()
             score = reward(response, example)
             parts[reward.name] = (score, time.perf_counter() - t0)
-        total = float(sum(weight * parts[reward.name][0] for reward, weight in self.parts))
-        return total, parts
+        total = sum(weight * parts[reward.name][0] for reward, weight in self.parts)
+        return finite_score(self.total_name, total), parts
 
 
 def combine_rewards(
@@ -239,6 +281,11 @@ def combine_rewards(
         weight, options = value if isinstance(value, tuple) else (value, {})
         if not isinstance(weight, int | float) or isinstance(weight, bool):
             raise TypeError(f"reward weight for {name!r} must be a number, got {weight!r}")
+        if not abs(weight) <= FLOAT32_MAX:
+            raise ValueError(
+                f"reward weight for {name!r} is {weight!r}: expected a finite number "
+                f"(|weight| <= {FLOAT32_MAX:.4g})"
+            )
         merged = {**declared_options(name, offered or {}), **dict(options)}
         parts.append((build_reward(name, **merged), float(weight)))
     return CombinedReward(tuple(parts))

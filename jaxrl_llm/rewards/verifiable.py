@@ -47,20 +47,40 @@ def answers_equivalent(predicted: str, gold: str, *, timeout_s: float = 5.0) -> 
     """Whether two answers are mathematically equal, by math_verify's parse + verify.
 
     Covers fractions vs decimals, \\dfrac, units in \\text{}, intervals, sets, \\text{}
-    wrappers and percentages (see tests/rewards). `timeout_s` applies only in the main thread.
+    wrappers and percentages (see tests/rewards), and a number followed by words ("18 eggs",
+    `_readings`). `timeout_s` applies only in the main thread.
     """
     if _normalise_latex(predicted) == _normalise_latex(gold):
         return True
     seconds = max(1, math.ceil(timeout_s)) if _in_main_thread() else None
     try:
         gold_parsed = list(_parsed(_as_latex(gold), seconds))  # verify takes a list
-        pred_parsed = list(_parsed(_as_latex(predicted), seconds))
-        if not gold_parsed or not pred_parsed:
+        if not gold_parsed:
             return False
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=seconds))
+        for latex in _readings(predicted):
+            pred_parsed = list(_parsed(latex, seconds))
+            if pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=seconds):
+                return True
+        return False
     except (Exception, TimeoutException) as e:  # malformed LaTeX; out of time (a BaseException)
         logger.debug("math_verify failed on %r vs %r: %s", predicted, gold, e)
         return False
+
+
+# A word of two or more letters that is not a LaTeX command ("eggs", not "\\frac").
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _readings(predicted: str) -> list[str]:
+    """The LaTeX to parse `predicted` as: `_as_latex`'s, then, for a phrase of words around
+    one number ("18 eggs", which \\boxed{} reads as 18*e*g*g*s), the phrase unwrapped, where
+    math_verify finds the number. Never for several numbers ("3 apples, not 5")."""
+    wrapped = _as_latex(predicted)
+    loose = (
+        wrapped != predicted and _WORD.search(predicted) and len(_NUMBER.findall(predicted)) == 1
+    )
+    return [wrapped, predicted] if loose else [wrapped]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -73,7 +93,8 @@ def _parsed(latex: str, seconds: int | None) -> tuple:
     caller can change it: callers pass verify a list of it (verify reads a tuple as one
     expression)."""
     try:
-        return tuple(parse(latex, parsing_timeout=seconds, raise_on_error=True))
+        # None disables parse's alarm (off the main thread), though its stub says int.
+        return tuple(parse(latex, parsing_timeout=seconds, raise_on_error=True))  # pyright: ignore[reportArgumentType]
     except Exception:  # malformed: parse's own [] without raise_on_error
         return ()
 
@@ -145,18 +166,29 @@ def exact_match_reward(
     return float(correct if any(predicted == normalize_answer(g) for g in golds) else incorrect)
 
 
+def _block(tag: str, *, allow_open: bool = False) -> str:
+    """<tag>...</tag> whose content cannot run past its closing tag (nor open another
+    <tag> unless `allow_open`), so that a fullmatch cannot span blocks."""
+    stop = rf"</{tag}>" if allow_open else rf"</?{tag}>"
+    return rf"<{tag}>(?:(?!{stop}).)*</{tag}>"
+
+
 _FORMATS = {
     # A final \boxed{...} answer exists (the math prompt's request).
     "boxed": None,
     # DeepSeek-R1 style: <think>...</think> then <answer>...</answer>, nothing else.
-    "think_answer": re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL),
+    "think_answer": re.compile(
+        rf"\s*{_block('think', allow_open=True)}\s*{_block('answer')}\s*", re.DOTALL
+    ),
     # Search-R1 style: <think>/<search>/<information> turns ending in one <answer>.
     "search_r1": re.compile(
-        r"\s*(?:<think>.*?</think>\s*|<search>.*?</search>\s*|"
-        r"<information>.*?</information>\s*)*<answer>.*?</answer>\s*",
+        rf"\s*(?:{_block('think', allow_open=True)}\s*|{_block('search', allow_open=True)}\s*|"
+        rf"{_block('information', allow_open=True)}\s*)*{_block('answer')}\s*",
         re.DOTALL,
     ),
 }
+
+FORMAT_STYLES = tuple(_FORMATS)
 
 
 def format_reward(
