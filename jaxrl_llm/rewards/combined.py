@@ -110,10 +110,23 @@ class ModelAndRuleRewards:
         for name, (model, weight) in zip(self._names, self.models, strict=True):
             scores = self._fail_non_finite(model.name, parts[name].scores, failures)
             parts[name] = dataclasses.replace(parts[name], scores=scores)
-            total += np.float32(weight) * scores
+            with np.errstate(over="ignore"):  # an overflow is failed below
+                total += np.float32(weight) * scores
+        self._fail_overflow(total, failures)
         total[list(failures)] = self.incorrect
         self.last_failures, self.last_parts = dict(sorted(failures.items())), parts
         return total
+
+    def _fail_overflow(self, total: np.ndarray, failures: dict[int, ScoreFailure]) -> None:
+        """A sample whose weighted total is beyond float32 though every part is a score (a
+        large weight times a large score) fails as a non-finite score does: inf would reach
+        the advantages as NaN."""
+        for i in np.flatnonzero(~np.isfinite(total)).tolist():
+            message = (
+                f"ValueError: sample {i}'s weighted reward total {total[i]} is beyond "
+                "float32; lower the weights (RewardConfig.weights) or the scores"
+            )
+            failures.setdefault(i, ScoreFailure("error", message, "builtins.ValueError"))
 
     def _fail_non_finite(
         self, name: str, scores: np.ndarray, failures: dict[int, ScoreFailure]

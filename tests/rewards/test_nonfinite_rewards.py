@@ -194,6 +194,17 @@ def test_a_device_scorer_s_non_finite_score_fails_the_sample_as_a_raising_reward
         rewards.check_errors(1, 1, str(failure))
 
 
+def test_a_weighted_total_beyond_float32_fails_its_sample():
+    """Every part a finite score, but 2 x 3e38 is beyond float32: that sample fails (it was
+    inf, then NaN advantages); the others keep their totals."""
+    rm = FixedScorer("rm:/models/a/rm", [0.5, 3e38, -0.25])
+    with ModelAndRuleRewards(None, [(rm, 2.0)]) as rewards:
+        got = rewards.score(["a", "b", "c"], [{}, {}, {}])
+    np.testing.assert_array_equal(got, [1.0, RewardConfig().incorrect, -0.5])
+    assert list(rewards.last_failures) == [1]
+    assert "beyond float32" in rewards.last_failures[1].message
+
+
 def test_a_scorer_failure_beside_the_rule_pool_s_scores_incorrect_and_both_are_reported(
     bad_rewards,
 ):
