@@ -16,8 +16,8 @@
 
 Each command prints one JSON line saying what it wrote. A command that cannot do what it was
 asked (records that end early, a missing run or scores file, a subset that would be empty,
-a random subset larger than the data) writes nothing and ends with one line saying why
-(`ConfigError`, exit status 2). The work is done by
+a random subset larger than the data, an `--out` that is the `--data` file or a folder)
+writes nothing and ends with one line saying why (`ConfigError`, exit status 2). The work is done by
 `jaxrl_llm.data.limr` (`score_run`), `jaxrl_llm.data.limr_select` (`select`,
 `random_subset`, `lim_subset_size`) and `jaxrl_llm.data.limr_plot.plot_lim_curves`.
 """
@@ -126,6 +126,7 @@ def run_score(args: argparse.Namespace) -> dict:
 
 def run_select(args: argparse.Namespace) -> dict:
     fields = _fields(args.id_key)
+    limr_select.check_out_path(args.data, args.out)
     scores = limr.load_scores(args.scores)
     report: dict = {"out": args.out, "threshold": args.threshold}
     if args.random is None:

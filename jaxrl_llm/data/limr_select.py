@@ -35,6 +35,21 @@ def _read_data(data_path: str | os.PathLike, fields: FieldMap, data_format: str)
     return fmt, list(iter_examples(read_records(source), fields, report))
 
 
+def check_out_path(data_path: str | os.PathLike, out_path: str | os.PathLike) -> None:
+    """``ConfigError`` for an ``out_path`` a subset cannot be written to: the data file itself
+    (the selection would replace the training data) or a folder."""
+    out, data = epath.Path(out_path), epath.Path(data_path)
+    if out.is_dir():
+        raise ConfigError(f"--out {out_path} is a folder: give a file path for the subset")
+    local = "://" not in os.fspath(out_path) and "://" not in os.fspath(data_path)
+    same = os.path.realpath(out_path) == os.path.realpath(data_path) if local else out == data
+    if same:
+        raise ConfigError(
+            f"--out {out_path} is the --data file: writing the subset there would replace the "
+            "training data; give another path"
+        )
+
+
 def write_subset(
     data_path: str | os.PathLike,
     keep_ids: set[str] | Sequence[str],
@@ -48,6 +63,7 @@ def write_subset(
     jsonl lines are copied byte for byte; a json array stays a json array of the original
     objects; parquet keeps its schema. Row order is the file's. Returns the rows written.
     """
+    check_out_path(data_path, out_path)
     keep = set(keep_ids)
     fmt, records = _read_data(data_path, fields, data_format)
     chosen = [(record, ex) for record, ex in records if ex["id"] in keep]

@@ -360,6 +360,7 @@ def read_tfds(name: str, split: str = "train", data_dir: str | None = None) -> I
     """
     import tensorflow_datasets as tfds  # slow import (TensorFlow), so only when used
 
+    check_tfds(name, data_dir)
     source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
     tag = f"tfds:{name}/{split}"
     for index in range(len(source)):
@@ -368,6 +369,20 @@ def read_tfds(name: str, split: str = "train", data_dir: str | None = None) -> I
             yield RawRecord(tag, index + 1, row)
         else:
             yield RawRecord(tag, index + 1, None, f"expected a feature dict, got {type(row)}")
+
+
+def check_tfds(name: str, data_dir: str | None = None) -> None:
+    """``DataSourceError`` unless ``tfds:name`` names a registered TFDS builder (TFDS's own
+    error spans a page: the list of every dataset it knows)."""
+    import tensorflow_datasets as tfds
+    from tensorflow_datasets.core.registered import DatasetNotFoundError
+
+    try:
+        tfds.builder(name, data_dir=data_dir)
+    except DatasetNotFoundError:
+        raise DataSourceError(
+            f"tfds:{name}: no TFDS dataset of that name; check the name (tfds.list_builders())"
+        ) from None
 
 
 def _to_python(value: Any) -> Any:

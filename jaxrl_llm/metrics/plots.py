@@ -266,6 +266,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     first = epath.Path(args.run_dirs[0])
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {args.out} is a file: give the folder the PNGs go to")
     paths = write_dashboard(args.run_dirs, args.out or (first.parent if first.is_file() else first))
     for p in paths:
         print(p)

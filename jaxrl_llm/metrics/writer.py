@@ -37,7 +37,7 @@ import gin
 import jax
 from etils import epath
 
-from jaxrl_llm.config_checks import checked_fields, documented
+from jaxrl_llm.config_checks import ConfigError, checked_fields, documented
 from jaxrl_llm.metrics.tensorboard import summary_writer
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,13 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     if path.is_dir():
         path = path / "metrics.jsonl"
     out, skipped = [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {e.start}): give a run's metrics.jsonl"
+        ) from None
+    for number, line in enumerate(text.splitlines(), 1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:

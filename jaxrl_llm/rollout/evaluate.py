@@ -156,7 +156,41 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--preset {args.preset} reads a file: pass it with --data PATH")
     if args.data not in (None, "builtin") and not args.data.startswith("tfds:"):
         require_source(args.data, "--data")
+    if args.data is not None and args.data.startswith("tfds:"):
+        from jaxrl_llm.data.sources import check_tfds
+
+        check_tfds(args.data[5:], args.data_dir)
     check_mesh_flag(args.mesh)
+    if args.out is not None:
+        _check_out(args.out)
+    _check_context(args)
+
+
+def _check_out(out: Path) -> None:
+    """`--out` must be a file path whose folder is, or can be made: checked before the model
+    loads, not after the evaluation."""
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder: give a file path for the results JSON")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"--out {out}: {parent} is a file, not a folder")
+            return
+
+
+def _check_context(args: argparse.Namespace) -> None:
+    """A prompt and its response must fit the model's context (its config.json only)."""
+    from jaxrl_llm.assets import resolve_checkpoint
+    from jaxrl_llm.learner.run import check_context
+
+    src = resolve_checkpoint(args.checkpoint, "--checkpoint")
+    try:
+        check_context(args.max_prompt_length + args.max_new_tokens, src)
+    except ConfigError as e:  # its message names the training config's fields
+        raise ConfigError(
+            f"--max-prompt-length {args.max_prompt_length} + --max-new-tokens "
+            f"{args.max_new_tokens}: {e}"
+        ) from None
 
 
 def _prompts(args: argparse.Namespace, source, tokenizer):

@@ -86,6 +86,8 @@ def read_rows(path: str) -> list[tuple[int, dict[str, Any]]]:
         if record.row is None:
             raise BadScoreRow(f"{where}: {record.error}")
         rows.append((record.line, check_row(record.row, where)))
+    if not rows:
+        raise ConfigError(f"--data {path}: no row to score (the file is empty)")
     return rows
 
 
