@@ -135,11 +135,32 @@ def render_prompt(
 
 def check_chat_template(tokenizer: Any, chosen: str) -> None:
     """Raise ``ConfigError`` when ``tokenizer`` has no chat template to render through (a base
-    model's has none), naming ``chosen`` (the setting that asked for it) and the checkpoint."""
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return
+    model's has none), or one that does not render (a Jinja syntax error, or a template that
+    raises on one user turn), naming ``chosen`` (the setting that asked for it) and the
+    checkpoint. A template that rendered once is not rendered again (``_RENDERED``)."""
     where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
-    raise ConfigError(
-        f"{chosen} renders prompts through the tokenizer's chat template, and {where} has "
-        "none: use 'raw' or 'torl' for a base model, or a checkpoint whose tokenizer has one"
-    )
+    template = getattr(tokenizer, "chat_template", None)
+    if tokenizer is None or not template:
+        raise ConfigError(
+            f"{chosen} renders prompts through the tokenizer's chat template, and {where} has "
+            "none: use 'raw' or 'torl' for a base model, or a checkpoint whose tokenizer has one"
+        )
+    key = template if isinstance(template, str) else None
+    if key is not None and key in _RENDERED:
+        return
+    import jinja2
+
+    try:
+        tokenizer.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=True)
+    except jinja2.TemplateError as e:
+        raise ConfigError(
+            f"{chosen}: {where}'s chat template does not render one user turn "
+            f"({type(e).__name__}: {e}); fix its chat_template (chat_template.jinja or "
+            "tokenizer_config.json), or use a template without it ('raw', 'torl')"
+        ) from None
+    if key is not None:
+        _RENDERED.add(key)
+
+
+_PROBE = [{"role": "user", "content": "x"}]
+_RENDERED: set[str] = set()  # chat templates that rendered `_PROBE`

@@ -93,17 +93,21 @@ class Learner:
         return lora_lib.full_params(self.state.policy.params, self.frozen)
 
 
-def check_context(seq_len: int, src: str | os.PathLike) -> None:
-    """A sample's positions (prompt and response: `RLConfig.seq_len`) must be ones the model
-    at `src` was trained on, `max_position_embeddings` of its config.json: past it RoPE gives
-    angles the model never saw. Refused with plain rotary embeddings; warned with a RoPE
-    scaling, which may extend the context beyond that field."""
+RL_SAMPLE = "DataConfig.max_prompt_length + RolloutConfig.max_new_tokens"
+
+
+def check_context(seq_len: int, src: str | os.PathLike, what: str = RL_SAMPLE) -> None:
+    """A sample's positions (`seq_len`: for RL, prompt and response, `RLConfig.seq_len`) must
+    be ones the model at `src` was trained on, `max_position_embeddings` of its config.json:
+    past it RoPE gives angles the model never saw. Refused with plain rotary embeddings;
+    warned with a RoPE scaling, which may extend the context beyond that field. `what`: the
+    settings that make up `seq_len`, named in the message. Reads config.json only."""
     model = ModelConfig.from_hf(read_config(src))
     limit = model.max_position_embeddings
     if seq_len <= limit:
         return
-    what = (f"DataConfig.max_prompt_length + RolloutConfig.max_new_tokens = {seq_len} tokens "
-            f"exceed the model's context ({src}: max_position_embeddings = {limit})")  # fmt: skip
+    what = (f"{what} = {seq_len} tokens exceed the model's context ({src}: "
+            f"max_position_embeddings = {limit})")  # fmt: skip
     if model.rope.type != "default":
         log.warning("%s; its RoPE scaling (%r) may cover them", what, model.rope.type)
         return
@@ -234,8 +238,11 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
     cfg.validate()
     check_data_files(cfg.data)  # a wrong path fails before the model loads
     _check_one_process(cfg)
-    tokenizer = load_tokenizer(resolve_checkpoint(cfg.policy.checkpoint, "PolicyConfig.checkpoint"))
-    check_template(cfg.data, tokenizer)  # 'chat' on a base model's tokenizer: before any folder
+    src = resolve_checkpoint(cfg.policy.checkpoint, "PolicyConfig.checkpoint")
+    tokenizer = load_tokenizer(src)
+    # 'chat' on a base model's tokenizer, a sample past the context: before any folder opens
+    check_template(cfg.data, tokenizer)
+    check_context(cfg.seq_len, src)
     run_dir = epath.Path(cfg.resolved_run_dir())
     ckpt, step0 = _open_checkpoints(cfg, run_dir, resume)
     try:

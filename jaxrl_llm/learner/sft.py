@@ -38,6 +38,7 @@ from jaxrl_llm.data.examples import row_conversation
 from jaxrl_llm.data.sources import SourceConfig, read_records, require_source
 from jaxrl_llm.data.tasks import arithmetic
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
+from jaxrl_llm.learner.run import check_context
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
 from jaxrl_llm.models import from_pretrained, load_tokenizer, save_pretrained
 from jaxrl_llm.tools.python_tool import OUTPUT_START
@@ -295,13 +296,15 @@ def make_train_step(graphdef, tx):
 def run_sft(cfg: SFTConfig | None = None) -> dict[str, float]:
     """Train, evaluate the validation NLL every `eval_every` steps, export HF to out_dir.
 
-    The data and settings are checked (a bad row, an example set that fits no row) before
-    anything is written to out_dir and before the model loads; then the resolved gin config
+    The data and settings are checked (a bad row, an example set that fits no row, a
+    `seq_len` past the model's `max_position_embeddings`) before anything is written to
+    out_dir and before the model loads; then the resolved gin config
     goes to out_dir/config.gin."""
     cfg = cfg or SFTConfig()
     if cfg.train_file:
         require_source(cfg.train_file, "SFTConfig.train_file")
     src = resolve_checkpoint(cfg.checkpoint, "SFTConfig.checkpoint")
+    check_context(cfg.seq_len, src, "SFTConfig.seq_len")  # rows of seq_len are allocated
     tokenizer = load_tokenizer(src)
     train, val = file_examples(cfg) if cfg.train_file else builtin_examples(cfg)
     train_ids, train_mask = pack(train, tokenizer, cfg.seq_len)

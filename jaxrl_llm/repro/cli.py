@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.repro.specs import REPROS, get_repro, seed_list
 
 
@@ -46,24 +47,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from jaxrl_llm.repro.report import markdown_tables, plot_result
-    from jaxrl_llm.repro.runner import resummarise, run_repro
+    from jaxrl_llm.repro.runner import read_results, resummarise, run_repro
 
-    if args.steps is not None and args.steps < 1:
-        raise SystemExit(f"--steps must be >= 1, got {args.steps}")
-    if args.prep_steps is not None and args.prep_steps < 1:
-        raise SystemExit(f"--prep-steps must be >= 1, got {args.prep_steps}")
+    for flag, value in (("--steps", args.steps), ("--prep-steps", args.prep_steps)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} = {value}: expected an integer >= 1")
+    seeds = seed_list(args.seeds)
     repro = get_repro(args.name)
     out = Path(args.out or f"runs/repro_{args.name.replace('-', '_')}")
     if args.report_only:
         path = out / "results.json"
-        if not path.is_file():
-            raise SystemExit(f"--report-only needs {path} from an earlier run; it is missing")
-        result = resummarise(repro, json.loads(path.read_text()))
+        result = resummarise(repro, read_results(path))
         path.write_text(json.dumps(result, indent=1) + "\n")
     else:
         result = run_repro(
             repro,
-            seeds=seed_list(args.seeds),
+            seeds=seeds,
             steps=args.steps,
             out_dir=out,
             prep_steps=args.prep_steps,

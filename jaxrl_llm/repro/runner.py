@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.repro import stats
 from jaxrl_llm.repro.specs import Prepared, PrepOptions, Repro
 
@@ -283,6 +284,30 @@ def summarise(
         "comparisons": comparisons,
         "prepared": dict(prepared.notes),
     }
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    """An earlier run's ``results.json`` (for ``--report-only``), checked to hold readable
+    per-seed curves, or a ``ConfigError`` naming the file and what is wrong with it."""
+    fix = "run the reproduction again without --report-only to write it"
+    if not path.is_file():
+        raise ConfigError(f"--report-only needs {path} from an earlier run; it is missing")
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--report-only: {path} is not JSON ({e}); {fix}") from None
+    if not isinstance(result, dict) or not isinstance(result.get("arms"), dict):
+        raise ConfigError(f"--report-only: {path} has no 'arms' (per-arm runs); {fix}")
+    try:
+        for arm in result["arms"].values():
+            for run in arm["runs"]:
+                curve_from_dict(run)
+    except (KeyError, TypeError, ValueError) as e:
+        what = f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise ConfigError(
+            f"--report-only: {path} has a run it cannot read ({what}); {fix}"
+        ) from None
+    return result
 
 
 def resummarise(repro: Repro, result: dict[str, Any]) -> dict[str, Any]:

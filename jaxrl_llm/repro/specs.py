@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxrl_llm.config_checks import ConfigError
+
 PREPARED = "prepared.json"  # in a preparation's out_dir: what it was trained from, and its notes
 
 
@@ -194,11 +196,11 @@ REPROS: dict[str, Repro] = {
 
 def get_repro(name: str) -> Repro:
     if name not in REPROS:
-        raise ValueError(f"unknown reproduction {name!r}; choose from {sorted(REPROS)}")
+        raise ConfigError(f"unknown reproduction {name!r}; choose from {sorted(REPROS)}")
     return REPROS[name]
 
 
 def seed_list(n: int) -> tuple[int, ...]:
     if n < 1:
-        raise ValueError(f"--seeds must be >= 1, got {n}")
+        raise ConfigError(f"--seeds = {n}: expected an integer >= 1 (seeds 0..N-1)")
     return tuple(range(n))

@@ -85,12 +85,49 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
         if any(p == "" for p in args.prompt or []):
             raise ConfigError("--prompt '': a prompt must not be empty")
         return args.prompt or ["What is 12 + 30?"]
+    name = str(args.prompts_file)
+    if args.prompts_file.is_dir():
+        raise ConfigError(f"--prompts-file {name!r} is a folder; expected a text file")
     if not args.prompts_file.is_file():
-        raise ConfigError(f"--prompts-file {str(args.prompts_file)!r}: no such file")
-    prompts = [ln for ln in args.prompts_file.read_text().splitlines() if ln.strip()]
+        raise ConfigError(f"--prompts-file {name!r}: no such file")
+    try:
+        text = args.prompts_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"--prompts-file {name!r} is not UTF-8 text (byte {e.start}: {e.reason}); "
+            "save it as UTF-8, one prompt per line"
+        ) from None
+    prompts = [ln for ln in text.splitlines() if ln.strip()]
     if not prompts:
         raise ConfigError(f"--prompts-file {str(args.prompts_file)!r} holds no prompt")
     return prompts
+
+
+def _prepare_prompts(args: argparse.Namespace) -> tuple[list[str], int]:
+    """The prompts as the model will see them (through the chat template with `--chat`) and
+    the longest one's tokens; refused in one line, with the tokenizer alone loaded, when the
+    template is missing or broken or the longest prompt plus `--max-new-tokens` would run past
+    the model's context (`learner.run.check_context`)."""
+    from jaxrl_llm.assets import resolve_checkpoint
+    from jaxrl_llm.data.templates import check_chat_template
+    from jaxrl_llm.learner.run import check_context
+    from jaxrl_llm.models import load_tokenizer
+
+    prompts = _read_prompts(args)
+    path = resolve_checkpoint(args.checkpoint, "--checkpoint")
+    tokenizer = load_tokenizer(path)
+    if args.chat:
+        check_chat_template(tokenizer, "--chat")
+        prompts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+            )
+            for p in prompts
+        ]
+    longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
+    what = f"the longest prompt ({longest} tokens) + --max-new-tokens ({args.max_new_tokens})"
+    check_context(longest + args.max_new_tokens, path, what)
+    return prompts, longest
 
 
 def main(args: argparse.Namespace) -> int:
@@ -100,16 +137,9 @@ def main(args: argparse.Namespace) -> int:
 
     check_sampling_flags(args)
     check_mesh_flag(args.mesh)
-    prompts = _read_prompts(args)
+    prompts, longest = _prepare_prompts(args)
     loaded = load_sampling_model(args)
     tokenizer = loaded.tokenizer
-    if args.chat:
-        prompts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-            )
-            for p in prompts
-        ]
     sampling = SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,
@@ -119,7 +149,6 @@ def main(args: argparse.Namespace) -> int:
         n=args.n,
         seed=args.seed,
     )
-    longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
     prefill = 16
     while prefill < longest:
         prefill *= 2
