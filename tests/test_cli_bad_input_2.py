@@ -59,6 +59,22 @@ def test_sft_seq_len_past_the_context_is_refused_before_the_tokenizer(
     assert not out.exists()
 
 
+def test_rm_seq_len_past_the_context_is_refused_before_the_pairs_are_read(
+    tmp_path, capsys, monkeypatch
+):
+    """As sft: `rm` allocated rows of RMConfig.seq_len for every pair before any check."""
+    from jaxrl_llm.learner import reward_training
+
+    monkeypatch.setattr(reward_training, "load_tokenizer", _never)
+    out = tmp_path / "rm"
+    argv = ["rm", "--gin_param", f"RMConfig.out_dir = '{out}'"]
+    argv += ["--gin_param", f"RMConfig.seq_len = {CONTEXT + 1}"]
+    assert cli.main(argv) == 2
+    line = _one_line(capsys, "jaxrl-llm rm: configuration error: RMConfig.seq_len = 1025")
+    assert "max_position_embeddings = 1024" in line
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("case", ["max_new_tokens", "long_prompt"])
 def test_generate_past_the_context_is_refused_before_the_model_loads(
     tmp_path, capsys, monkeypatch, case

@@ -41,6 +41,7 @@ from jaxrl_llm.config_checks import ConfigError, Ge, checked_fields, documented
 from jaxrl_llm.data.preferences import builtin_preferences, read_preferences
 from jaxrl_llm.data.tasks.arithmetic import check_levels
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
+from jaxrl_llm.learner.run import check_context
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
 from jaxrl_llm.models import ModelConfig, load_tokenizer, save_pretrained
 from jaxrl_llm.models.hf_io import from_pretrained, read_config
@@ -227,6 +228,7 @@ def run_rm(cfg: RMConfig | None = None) -> dict[str, float]:
     cfg = cfg or RMConfig()
     cfg.validate()
     src = resolve_checkpoint(cfg.checkpoint, "RMConfig.checkpoint")
+    check_context(cfg.seq_len, src, "RMConfig.seq_len")  # rows of seq_len are allocated
     train, val = load_pairs(cfg)  # a bad row fails before the model loads
     tokenizer = load_tokenizer(src)
     pad_id = ModelConfig.from_hf(read_config(src)).pad_token_id  # the model's, unloaded
