@@ -52,8 +52,12 @@ def test_a_tool_that_exits_is_an_error_message(args, answer):
 
 
 _CALLER_INTERRUPTED = """
-import _thread, threading
+import _thread, signal, threading
 from jaxrl_llm.agents import ToolBox, ToolCall
+
+# A child inherits an ignored SIGINT (a test worker's), and then Python installs no handler
+# of its own, so interrupt_main does nothing: set the one a terminal's Ctrl-C meets.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 running, interrupted = threading.Event(), threading.Event()
 
@@ -86,7 +90,8 @@ def test_the_callers_own_interrupt_still_stops_the_call():
     """Ctrl-C in the caller's main thread while the tool runs stops the call (a fix that
     caught every BaseException answered "Error: ... KeyboardInterrupt" instead). In a process
     of its own: a test worker's SIGINT handling is its runner's (under xdist the interrupt
-    ended the worker), and ordered by an event, not by time (a 0.2 s timer against a 1 s nap
+    ended the worker, and a worker's child inherits an ignored SIGINT), and ordered by an
+    event, not by time (a 0.2 s timer against a 1 s nap
     failed on a loaded 2-core host)."""
     out = subprocess.run([sys.executable, "-c", _CALLER_INTERRUPTED], capture_output=True,
                          text=True, timeout=120, check=False)  # fmt: skip
