@@ -25,7 +25,6 @@ import gin
 import numpy as np
 
 from jaxrl_llm.config_checks import (
-    FLOAT32_MAX,
     ConfigError,
     Ge,
     Gt,
@@ -137,15 +136,15 @@ def solved(scores: Any, correct: float) -> np.ndarray:
 
 
 def _check_weight(name: str, value: Any) -> None:
-    """`ConfigError` unless reward `name`'s weight is a number within float32: a NaN or inf
-    weight would fail every sample with an error blaming the reward."""
+    """`ConfigError` unless reward `name`'s weight can weigh it (`registry.weight_problem`)."""
+    from jaxrl_llm.rewards.registry import weight_problem
+
     weight = value[0] if isinstance(value, tuple) else value
-    if not isinstance(weight, int | float) or isinstance(weight, bool):
-        raise ConfigError(f"RewardConfig.weights[{name!r}] = {weight!r}: expected a number")
-    if not abs(weight) <= FLOAT32_MAX:
+    problem = weight_problem(weight)
+    if problem is not None:
         raise ConfigError(
-            f"RewardConfig.weights[{name!r}] = {weight!r}: expected a finite number "
-            f"(|weight| <= {FLOAT32_MAX:.4g}); set the weight, or drop the reward"
+            f"RewardConfig.weights[{name!r}] = {weight!r}: {problem}; set the weight, or drop "
+            "the reward"
         )
 
 

@@ -266,6 +266,20 @@ class CombinedReward:
         return finite_score(self.total_name, total), parts
 
 
+NOT_A_NUMBER = "expected a number"
+
+
+def weight_problem(weight: Any) -> str | None:
+    """Why `weight` cannot weigh a reward, or None: not a number (a bool neither), or not
+    finite in float32 (a NaN or inf weight would fail every sample with an error blaming
+    the reward). The one rule of `combine_rewards` and `RewardConfig`'s check."""
+    if not isinstance(weight, int | float) or isinstance(weight, bool):
+        return NOT_A_NUMBER
+    if not abs(weight) <= FLOAT32_MAX:
+        return f"expected a finite number (|weight| <= {FLOAT32_MAX:.4g})"
+    return None
+
+
 def combine_rewards(
     weights: Mapping[str, float | tuple[float, Mapping[str, Any]]],
     *,
@@ -279,13 +293,10 @@ def combine_rewards(
     parts = []
     for name, value in weights.items():
         weight, options = value if isinstance(value, tuple) else (value, {})
-        if not isinstance(weight, int | float) or isinstance(weight, bool):
-            raise TypeError(f"reward weight for {name!r} must be a number, got {weight!r}")
-        if not abs(weight) <= FLOAT32_MAX:
-            raise ValueError(
-                f"reward weight for {name!r} is {weight!r}: expected a finite number "
-                f"(|weight| <= {FLOAT32_MAX:.4g})"
-            )
+        problem = weight_problem(weight)
+        if problem is not None:
+            error = TypeError if problem == NOT_A_NUMBER else ValueError
+            raise error(f"reward weight for {name!r} is {weight!r}: {problem}")
         merged = {**declared_options(name, offered or {}), **dict(options)}
         parts.append((build_reward(name, **merged), float(weight)))
     return CombinedReward(tuple(parts))
