@@ -78,6 +78,8 @@ def test_eval_refuses_an_out_under_a_file(tmp_path, capsys, no_model):
 def test_eval_refuses_more_tokens_than_the_models_context(capsys, no_model):
     line = refused(capsys, "eval", "--limit", 1, "--max-new-tokens", 100_000_000)
     assert "max_position_embeddings" in line
+    # eval's own flags are named, not the training config's fields
+    assert "--max-prompt-length + --max-new-tokens = " in line and "DataConfig" not in line
 
 
 def test_score_refuses_an_empty_file(tmp_path, capsys):

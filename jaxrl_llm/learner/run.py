@@ -116,10 +116,11 @@ def check_context(seq_len: int, src: str | os.PathLike, what: str = RL_SAMPLE) -
 
 def build_learner(cfg: RLConfig, tokenizer: Any = None) -> Learner:
     """Load the policy (and critic) straight into the training layout; build the steps.
-    `tokenizer`: the policy checkpoint's, when the caller has loaded it already."""
+    `tokenizer`: the policy checkpoint's, when the caller has loaded it already. The
+    sample's length against the model's context is `build_run`'s check, before any folder
+    opens (`bench rl-step` builds a learner for a config `run_rl` has run)."""
     mesh, sampling_mesh = _meshes(cfg.mesh)
     src = resolve_checkpoint(cfg.policy.checkpoint, "PolicyConfig.checkpoint")
-    check_context(cfg.seq_len, src)
     load = functools.partial(
         from_pretrained,
         dtype=cfg.policy.dtype,

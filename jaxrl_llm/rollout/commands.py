@@ -10,6 +10,7 @@ import argparse
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 from jaxrl_llm.config_checks import FLOAT32_MAX, ConfigError
 from jaxrl_llm.rollout.loading import add_model_arguments, load_sampling_model, parse_mesh
@@ -103,11 +104,12 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
-def _prepare_prompts(args: argparse.Namespace) -> tuple[list[str], int]:
-    """The prompts as the model will see them (through the chat template with `--chat`) and
-    the longest one's tokens; refused in one line, with the tokenizer alone loaded, when the
-    template is missing or broken or the longest prompt plus `--max-new-tokens` would run past
-    the model's context (`learner.run.check_context`)."""
+def _prepare_prompts(args: argparse.Namespace) -> tuple[list[str], int, Any]:
+    """The prompts as the model will see them (through the chat template with `--chat`), the
+    longest one's tokens and the tokenizer (the model's loading reuses it); refused in one
+    line, with the tokenizer alone loaded, when the template is missing or broken or the
+    longest prompt plus `--max-new-tokens` would run past the model's context
+    (`learner.run.check_context`)."""
     from jaxrl_llm.assets import resolve_checkpoint
     from jaxrl_llm.data.templates import check_chat_template
     from jaxrl_llm.learner.run import check_context
@@ -127,7 +129,7 @@ def _prepare_prompts(args: argparse.Namespace) -> tuple[list[str], int]:
     longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
     what = f"the longest prompt ({longest} tokens) + --max-new-tokens ({args.max_new_tokens})"
     check_context(longest + args.max_new_tokens, path, what)
-    return prompts, longest
+    return prompts, longest, tokenizer
 
 
 def main(args: argparse.Namespace) -> int:
@@ -137,9 +139,8 @@ def main(args: argparse.Namespace) -> int:
 
     check_sampling_flags(args)
     check_mesh_flag(args.mesh)
-    prompts, longest = _prepare_prompts(args)
-    loaded = load_sampling_model(args)
-    tokenizer = loaded.tokenizer
+    prompts, longest, tokenizer = _prepare_prompts(args)
+    loaded = load_sampling_model(args, tokenizer)
     sampling = SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,

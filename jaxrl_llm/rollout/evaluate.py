@@ -184,13 +184,8 @@ def _check_context(args: argparse.Namespace) -> None:
     from jaxrl_llm.learner.run import check_context
 
     src = resolve_checkpoint(args.checkpoint, "--checkpoint")
-    try:
-        check_context(args.max_prompt_length + args.max_new_tokens, src)
-    except ConfigError as e:  # its message names the training config's fields
-        raise ConfigError(
-            f"--max-prompt-length {args.max_prompt_length} + --max-new-tokens "
-            f"{args.max_new_tokens}: {e}"
-        ) from None
+    what = "--max-prompt-length + --max-new-tokens"  # the flags, not the training config's
+    check_context(args.max_prompt_length + args.max_new_tokens, src, what)
 
 
 def _prompts(args: argparse.Namespace, source, tokenizer):

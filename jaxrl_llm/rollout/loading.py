@@ -74,8 +74,9 @@ class SamplingModel:
     dtype: str
 
 
-def load_sampling_model(args: argparse.Namespace) -> SamplingModel:
-    """Build the `--mesh` over local devices and load `--checkpoint` into it in `--dtype`."""
+def load_sampling_model(args: argparse.Namespace, tokenizer: Any = None) -> SamplingModel:
+    """Build the `--mesh` over local devices and load `--checkpoint` into it in `--dtype`;
+    `tokenizer`: the checkpoint's, when the caller has loaded it already."""
     import jax
 
     from jaxrl_llm.assets import resolve_checkpoint
@@ -91,4 +92,5 @@ def load_sampling_model(args: argparse.Namespace) -> SamplingModel:
     dtype = resolve_dtype(args.dtype)
     model = from_pretrained(path, dtype=dtype, mesh=mesh, rules=SAMPLE_RULES)
     assert isinstance(model, CausalLM)  # from_pretrained's default cls
-    return SamplingModel(path, model, load_tokenizer(path), mesh, dtype)
+    tokenizer = load_tokenizer(path) if tokenizer is None else tokenizer
+    return SamplingModel(path, model, tokenizer, mesh, dtype)
