@@ -4,7 +4,9 @@ record, `types.py`) once done.
 `LiveSample` gathers the tokens a slot sampled from the engine's step records (`absorb`)
 and searches its current turn for stop strings incrementally (`find_stop`): only the text
 of tokens new since the last search, with enough look-back to hold the start of a stop
-string they complete; `first_stop` names the match, for both backends. `pad_completions`
+string they complete; `first_stop` names the match, for both backends. `finished` applies
+the JAX driver's finish rules (stop strings, EOS, the whole and the turn's token budget) and
+`add_observation` a tool's output before the next turn. `pad_completions`
 turns completions into the trainer's [N, T] arrays.
 
 Shapes: N completions, T response tokens (model and inserted).
@@ -13,7 +15,7 @@ Shapes: N completions, T response tokens (model and inserted).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 
 import numpy as np
 
@@ -125,6 +127,57 @@ class LiveSample:
         stop = match(first)
         assert stop is not None  # the search ends on a prefix that holds one
         return first, stop
+
+    def finished(
+        self, device_done: bool, eos_ids: Container[int], decode: Callable[[Sequence[int]], str]
+    ) -> tuple[str, str | None] | None:
+        """(finish reason, stop string) when the tokens absorbed so far end the turn, else
+        None: a stop string (the sample cut right after it), EOS or the whole budget on
+        device (`device_done`), or the turn's own budget `max_turn_tokens`, which the host
+        cuts as it cuts at a stop string (on device the slot runs on to the whole budget).
+        `decode` gives token ids' text, special tokens included."""
+        finish = self._natural_finish(device_done, eos_ids, decode)
+        cap = self.params.max_turn_tokens
+        turn = len(self.tokens) - self.turn_start
+        if cap is None or turn < cap or (turn == cap and finish is not None):
+            return finish
+        self.cut(self.turn_start + cap)
+        return "length", None
+
+    def _natural_finish(
+        self, device_done: bool, eos_ids: Container[int], decode: Callable[[Sequence[int]], str]
+    ) -> tuple[str, str | None] | None:
+        """A stop string (the sample cut right after it), EOS or the whole budget."""
+        if self.params.stop:
+            found = self.find_stop(decode)
+            if found is not None:
+                count, stop = found
+                self.cut(self.turn_start + count)
+                return "stop", stop
+        if not device_done:
+            return None
+        return ("eos" if self.tokens and self.tokens[-1] in eos_ids else "length"), None
+
+    def add_observation(
+        self, ids: Sequence[int], room: int, version: int = 0
+    ) -> tuple[list[int], int, int] | None:
+        """Append a tool's observation `ids` (masked), as many as the response budget and
+        `room` (the cache positions left) take, and start a new model turn. Returns (the ids
+        to feed the engine, the cache position they start at, the tokens left to sample)
+        when the whole observation fit with budget to spare, else None: the sample ends
+        ("length"). An empty observation feeds the last kept token again."""
+        budget = self.params.max_new_tokens - len(self.tokens)
+        fit = max(0, min(len(ids), budget, room))
+        start = self.cached
+        self.insert(ids[:fit], version)
+        self.tool_calls += 1
+        if fit < len(ids) or fit >= budget:
+            return None
+        resume = list(ids)
+        if not resume:  # nothing appended: recompute the last kept token
+            resume, start = [self.tokens[-1]], start - 1
+        self.turn_start, self.checked = len(self.tokens), 0
+        return resume, start, budget - fit
 
     def completion(self, reason: str, text: str, stop: str | None = None) -> Completion:
         """The finished record: `reason` one of `types.FINISH_REASONS`, `text` the response's."""

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -117,6 +116,9 @@ class RolloutDriver:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
+
+    def _decode_all(self, ids: Sequence[int]) -> str:
+        return self._decode(ids, skip_special=False)
 
     def _completion(self, s: LiveSample, reason: str, stop: str | None = None) -> Completion:
         return s.completion(reason, self._decode(s.tokens, skip_special=True), stop)
@@ -319,7 +321,7 @@ class RolloutDriver:
             if call.slots[b] is not s or s.epoch != epoch:
                 continue
             done = s.absorb(host, b, version)
-            finish = self._check_finish(s, done)
+            finish = s.finished(done, self.eos_ids, self._decode_all)
             if finish is None:
                 continue
             reason, stop = finish
@@ -349,29 +351,6 @@ class RolloutDriver:
         turn = self._decode(s.tokens[s.turn_start :], skip) if stop is not None else ""
         return text_for_tool(self._decode(s.tokens, skip), turn, stop)
 
-    def _check_finish(self, s: LiveSample, device_done: bool) -> tuple[str, str | None] | None:
-        finish = self._natural_finish(s, device_done)
-        cap = s.params.max_turn_tokens
-        turn = len(s.tokens) - s.turn_start
-        if cap is None or turn < cap or (turn == cap and finish is not None):
-            return finish
-        # The turn reached its own budget before it ended (on device the slot runs on to the
-        # whole budget; the host cuts it, as it cuts at a stop string).
-        s.cut(s.turn_start + cap)
-        return "length", None
-
-    def _natural_finish(self, s: LiveSample, device_done: bool) -> tuple[str, str | None] | None:
-        """A stop string (the sample cut right after it), EOS or the whole budget."""
-        if s.params.stop:
-            found = s.find_stop(functools.partial(self._decode, skip_special=False))
-            if found is not None:
-                count, stop = found
-                s.cut(s.turn_start + count)
-                return "stop", stop
-        if not device_done:
-            return None
-        return ("eos" if s.tokens and s.tokens[-1] in self.eos_ids else "length"), None
-
     def _resume_tools(self, params: Any, state: DecodeState, call: CallState) -> DecodeState:
         """Append finished tool outputs to their samples and resume them, or finish them."""
         eng = self.engine
@@ -385,24 +364,15 @@ class RolloutDriver:
                 s.error, obs = f"tool error: {e}", None
             reason = s.turn_end
             if obs is not None:
-                obs_ids = self.encode_observation(obs)
-                budget = s.params.max_new_tokens - len(s.tokens)
                 room = eng.cache_length - 1 - s.cached
-                fit = max(0, min(len(obs_ids), budget, room))
-                start = s.cached
-                s.insert(obs_ids[:fit], call.version)
-                s.tool_calls += 1
-                if fit == len(obs_ids) and fit < budget:  # room for the whole output and more
-                    resume = list(obs_ids)
-                    if not resume:  # nothing appended: recompute the last kept token
-                        resume, start = [s.tokens[-1]], start - 1
-                    s.turn_start, s.checked = len(s.tokens), 0
-                    sp = s.params
+                resume = s.add_observation(self.encode_observation(obs), room, call.version)
+                if resume is not None:
+                    ids, start, left = resume
                     # A fresh key stream per turn: positions after a rollback repeat.
                     seed = sample_seed(s.seed, s.tool_calls, 0)
                     state = eng.append_tokens(
-                        params, state, b, np.asarray(resume, np.int32), start,
-                        SlotSampling.one(sp, seed), budget - fit,
+                        params, state, b, np.asarray(ids, np.int32), start,
+                        SlotSampling.one(s.params, seed), left,
                     )  # fmt: skip
                     self.stats["tool_resumes"] += 1
                     continue

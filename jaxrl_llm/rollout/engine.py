@@ -40,11 +40,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
-from jaxrl_llm.models import CausalLM, KVCache
-from jaxrl_llm.models.kv_int8 import Int8Pages, pool_bytes_per_token, pool_dtype
+from jaxrl_llm.models import CausalLM
+from jaxrl_llm.models.kv_int8 import pool_bytes_per_token, pool_dtype
 from jaxrl_llm.models.paged import batch_axes
+from jaxrl_llm.rollout import layouts
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
 from jaxrl_llm.rollout.pages import SlotPages
 from jaxrl_llm.rollout.programs import DecodePrograms
@@ -52,7 +53,6 @@ from jaxrl_llm.rollout.prompt_checks import prompt_problem, prompt_problems, ref
 from jaxrl_llm.rollout.records import DecodeState, ParamsRef, Prefix, StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling
 from jaxrl_llm.sharding import SAMPLE_RULES, ShardingContext, build_mesh, reshard
-from jaxrl_llm.sharding import axes as ax
 from jaxrl_llm.sharding.reshard import target_shardings
 from jaxrl_llm.sharding.rules import Rules
 
@@ -135,43 +135,12 @@ class Engine(engine_api.Engine):
         self._build()
 
     # ----------------------------------------------------------------- shardings
-    def _sharding(self, logical: tuple[str | None, ...], shape: tuple[int, ...]) -> NamedSharding:
-        return self.ctx.sharding(logical, shape)
-
-    def _replicated(self) -> NamedSharding:
-        return NamedSharding(self._mesh, PartitionSpec())
-
     def _state_shardings(self) -> DecodeState[NamedSharding]:
-        cfg, B = self.config, self.batch
-        # Pages split over the slots' batch axes (shard s's slots use shard s's pages); kv
-        # heads over `tensor` as the projections do (decided on K, applied to 2K).
-        pool_shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
-        heads = self.ctx.spec((None, None, ax.ACT_KV_HEADS, None), pool_shape)
-        heads = heads[2] if len(heads) > 2 else None
-        pool = NamedSharding(self._mesh, PartitionSpec(self.batch_axes or None, None, heads))
-        b = self._sharding((ax.BATCH,), (B,))
-        # An int8 pool's scales [P, ps, 2K] split as its values [P, ps, 2K, H] do.
-        layer = Int8Pages(pool, pool) if self.kv_dtype == np.int8 else pool
-        return DecodeState(
-            kv_pages=(layer,) * cfg.num_layers,
-            page_table=self._sharding((ax.BATCH, None), (B, self.pages_per_seq)),
-            hidden=self._sharding((ax.BATCH, ax.ACT_EMBED), (B, cfg.hidden_size)),
-            lengths=b,
-            generated=b,
-            max_new=b,
-            active=b,
-            sampling=SlotSampling(b, b, b, b, b),
-        )
-
-    def _prefix_shardings(self) -> Prefix[NamedSharding]:
-        cfg = self.config
-        shape = (cfg.num_layers, 1, self._max_prefill, cfg.num_kv_heads, cfg.head_dim)
-        c = self._sharding((ax.LAYERS, None, ax.CACHE_SEQ, ax.ACT_KV_HEADS, None), shape)
-        return Prefix(KVCache(c, c), self._replicated(), self._replicated())
-
-    def _records_shardings(self) -> StepRecords[NamedSharding]:
-        r = self._sharding((None, ax.BATCH), (1, self.batch))
-        return StepRecords(r, r, r, r, r)
+        return layouts.decode_state(
+            self.ctx, self.config, batch=self.batch, num_pages=self.num_pages,
+            page_size=self.page_size, pages_per_seq=self.pages_per_seq,
+            batch_axes=self.batch_axes, kv_dtype=self.kv_dtype,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------- params
     def place_params(self, params: Any) -> Any:
@@ -184,9 +153,9 @@ class Engine(engine_api.Engine):
     def _build(self) -> None:
         """Jit the device programs with the engine's shardings; the state they transform
         is donated."""
-        prog, P, R = self.programs, self.param_shardings, self._replicated()
-        st, pre = self._state_shardings(), self._prefix_shardings()
-        rec = self._records_shardings()
+        prog, P, R = self.programs, self.param_shardings, layouts.replicated(self.ctx)
+        st, pre = self._state_shardings(), self.get_prefix_destination_sharding()
+        rec = layouts.step_records(self.ctx, self.batch)
         slot_sampling = SlotSampling(R, R, R, R, R)
         self._prefill_fn = jax.jit(prog.prefill, in_shardings=(P, R, R), out_shardings=pre)
         self._init_fn = jax.jit(prog.init, out_shardings=st)
@@ -288,7 +257,7 @@ class Engine(engine_api.Engine):
         )
 
     def get_prefix_destination_sharding(self) -> Prefix[NamedSharding]:
-        return self._prefix_shardings()
+        return layouts.prefix(self.ctx, self.config, self._max_prefill)
 
     def get_tokenizer(self) -> TokenizerParameters:
         return TokenizerParameters(path=str(self.checkpoint_path or ""))
