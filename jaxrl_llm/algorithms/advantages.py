@@ -222,7 +222,7 @@ def _on_tokens(seq_adv: Array, response_mask: Array) -> tuple[Array, Array]:
     return adv, adv
 
 
-@register("advantage", "grpo", min_group_size=2)
+@register("advantage", "grpo", min_group_size=2, group_baseline=True)
 def grpo_token_advantages(
     token_rewards: Array,
     response_mask: Array,
@@ -240,7 +240,7 @@ def grpo_token_advantages(
     )
 
 
-@register("advantage", "rloo", min_group_size=2)
+@register("advantage", "rloo", min_group_size=2, group_baseline=True)
 def rloo_token_advantages(
     token_rewards: Array,
     response_mask: Array,
@@ -268,7 +268,7 @@ def reinforce_pp_token_advantages(
     return reinforce_pp_advantages(token_rewards, response_mask, gamma=gamma)
 
 
-@register("advantage", "reinforce_plus_plus_baseline")
+@register("advantage", "reinforce_plus_plus_baseline", group_baseline=True)
 def reinforce_pp_baseline_token_advantages(
     token_rewards: Array,
     response_mask: Array,

@@ -39,6 +39,9 @@ class Capabilities:
     min_group_size: the fewest samples per prompt (``rollout.n``) the method is defined for;
         a leave-one-out or group-normalised baseline of one sample is the sample itself, so
         GRPO and RLOO would give every sample advantage 0.
+    group_baseline: the advantage subtracts a statistic of the prompt's group of samples
+        (GRPO's mean, RLOO's leave-one-out mean, REINFORCE++-baseline's mean), so a group
+        whose scores are all equal gets advantage 0 (`batch/all_equal_groups_frac`).
     reads: the optional inputs (keyword arguments) the function reads, e.g. ``("values",)``;
         checked against its signature at registration.
     paper_clip: ``(clip_low, clip_high)`` of a policy loss's paper where PPO's 0.2 does not
@@ -48,6 +51,7 @@ class Capabilities:
 
     needs_critic: bool = False
     min_group_size: int = 1
+    group_baseline: bool = False
     reads: tuple[str, ...] = ()
     paper_clip: tuple[float, float] | None = None
 

@@ -213,11 +213,11 @@ def train_step(
 def group_metrics(cfg: RLConfig, scores: np.ndarray) -> dict[str, float]:
     """`batch/all_equal_groups_frac`: the fraction of prompt groups whose `rollout.n` scores
     are all equal, so a group baseline gives them advantage 0. Only for an estimator
-    registered with a group baseline (`min_group_size` >= 2: GRPO, RLOO) and n > 1; empty
-    otherwise (a critic's or a batch baseline reads no groups, and with n = 1 every
-    "group" is one sample)."""
+    registered with a group baseline (`group_baseline`: GRPO, RLOO, REINFORCE++-baseline)
+    and n > 1; empty otherwise (a critic's or a batch baseline reads no groups, and with
+    n = 1 every "group" is one sample)."""
     n = cfg.rollout.n
-    if n < 2 or registry.capabilities("advantage", cfg.algo.estimator).min_group_size < 2:
+    if n < 2 or not registry.capabilities("advantage", cfg.algo.estimator).group_baseline:
         return {}
     return {"batch/all_equal_groups_frac": float(all_equal_groups(scores, n).mean())}
 

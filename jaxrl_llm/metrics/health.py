@@ -23,7 +23,8 @@ gin knob to try. Checks and their signs:
 - `clipfrac_high`: actor/pg_clipfrac above `clipfrac_max` for `patience` steps.
 - `all_equal_groups`: batch/all_equal_groups_frac (the fraction of prompt groups whose G
   rewards are all equal) above `all_equal_max` for `patience` steps. The loop logs it only
-  for an estimator with a group baseline (GRPO, RLOO) and G > 1 (`rl_loop.group_metrics`).
+  for an estimator with a group baseline (GRPO, RLOO, REINFORCE++-baseline) and G > 1
+  (`rl_loop.group_metrics`).
 - `length_at_cap`: response_length/clip_ratio above `length_clip_max` for `patience` steps.
 
 The cost per step is a few dict lookups plus, once the pg_loss window is full, one

@@ -75,7 +75,8 @@ def test_a_run_ending_in_an_error_still_draws_its_dashboard(tmp_path, monkeypatc
 @pytest.mark.parametrize(
     ("estimator", "n", "emitted"),
     [("grpo", 4, True), ("rloo", 2, True), ("gae", 4, False), ("reinforce_plus_plus", 1, False),
-     ("reinforce_plus_plus", 4, False)],
+     ("reinforce_plus_plus", 4, False), ("reinforce_plus_plus_baseline", 4, True),
+     ("reinforce_plus_plus_baseline", 1, False)],
 )  # fmt: skip
 def test_all_equal_groups_frac_only_for_a_group_baseline(estimator, n, emitted):
     cfg = _config(f"AlgoConfig.estimator = '{estimator}'", f"RolloutConfig.n = {n}")
@@ -89,7 +90,7 @@ def test_all_equal_groups_frac_follows_the_registered_capability_not_the_name():
     def fake_group_estimator(token_rewards, response_mask, *, values=None, group_size):
         raise AssertionError("never called")
 
-    registry.register("advantage", "test_group_baseline", min_group_size=2)(fake_group_estimator)
+    registry.register("advantage", "test_group_baseline", group_baseline=True)(fake_group_estimator)
     try:
         cfg = _config("AlgoConfig.estimator = 'test_group_baseline'", "RolloutConfig.n = 2")
         got = rl_loop.group_metrics(cfg, np.array([1.0, 1.0, 0.0, 1.0], np.float32))
