@@ -47,16 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the model an existing --out holds (its weights, index, PEFT adapter and "
-        "generation_config.json are removed first)",
+        help="replace the model an existing --out holds (its config, weights, index, PEFT "
+        "adapter and generation_config.json are removed first)",
     )
 
 
 # Marks an --out that holds a model: an export there needs --overwrite.
 _MODEL_MARKERS = ("config.json", "*.safetensors", "*.safetensors.index.json", "adapter_*")
 # An earlier model's files, removed before a model is written: readers would take a stale
-# sharded index over model.safetensors, or load an old adapter or sampling defaults with it.
-_OLD_MODEL_FILES = ("model*.safetensors", INDEX_FILE, "adapter_*", GENERATION_CONFIG)
+# sharded index over model.safetensors, or load an old adapter or sampling defaults with it,
+# and a PEFT adapter written over a merged model would keep its config.json (a folder that
+# reads as a full model without its weights).
+_OLD_MODEL_FILES = (
+    "config.json", "model*.safetensors", INDEX_FILE, "adapter_*", GENERATION_CONFIG,
+)  # fmt: skip
 
 
 def check_out(out: str | os.PathLike, *, overwrite: bool) -> None:
@@ -74,7 +78,7 @@ def check_out(out: str | os.PathLike, *, overwrite: bool) -> None:
     if held:
         raise OutDirInUseError(
             f"--out {os.fspath(out)!r} already holds a model ({', '.join(held)}): pass "
-            "--overwrite to replace it (its weights, index, PEFT adapter and "
+            "--overwrite to replace it (its config, weights, index, PEFT adapter and "
             "generation_config.json are removed first), or choose another --out"
         )
 

@@ -91,6 +91,18 @@ def test_an_out_holding_a_model_is_replaced_only_with_overwrite(run, tmp_path, c
     ).read_bytes()
 
 
+def test_overwrite_removes_an_earlier_models_config_and_keeps_other_files(tmp_path):
+    """A PEFT adapter written over a merged model must not leave the merged model's
+    config.json: the folder would read as a full model without weights."""
+    out = tmp_path / "out"
+    _stale_export(out)
+    (out / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (out / "model.safetensors").write_bytes(b"old merged weights")
+    (out / "tokenizer.json").write_text("{}")
+    export._remove_old_model(export.epath.Path(out))
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "tokenizer.json"]
+
+
 @pytest.mark.slow
 def test_an_out_that_is_a_file_or_cannot_be_written_ends_with_one_line(
     run, tmp_path, capsys, monkeypatch
