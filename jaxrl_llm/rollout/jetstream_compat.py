@@ -12,7 +12,9 @@ What it fixes, and why:
    any attribute, and libraries that scan `sys.modules` (torch's dynamo reads `__file__`
    and the like of every module) then import TensorFlow mid-way through their own import
    (measured: a segfault importing triton after TensorFlow with the CUDA torch wheel). If
-   something imported it already, the loaded module is used as is.
+   something imported it already, the loaded module is used as is. Before it loads,
+   triton is imported when installed (`_load_triton_first`): after TensorFlow, triton's
+   import aborts the process on LLVM's command-line options, registered by both.
 1. `jetstream.core.orchestrator.delete_pytree` calls `jax.tree_map`, removed from JAX.
    `patch_orchestrator()` rebinds that module-level function to one using `jax.tree.map`
    (the generate thread looks the name up in the module at call time), rather than
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import sys
 import types
 from collections.abc import Callable, Iterable
@@ -48,6 +51,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class _DeferredModule(types.ModuleType):
@@ -68,9 +73,26 @@ class _DeferredModule(types.ModuleType):
             raise AttributeError(attr)
         if sys.modules.get(self.__name__) is self:
             del sys.modules[self.__name__]
+        _load_triton_first()
         real = importlib.import_module(self.__name__)  # also rebinds the package attribute
         self.__dict__.update(real.__dict__)  # holders of this stand-in see the real names
         return getattr(real, attr)
+
+
+def _load_triton_first() -> None:
+    """Import triton, when installed (vLLM and torch bring it), before `token_utils` brings
+    TensorFlow. Both carry LLVM and register its command-line options; loaded after
+    TensorFlow, triton aborts the process ("LLVM ERROR: inconsistency in registered
+    CommandLine options": TensorFlow 2.21, triton 3.9), in the other order both load. A
+    process that serves and later imports triton (transformers' masking utilities import
+    torch's dynamo, which imports it; so does vLLM) would otherwise die there."""
+    if "triton" in sys.modules or importlib.util.find_spec("triton") is None:
+        return
+    try:
+        importlib.import_module("triton")
+    except (ImportError, OSError, RuntimeError) as e:  # a broken triton: serve without it
+        log.warning("triton is installed but does not import (%s); a later import of it "
+                    "after TensorFlow may abort this process", e)  # fmt: skip
 
 
 def _defer_module(name: str) -> None:
@@ -117,8 +139,6 @@ def _delete_pytree(tree: Any) -> None:
 
 def patch_orchestrator():
     """Import JetStream's orchestrator with its removed-JAX call replaced; returns it."""
-    import logging
-
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
     from jetstream.core import orchestrator
