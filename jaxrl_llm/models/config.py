@@ -6,9 +6,11 @@ keys `rope_theta`/`rope_scaling` and the 5.x `rope_parameters` dict) and `to_hf(
 that `transformers.AutoConfig` reads back. Anything we do not implement raises
 `UnsupportedModelError` naming the field, rather than silently computing something else.
 
-Family differences carried as flags: Qwen2 has q/k/v biases; Qwen3 has none but normalises
-each head's queries and keys (RMSNorm over H, before RoPE: `qk_norm`) and may have
-`head_dim != hidden_size / num_heads`; Llama has optional attention and MLP biases.
+Family differences carried as flags (`FAMILY_FLAGS`): Qwen2 has q/k/v biases; Qwen3 has none
+(or, with `attention_bias`, q/k/v/o ones) but normalises each head's queries and keys (RMSNorm
+over H, before RoPE: `qk_norm`) and may have `head_dim != hidden_size / num_heads`; Llama has
+optional attention (q/k/v/o together) and MLP biases. A flag left unset takes its family's
+value; one the family's Hugging Face architecture cannot have is refused.
 
 Stopping: `eos_token_id` is `config.json`'s value (written back unchanged); `stop_token_ids`
 holds the further ids that end a sample (`generation_config.json`'s `eos_token_id` and the
@@ -33,6 +35,19 @@ SUPPORTED_ARCHITECTURES = {
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 ATTENTION_IMPLS = ("auto", "xla", "splash")  # `ModelConfig.attention`
+# Per family, what each flag must be in Hugging Face's architecture: a bool, "qkv_bias" (one
+# `attention_bias` sets q/k/v and o alike), or None (free; unset: False).
+FAMILY_FLAGS: dict[str, dict[str, bool | str | None]] = {
+    "qwen2": dict(qkv_bias=True, o_bias=False, mlp_bias=False, qk_norm=False),
+    "qwen3": dict(qkv_bias=None, o_bias="qkv_bias", mlp_bias=False, qk_norm=True),
+    "llama": dict(qkv_bias=None, o_bias="qkv_bias", mlp_bias=None, qk_norm=False),
+}
+# rope_type -> the keys transformers' validation requires of its dict (beyond the type);
+# llama3's original_max_position_embeddings defaults to max_position_embeddings there.
+_REQUIRED_ROPE_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+}
 
 
 class UnsupportedModelError(ConfigError):
@@ -110,10 +125,11 @@ class ModelConfig:
     head_dim: int = 16
     rms_norm_eps: float = 1e-6
     rope: RopeConfig = dataclasses.field(default_factory=RopeConfig)
-    qkv_bias: bool = True
-    o_bias: bool = False
-    mlp_bias: bool = False
-    qk_norm: bool = False
+    # Family flags (`FAMILY_FLAGS`); None: the family's value, set by `__post_init__`.
+    qkv_bias: bool | None = None
+    o_bias: bool | None = None
+    mlp_bias: bool | None = None
+    qk_norm: bool | None = None
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
     bos_token_id: int | None = None
@@ -141,6 +157,7 @@ class ModelConfig:
                 f"model_type {self.model_type!r} is not supported; "
                 f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
             )
+        self._resolve_family_flags()
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of "
@@ -156,6 +173,22 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.attention = {self.attention!r}; expected one of {ATTENTION_IMPLS}"
             )
+
+    def _resolve_family_flags(self) -> None:
+        """Unset flags take the family's value; a set one the family cannot have is refused
+        (transformers would build another model from what `to_hf` writes)."""
+        arch = SUPPORTED_ARCHITECTURES[self.model_type]
+        for flag, rule in FAMILY_FLAGS[self.model_type].items():
+            need = getattr(self, rule) if isinstance(rule, str) else rule
+            value = getattr(self, flag)
+            if value is None:
+                object.__setattr__(self, flag, bool(need))
+            elif need is not None and value != need:
+                why = f"= qkv_bias ({need})" if isinstance(rule, str) else f"= {need}"
+                raise UnsupportedModelError(
+                    f"ModelConfig.{flag} = {value} does not fit model_type {self.model_type!r}: "
+                    f"{arch} has {flag} {why}; leave {flag} unset for the family's value"
+                )
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -192,15 +225,11 @@ class ModelConfig:
         hidden = hf["hidden_size"]
         heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hidden // heads
-        qk_norm = model_type == "qwen3"
-        if model_type == "qwen2":
-            qkv_bias, o_bias, mlp_bias = True, False, False
-        elif model_type == "qwen3":
-            qkv_bias = o_bias = bool(hf.get("attention_bias", False))
-            mlp_bias = False
-        else:
-            qkv_bias = o_bias = bool(hf.get("attention_bias", False))
-            mlp_bias = bool(hf.get("mlp_bias", False))
+        flags = {}  # the rest follow the family (`FAMILY_FLAGS`)
+        if model_type != "qwen2":
+            flags["qkv_bias"] = bool(hf.get("attention_bias", False))
+        if model_type == "llama":
+            flags["mlp_bias"] = bool(hf.get("mlp_bias", False))
         kwargs: dict[str, Any] = dict(
             model_type=model_type,
             vocab_size=hf["vocab_size"],
@@ -211,11 +240,8 @@ class ModelConfig:
             num_kv_heads=hf.get("num_key_value_heads") or heads,
             head_dim=head_dim,
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope=_rope_from_hf(hf),
-            qkv_bias=qkv_bias,
-            o_bias=o_bias,
-            mlp_bias=mlp_bias,
-            qk_norm=qk_norm,
+            rope=_rope_from_hf(hf, source),
+            **flags,
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             bos_token_id=hf.get("bos_token_id"),
@@ -305,17 +331,24 @@ def merge_token_ids(*groups: int | list[int] | tuple[int, ...] | None) -> tuple[
     return tuple(out)
 
 
-def _rope_from_hf(hf: dict[str, Any]) -> RopeConfig:
-    # transformers 5 folds theta and scaling into `rope_parameters`; 4.x uses two keys.
-    params = dict(hf.get("rope_parameters") or {})
-    scaling = hf.get("rope_scaling") or {}
-    params = {**scaling, **params}
+def _rope_from_hf(hf: dict[str, Any], source: str) -> RopeConfig:
+    """As transformers 5 reads it (`convert_rope_params_to_dict`): a non-empty `rope_scaling`
+    (the 4.x key) replaces `rope_parameters` whole, and theta is the chosen dict's
+    `rope_theta`, else the top-level `rope_theta`, else 10000."""
+    params = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
     theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
             f"rope_type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
         )
+    for key in _REQUIRED_ROPE_KEYS.get(rope_type, ()):
+        if key not in params:
+            raise CheckpointError(
+                f"{source!r}: rope_type {rope_type!r} needs {key!r} in its rope dict "
+                f"(rope_scaling / rope_parameters), which has {sorted(params)}; transformers "
+                "refuses it too: restore the field (the model's own config.json has it)"
+            )
     return RopeConfig(
         theta=float(theta),
         type=rope_type,

@@ -4,7 +4,8 @@
 `model.safetensors.index.json`) one tensor at a time: each tensor is read from the
 memory-mapped file, converted to our layout, and handed to the devices with
 `jax.make_array_from_callback`, so each device receives only its shard and the host never
-holds more than one tensor. `save_pretrained` writes files that
+holds more than one tensor (a folder with both forms is refused: readers differ on which
+they load). `save_pretrained` writes plain weights (LoRA adapters merged, no int8) as files that
 `transformers.AutoModelForCausalLM.from_pretrained` loads (a `ValueModel` is written as
 `*ForTokenClassification` with one label, the layout verl's critic uses, or, with
 `head="sequence"`, as a `*ForSequenceClassification` reward model).
@@ -38,7 +39,8 @@ from jaxrl_llm.models.config import (
     as_dtype,
     merge_token_ids,
 )
-from jaxrl_llm.models.quant import quantize_variable
+from jaxrl_llm.models.lora import is_adapter
+from jaxrl_llm.models.quant import SCALE_SUFFIX, quantize_variable
 from jaxrl_llm.models.stop_tokens import GENERATION_CONFIG, StopTokenError, read_stop_token_ids
 from jaxrl_llm.models.tokenizer import check_tokenizer_files
 from jaxrl_llm.models.transformer import CausalLM, ValueModel
@@ -163,6 +165,11 @@ def weight_files(path: Path) -> dict[str, Path]:
         for f in set(files.values()):
             if not f.is_file():
                 raise CheckpointError(f"shard {str(f)!r} listed in {INDEX_FILE} is missing")
+        if (path / SINGLE_FILE).is_file():  # readers differ: no choice here matches them all
+            raise CheckpointError(
+                f"{str(path)!r} holds both {SINGLE_FILE} and {INDEX_FILE} with its shards; "
+                "transformers loads the single file, vLLM the shards: remove the stale one"
+            )
         return files
     single = path / SINGLE_FILE
     if not single.is_file():
@@ -320,12 +327,32 @@ def hf_tensors(model: CausalLM | ValueModel) -> Iterator[tuple[str, np.ndarray]]
     process's host (`hosts.to_host`, a collective: in a multi-process run every process
     iterates)."""
     cfg: ModelConfig = model.config
+    check_plain_weights(model)
     for var_path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         hf_name, _, to_hf = _entry(var_path, cfg)
         host = to_host(var.get_value())  # collective: every process takes part
         if host.dtype == jnp.bfloat16:
             host = host.view(ml_dtypes.bfloat16)
         yield hf_name, np.ascontiguousarray(to_hf(host))
+
+
+def check_plain_weights(model: CausalLM | ValueModel) -> None:
+    """A `ValueError` naming the fix unless every parameter of `model` has a Hugging Face
+    name: LoRA adapters must be merged and an int8 base replaced by its float weights."""
+    flat = [p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+    if scaled := ["/".join(map(str, p)) for p in flat if str(p[-1]).endswith(SCALE_SUFFIX)]:
+        raise ValueError(
+            f"the model holds int8 weights ({scaled[0]}, ...), which Hugging Face files cannot "
+            "hold: write the float model (from_pretrained without quantize; with adapters on "
+            "an int8 base, lora.on_float_weights(model, float_model) then lora.merge_adapters, "
+            "as `jaxrl-llm export` does)"
+        )
+    if adapted := ["/".join(map(str, p)) for p in flat if is_adapter(p)]:
+        raise ValueError(
+            f"the model has LoRA adapters ({adapted[0]}, ...): merge them first, "
+            "lora.merge_adapters(model), as `jaxrl-llm export` does (or write the adapters "
+            "alone with learner.export.save_peft_adapter)"
+        )
 
 
 VALUE_HEADS = {"token": "ForTokenClassification", "sequence": "ForSequenceClassification"}
@@ -349,6 +376,7 @@ def save_pretrained(
     """
     if head not in VALUE_HEADS:
         raise ValueError(f"head {head!r}: choose one of {sorted(VALUE_HEADS)}")
+    check_plain_weights(model)  # before the folder is made
     path = Path(path)
     cfg: ModelConfig = model.config
     writer = jax.process_index() == 0

@@ -5,6 +5,7 @@ AttributeError from deep in the loader (a copy of the shipped tiny checkpoint, e
 import json
 
 import pytest
+from safetensors import safe_open
 
 from jaxrl_llm.models import CheckpointError, from_pretrained
 from jaxrl_llm.models.hf_io import INDEX_FILE, SINGLE_FILE
@@ -55,3 +56,18 @@ def test_an_index_of_the_wrong_form_names_the_file_and_the_field(folder, index):
         from_pretrained(folder)
     message = str(error.value)
     assert str(folder / INDEX_FILE) in message and "weight_map" in message, message
+
+
+def test_a_folder_with_both_the_single_file_and_an_index_is_refused_naming_both(folder):
+    """transformers loads model.safetensors, vLLM the shards the index lists: no choice here
+    computes what every reader of the folder does."""
+    (folder / SHARD).write_bytes((folder / SINGLE_FILE).read_bytes())
+    with safe_open(folder / SINGLE_FILE, framework="numpy") as f:
+        names = list(f.keys())
+    (folder / INDEX_FILE).write_text(json.dumps({"weight_map": dict.fromkeys(names, SHARD)}))
+    with pytest.raises(CheckpointError) as error:
+        from_pretrained(folder)
+    message = str(error.value)
+    assert SINGLE_FILE in message and INDEX_FILE in message and str(folder) in message, message
+    (folder / SINGLE_FILE).unlink()  # either form alone loads
+    from_pretrained(folder)

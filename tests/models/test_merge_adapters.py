@@ -9,8 +9,10 @@ import pytest
 from flax import nnx
 
 from jaxrl_llm.learner.lora import full_params, split_trainable
-from jaxrl_llm.models import init_model
-from jaxrl_llm.models.lora import LoraConfig, has_adapters, merge_adapters
+from jaxrl_llm.models import init_model, save_pretrained
+from jaxrl_llm.models.hf_io import hf_tensors
+from jaxrl_llm.models.lora import LoraConfig, apply_lora, has_adapters, merge_adapters
+from jaxrl_llm.models.quant import int8_projections
 from jaxrl_llm.testing import randomise_lora_b, tiny_config
 
 
@@ -48,3 +50,24 @@ def test_merging_leaves_the_model_and_the_states_sharing_its_variables_untouched
         assert has_adapters(model)  # the input is not the merged model
         np.testing.assert_array_equal(np.asarray(model(ids)), want)
     _assert_same(nnx.state(policy, nnx.LoRAParam), before["params"])
+
+
+@pytest.mark.parametrize(
+    ("make", "fix"),
+    [(lambda m: apply_lora(m, LoraConfig(rank=2), seed=0), "merge_adapters"),
+     (lambda m: apply_lora(m, LoraConfig(rank=2, quantize_base="int8"), seed=0), "float"),
+     (int8_projections, "float")],
+    ids=["adapters", "adapters on an int8 base", "int8 weights"],
+)  # fmt: skip
+def test_save_pretrained_of_a_model_with_adapters_or_int8_weights_names_the_fix(
+    tmp_path, make, fix
+):
+    model = init_model(tiny_config(), seed=0)
+    make(model)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=fix) as error:
+        save_pretrained(model, out)
+    assert "\n" not in str(error.value)
+    assert not out.exists()  # refused before anything is written
+    with pytest.raises(ValueError, match=fix):
+        next(hf_tensors(model))
