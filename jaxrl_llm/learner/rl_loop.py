@@ -261,7 +261,10 @@ def _collect(
 ) -> tuple[Rollout, dict[str, float]]:
     """Rollouts and rewards for one step with the policy `params` (the synchronous weights
     of step `version`; with `refresh`, newer ones as they arrive: partial rollouts), and their
-    metrics; DAPO dynamic sampling refills all-equal groups.
+    metrics; DAPO dynamic sampling refills all-equal groups. The per-sample metrics
+    (`rollout/finish/*`, `env/tool_calls/mean`, ...: `RolloutStage.env_metrics`) describe
+    the samples returned, which are trained; the counters (`reward/*`, `tools/*`, the
+    environments' `env/{turns,calls}/mean`) every try's.
 
     Every batch drawn is recorded for LIMR in `run_dir` as it was sampled, before any group
     is dropped, under its position in the data order (`samples/step_<index + 1>.jsonl`):
@@ -283,8 +286,6 @@ def _collect(
         batch = next(prompts)
         got = rollout.generate(batch, step, tries, reward, version, refresh)  # scored
         record_step_samples(run_dir, batch.index + 1, got)  # LIMR's record of this batch
-        if tries == 1:
-            metrics.update(rollout.env_metrics(got))
         if not cfg.algo.dynamic_sampling:
             mixed.append(got)
             break
@@ -309,4 +310,6 @@ def _collect(
             step, have, want, tries,
         )  # fmt: skip
         mixed += equal
-    return Rollout.concat(mixed, want), metrics
+    trained = Rollout.concat(mixed, want)
+    metrics.update(rollout.env_metrics(trained))  # finish shares, tool calls: the trained samples
+    return trained, metrics

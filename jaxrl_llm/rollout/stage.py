@@ -27,7 +27,7 @@ from jaxrl_llm.rollout.config import RolloutConfig
 from jaxrl_llm.rollout.sampler import PolicyWeights, Refresh, WeightPush, check_version
 from jaxrl_llm.rollout.scoring import RewardCounts, StreamingScorer
 from jaxrl_llm.sharding import hosts
-from jaxrl_llm.types import Rollout
+from jaxrl_llm.types import FINISH_REASONS, Rollout
 
 _STAGES = itertools.count()  # `RolloutStage._exchange`
 
@@ -293,9 +293,12 @@ class RolloutStage:
         return summarise(sum_metrics(hosts.allgather_objects(sum_metrics(mine), tag)))
 
     def env_metrics(self, rollout: Rollout) -> dict[str, float]:
+        """`rollout/finish/<reason>`: each of `FINISH_REASONS`' share of the samples, 0
+        included (a missing key would drop the step from that metric's mean over steps);
+        with a tool, its call counts (and the tool's `response_metrics`)."""
         comps = rollout.completions
         reasons = [c.finish_reason for c in comps]
-        m = {f"rollout/finish/{k}": reasons.count(k) / len(comps) for k in set(reasons)}
+        m = {f"rollout/finish/{k}": reasons.count(k) / len(comps) for k in FINISH_REASONS}
         if self.tool is None:
             return m
         calls = np.asarray([c.tool_calls for c in comps], np.float32)
