@@ -229,8 +229,7 @@ def make_experience_fn(
     `trained_mask` (trained tokens: tool output too with `mask_tool_output=False`). Missing
     parts of the batch are zeros. A trained tool token was not sampled, so it has no rollout
     logprob: the batch's `rollout_logprobs` there are the old ones (a TIS weight of 1), and
-    the rollout mismatch metric `rollout/logprob_diff/*` reads the trained model tokens only
-    (`response_mask * sample_mask`: the on-policy step's `loss_mask`). `packing` ([B / mb, ...],
+    the rollout mismatch metric reads model tokens only. `packing` ([B / mb, ...],
     `learner.packing`): the forwards run on packed rows.
 
     `sample_mask` [B] (None: all 1): 0 on the samples the loss leaves out (the overlong
@@ -278,10 +277,9 @@ def make_experience_fn(
         adv, returns, token_rewards = advantages(
             rewards, trained_mask, old, ref, None if outs[2] is None else values
         )
-        loss_mask, model_tokens = trained_mask, response_mask
+        loss_mask = trained_mask
         if sample_mask is not None:
             loss_mask = trained_mask * sample_mask[:, None].astype(trained_mask.dtype)
-            model_tokens = response_mask * sample_mask[:, None].astype(response_mask.dtype)
         behaviour = jnp.where((trained_mask > 0) & (response_mask == 0), old, rollout_logprobs)
         batch = TrainBatch(
             input_ids=input_ids, loss_mask=loss_mask, old_logprobs=old, ref_logprobs=ref,
@@ -290,8 +288,8 @@ def make_experience_fn(
         if mesh is not None:
             batch = jax.tree.map(lambda x, m=mesh: _rows_on(m, x), batch)
         metrics = experience_metrics(batch, token_rewards, has_values=outs[2] is not None)
-        if old_logprobs:  # over the trained model tokens, as the on-policy step's
-            metrics.update(logprob_diff_metrics(old, rollout_logprobs, model_tokens))
+        if old_logprobs:
+            metrics.update(logprob_diff_metrics(old, rollout_logprobs, response_mask))
         return batch, token_rewards.sum(-1), metrics
 
     return fn
@@ -305,10 +303,10 @@ def _rows_on(mesh: Mesh, x: jax.Array) -> jax.Array:
 def experience_metrics(
     batch: TrainBatch, token_rewards: jax.Array, *, has_values: bool
 ) -> dict[str, jax.Array]:
-    """Rewards (over the samples), advantages (and values, returns) over the trained tokens,
-    on the device; NaN where no token is trained (every sample overlong-filtered)."""
+    """Rewards, advantages (and values, returns) over the trained tokens, on the device."""
     mask = batch.loss_mask
     m = {
+        "critic/rewards/mean": jnp.mean(token_rewards.sum(-1)),
         "critic/advantages/mean": masked_mean(batch.advantages, mask),
         "critic/advantages/max": masked_max(batch.advantages, mask),
         "critic/advantages/min": masked_min(batch.advantages, mask),
@@ -316,24 +314,17 @@ def experience_metrics(
     if has_values:
         m["critic/values/mean"] = masked_mean(batch.old_values, mask)
         m["critic/returns/mean"] = masked_mean(batch.returns, mask)
-    m = {k: _nan_if_empty(v, mask) for k, v in m.items()}
-    return {"critic/rewards/mean": jnp.mean(token_rewards.sum(-1)), **m}
-
-
-def _nan_if_empty(value: jax.Array, mask: jax.Array) -> jax.Array:
-    """`value`, or NaN where `mask` holds no token: a mean or extreme over nothing."""
-    return jnp.where(jnp.any(mask > 0), value, jnp.nan)
+    return m
 
 
 def logprob_diff_metrics(
     trainer_logprobs: jax.Array, rollout_logprobs: jax.Array, mask: jax.Array
 ) -> dict[str, jax.Array]:
-    """|trainer - rollout| logprobs over `mask`: the engine / trainer mismatch (NaN when
-    `mask` is empty)."""
+    """|trainer - rollout| logprobs over `mask`: the engine / trainer mismatch."""
     diff = jnp.abs(trainer_logprobs - rollout_logprobs)
     return {
-        "rollout/logprob_diff/mean": _nan_if_empty(masked_mean(diff, mask), mask),
-        "rollout/logprob_diff/max": _nan_if_empty(masked_max(diff, mask), mask),
+        "rollout/logprob_diff/mean": masked_mean(diff, mask),
+        "rollout/logprob_diff/max": masked_max(diff, mask),
     }
 
 

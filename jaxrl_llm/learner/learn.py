@@ -118,16 +118,14 @@ def update(
     """ppo_epochs x mini_batches updates of the learner's policy (and critic); each
     mini-batch is cut from the batch on the mesh as [M, mb, T] (`learner.micro_batches`) and
     packed (`_packing`). Returns the updated policy and critic states (the steps donate the
-    ones they are given: the caller puts these in their place), each metric's values over
-    the updates that trained a token (`over_trained`, still on the device), and the padding
-    share of the updates' forwards."""
+    ones they are given: the caller puts these in their place), each metric's values, one
+    per update, and the padding share of the updates' forwards."""
     a, mesh, batch = cfg.algo, learner.mesh, exp.batch
     policy, critic = learner.state.policy, learner.state.critic
     B = batch.input_ids.shape[0]
     positions = 0
     mini = B // a.mini_batches
-    critic_out: dict[str, list[jax.Array]] = {}
-    policy_out: dict[str, list[jax.Array]] = {}
+    out: dict[str, list[jax.Array]] = {}
     rng = np.random.default_rng([cfg.seed, step])
     progress = bar(f"update {step}", a.ppo_epochs * a.mini_batches, unit="mb")
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -142,12 +140,11 @@ def update(
             packing = _put_packing(mesh, packing)
             if learner.critic_step is not None:
                 critic, cm = learner.critic_step(critic, mb, packing)
-                _append(critic_out, cm)
+                _append(out, cm)
             policy, pm = learner.policy_step(policy, mb, packing, learner.frozen)
-            _append(policy_out, pm)
+            _append(out, pm)
             progress.update()
     progress.close()
-    out = {**over_trained(critic_out, "critic"), **over_trained(policy_out, "actor")}
     out["actor/lr_step"] = [policy.step]
     return policy, critic, out, 1.0 - a.ppo_epochs * float(exp.length.sum()) / positions
 
@@ -155,39 +152,6 @@ def update(
 def _append(out: dict[str, list[jax.Array]], metrics: dict[str, jax.Array]) -> None:
     for k, v in metrics.items():
         out.setdefault(k, []).append(v)
-
-
-def over_trained(updates: dict[str, list[jax.Array]], role: str) -> dict[str, list[jax.Array]]:
-    """One role's step metrics (each a value per update, with `{role}/trained_tokens`) to one
-    value each, over the updates that trained a token: an update whose mini-batch had none
-    (every sample overlong-filtered) reports 0s that are not values. The mean of those
-    updates' values, their max of a `.../max`, min of a `.../min`; NaN when no update
-    trained a token. `{role}/skipped` stays the share of all updates. With tokens in every
-    update, the values of `fetch`'s plain reduction, bit for bit."""
-    if not updates:
-        return {}
-    tokens = updates.pop(f"{role}/trained_tokens")
-    keys = list(updates)
-    kinds = tuple(None if k == f"{role}/skipped" else extreme(k) or "mean" for k in keys)
-    values = _over_trained([updates[k] for k in keys], tokens, kinds)
-    return {k: [v] for k, v in zip(keys, values, strict=True)}
-
-
-@functools.partial(jax.jit, static_argnums=2)
-def _over_trained(
-    values: list[list[jax.Array]], tokens: list[jax.Array], kinds: tuple[str | None, ...]
-) -> list[jax.Array]:
-    has = jnp.stack(tokens) > 0
-    reduce = {
-        "max": lambda x: jnp.max(x, where=has, initial=-jnp.inf),
-        "min": lambda x: jnp.min(x, where=has, initial=jnp.inf),
-        "mean": lambda x: jnp.mean(x, where=has),
-    }
-    out = []
-    for v, kind in zip(values, kinds, strict=True):
-        x = jnp.stack(v).astype(jnp.float32)
-        out.append(jnp.mean(x) if kind is None else jnp.where(has.any(), reduce[kind](x), jnp.nan))
-    return out
 
 
 @functools.partial(jax.jit, static_argnums=1)

@@ -193,8 +193,7 @@ def _make_update(
     `learner.packing`): the forwards run on packed rows. `frozen`: params the loss reads but
     does not train (LoRA's base; not donated). `prepare(batch) -> (batch, metrics)`: run
     on the whole mini-batch first (the mask mode's rejection), its metrics reported as they
-    are. `{role}/trained_tokens`: the update's trained tokens (after `prepare`); an update
-    with none is left out of the step's metrics (`learn.over_trained`)."""
+    are."""
 
     def step(
         state: TrainState, batch: TrainBatch, packing: Packing | None = None, frozen: Any = None
@@ -216,7 +215,6 @@ def _make_update(
             f"{role}/loss": loss,
             f"{role}/grad_norm": opt["grad_norm"],
             f"{role}/skipped": opt["skipped"],
-            f"{role}/trained_tokens": tokens.sum(),  # weighs nothing in: `learn.over_trained`
         }
 
     return UpdateStep(step)

@@ -155,9 +155,7 @@ def test_experience_pass_equals_separate_forwards(models, old_logprobs):
                                      err_msg=name)  # fmt: skip
 
     # Metrics: masked means (sums in another order) and maxima (exact) of the batch's arrays.
-    trained = np.asarray(loss) > 0
-    # the trained model tokens: the filtered sample's are left out
-    on_response = (np.asarray(response) > 0) & (np.asarray(keep)[:, None] > 0)
+    trained, on_response = np.asarray(loss) > 0, np.asarray(response) > 0
     a = np.asarray(batch.advantages)
     mean = lambda x, m, e=0.0: (np.asarray(x, np.float64)[m].mean(), _mean_tolerance(x, m) + e)
     want = {  # the rewards' mean may sum the token rewards in another order: their tolerance
@@ -253,40 +251,6 @@ def test_overlong_filter_leaves_truncated_samples_out_of_the_loss_only(models):
     mean = metrics["critic/advantages/mean"]
     assert abs(mean - adv[trained].mean()) <= _mean_tolerance(adv, trained), mean
     np.testing.assert_array_equal(metrics["critic/advantages/min"], adv[trained].min())
-
-
-def test_logprob_diff_reads_the_trained_model_tokens(models):
-    """`rollout/logprob_diff/*` over the model tokens that are trained: an overlong-filtered
-    sample is left out, as on the exactly-on-policy path (`steps.make_policy_step`, over
-    `loss_mask`), so the value does not depend on which path `AlgoConfig.mini_batches` takes.
-    The filtered sample's rollout logprobs are far off: counted, it would set the max."""
-    graphdef, params = nnx.split(models[0])
-    ids, response, keep, scores, rollout = _rows()
-    rollout = rollout.at[3].set(-50.0 * response[3])  # keep[3] == 0: filtered
-    fn = make_experience_fn(graphdef, None, AlgoConfig(), temperature=TEMP, group_size=G,
-                            micro_batch=B)  # fmt: skip
-    batch, _, metrics = fn(params, None, None, ids, response, response, scores, rollout,
-                           sample_mask=keep)  # fmt: skip
-    trained = np.asarray(response * keep[:, None]) > 0
-    diff = np.abs(np.asarray(batch.old_logprobs) - np.asarray(rollout))
-    np.testing.assert_array_equal(metrics["rollout/logprob_diff/max"], diff[trained].max())
-    got = float(metrics["rollout/logprob_diff/mean"])
-    assert abs(got - diff[trained].mean()) <= _mean_tolerance(diff, trained), got
-
-
-def test_a_batch_without_trained_tokens_has_nan_token_metrics(models):
-    """Every sample overlong-filtered: the means and extremes over the trained tokens have
-    nothing to average (NaN, as `learn.over_trained` logs the update's), not 0."""
-    graphdef, params = nnx.split(models[1])
-    ids, response, _, scores, rollout = _rows()
-    fn = make_experience_fn(graphdef, None, AlgoConfig(), temperature=TEMP, group_size=G,
-                            micro_batch=B)  # fmt: skip
-    _, _, metrics = fn(params, None, None, ids, response, response, scores, rollout,
-                       sample_mask=jnp.zeros(B))  # fmt: skip
-    for k in ("critic/advantages/mean", "critic/advantages/max", "critic/advantages/min",
-              "rollout/logprob_diff/mean", "rollout/logprob_diff/max"):  # fmt: skip
-        assert np.isnan(metrics[k]), (k, metrics[k])
-    assert np.isfinite(metrics["critic/rewards/mean"])  # over the samples, filtered or not
 
 
 def test_kl_in_the_reward_needs_the_old_logprobs(models):
