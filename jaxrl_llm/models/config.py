@@ -42,6 +42,8 @@ FAMILY_FLAGS: dict[str, dict[str, bool | str | None]] = {
     "qwen3": dict(qkv_bias=None, o_bias="qkv_bias", mlp_bias=False, qk_norm=True),
     "llama": dict(qkv_bias=None, o_bias="qkv_bias", mlp_bias=None, qk_norm=False),
 }
+# The config.json key of each flag a family may leave free (`FAMILY_FLAGS` None).
+_HF_FLAG_KEYS = (("qkv_bias", "attention_bias"), ("mlp_bias", "mlp_bias"))
 # rope_type -> the keys transformers' validation requires of its dict (beyond the type);
 # llama3's original_max_position_embeddings defaults to max_position_embeddings there.
 _REQUIRED_ROPE_KEYS = {
@@ -225,11 +227,9 @@ class ModelConfig:
         hidden = hf["hidden_size"]
         heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hidden // heads
-        flags = {}  # the rest follow the family (`FAMILY_FLAGS`)
-        if model_type != "qwen2":
-            flags["qkv_bias"] = bool(hf.get("attention_bias", False))
-        if model_type == "llama":
-            flags["mlp_bias"] = bool(hf.get("mlp_bias", False))
+        # The flags a family leaves free are read from config.json; the rest follow it.
+        free = FAMILY_FLAGS[model_type]
+        flags = {f: bool(hf.get(key, False)) for f, key in _HF_FLAG_KEYS if free[f] is None}
         kwargs: dict[str, Any] = dict(
             model_type=model_type,
             vocab_size=hf["vocab_size"],

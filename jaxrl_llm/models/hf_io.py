@@ -327,8 +327,9 @@ def hf_tensors(model: CausalLM | ValueModel) -> Iterator[tuple[str, np.ndarray]]
     process's host (`hosts.to_host`, a collective: in a multi-process run every process
     iterates)."""
     cfg: ModelConfig = model.config
-    check_plain_weights(model)
-    for var_path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    flat = list(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    _check_plain([path for path, _ in flat])  # before the first tensor moves
+    for var_path, var in flat:
         hf_name, _, to_hf = _entry(var_path, cfg)
         host = to_host(var.get_value())  # collective: every process takes part
         if host.dtype == jnp.bfloat16:
@@ -339,7 +340,11 @@ def hf_tensors(model: CausalLM | ValueModel) -> Iterator[tuple[str, np.ndarray]]
 def check_plain_weights(model: CausalLM | ValueModel) -> None:
     """A `ValueError` naming the fix unless every parameter of `model` has a Hugging Face
     name: LoRA adapters must be merged and an int8 base replaced by its float weights."""
-    flat = [p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+    _check_plain([p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))])
+
+
+def _check_plain(flat: list[tuple]) -> None:
+    """`check_plain_weights` on the parameters' paths."""
     if scaled := ["/".join(map(str, p)) for p in flat if str(p[-1]).endswith(SCALE_SUFFIX)]:
         raise ValueError(
             f"the model holds int8 weights ({scaled[0]}, ...), which Hugging Face files cannot "
