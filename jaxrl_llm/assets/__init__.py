@@ -21,13 +21,13 @@ def resolve_checkpoint(path: str, field: str | None = None, *, tokenizer: bool =
     """'builtin' names the shipped checkpoint; anything else is a directory path.
 
     With `field` (the config field or flag that gave `path`), the folder is checked now
-    (`models.hf_io.check_checkpoint`: it exists, holds config.json and, with `tokenizer`, a
+    (`models.hf_files.check_checkpoint`: it exists, holds config.json and, with `tokenizer`, a
     readable tokenizer), so a wrong path is a `CheckpointError` naming `field`.
     """
     if path == "builtin":
         return builtin_checkpoint()
     if field is not None:
-        from jaxrl_llm.models.hf_io import check_checkpoint
+        from jaxrl_llm.models.hf_files import check_checkpoint
 
         check_checkpoint(path, field, tokenizer=tokenizer)
     return Path(path)

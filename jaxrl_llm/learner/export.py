@@ -27,7 +27,7 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
-from jaxrl_llm.models.hf_io import INDEX_FILE
+from jaxrl_llm.models.hf_files import INDEX_FILE
 from jaxrl_llm.models.lora import adapters, projection_weights
 from jaxrl_llm.models.stop_tokens import GENERATION_CONFIG
 

@@ -44,7 +44,8 @@ from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
 from jaxrl_llm.learner.run import check_context
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
 from jaxrl_llm.models import ModelConfig, load_tokenizer, save_pretrained
-from jaxrl_llm.models.hf_io import from_pretrained, read_config
+from jaxrl_llm.models.hf_files import read_config
+from jaxrl_llm.models.hf_io import from_pretrained
 from jaxrl_llm.models.transformer import ValueModel
 from jaxrl_llm.rewards.model import conversation, conversation_tokens, score_index
 

@@ -47,7 +47,7 @@ from jaxrl_llm.metrics.generations import GenerationLog
 from jaxrl_llm.metrics.writer import MetricsConfig
 from jaxrl_llm.models import ValueModel, from_pretrained, load_tokenizer
 from jaxrl_llm.models.config import CheckpointError, ModelConfig
-from jaxrl_llm.models.hf_io import read_config
+from jaxrl_llm.models.hf_files import read_config
 from jaxrl_llm.models.lora import int8_weights
 from jaxrl_llm.rewards.config import build_rewards
 from jaxrl_llm.rewards.pool import Scorer

@@ -14,7 +14,7 @@ value; one the family's Hugging Face architecture cannot have is refused.
 
 Stopping: `eos_token_id` is `config.json`'s value (written back unchanged); `stop_token_ids`
 holds the further ids that end a sample (`generation_config.json`'s `eos_token_id` and the
-chat template's end-of-turn token, read by `hf_io`), and `eos_token_ids` is their union.
+chat template's end-of-turn token, read by `hf_files`), and `eos_token_ids` is their union.
 """
 
 from __future__ import annotations
@@ -349,13 +349,19 @@ def _rope_from_hf(hf: dict[str, Any], source: str) -> RopeConfig:
                 f"(rope_scaling / rope_parameters), which has {sorted(params)}; transformers "
                 "refuses it too: restore the field (the model's own config.json has it)"
             )
+    # transformers keeps the pretraining length only for the types that use it (llama3 here),
+    # defaulting it to max_position_embeddings; the others leave ours at its default.
+    original_max = {}
+    if rope_type == "llama3":
+        default = hf.get("max_position_embeddings", 8192)
+        original_max["original_max_position_embeddings"] = int(
+            params.get("original_max_position_embeddings", default)
+        )
     return RopeConfig(
         theta=float(theta),
         type=rope_type,
         factor=float(params.get("factor", 1.0)),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(
-            params.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192))
-        ),
+        **original_max,
     )

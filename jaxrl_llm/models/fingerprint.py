@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_llm.models.config import CheckpointError, ModelConfig
-from jaxrl_llm.models.hf_io import read_config, weight_files
+from jaxrl_llm.models.hf_files import read_config, weight_files
 
 # config.json keys that name a tool or a storage default, not the model.
 _NOT_THE_MODEL = frozenset({"transformers_version", "_name_or_path", "torch_dtype", "dtype"})

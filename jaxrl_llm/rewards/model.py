@@ -41,13 +41,8 @@ from jax.sharding import Mesh
 
 from jaxrl_llm.data.examples import row_conversation
 from jaxrl_llm.data.packing import first_fit_rows
-from jaxrl_llm.models.hf_io import (
-    CheckpointError,
-    check_checkpoint,
-    from_pretrained,
-    read_config,
-    tensor_names,
-)
+from jaxrl_llm.models.hf_files import check_checkpoint, read_config, tensor_names
+from jaxrl_llm.models.hf_io import CheckpointError, from_pretrained
 from jaxrl_llm.models.tokenizer import load_tokenizer
 from jaxrl_llm.models.transformer import ValueModel
 from jaxrl_llm.rewards.model_config import (

@@ -14,7 +14,7 @@ from jaxrl_llm.learner.checkpoint import base_identity, check_base
 from jaxrl_llm.learner.rl_config import PolicyConfig
 from jaxrl_llm.models.config import CheckpointError
 from jaxrl_llm.models.fingerprint import checkpoint_fingerprint, model_config
-from jaxrl_llm.models.hf_io import INDEX_FILE, SINGLE_FILE
+from jaxrl_llm.models.hf_files import INDEX_FILE, SINGLE_FILE
 from jaxrl_llm.models.lora import LoraConfig
 
 

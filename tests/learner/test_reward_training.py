@@ -15,7 +15,8 @@ from jaxrl_llm.data.preferences import BadPreferenceRow, check_pair
 from jaxrl_llm.learner.optim import OptimConfig
 from jaxrl_llm.learner.reward_training import RMConfig, load_pairs, run_rm
 from jaxrl_llm.models import init_model
-from jaxrl_llm.models.hf_io import read_config, save_pretrained, tensor_names
+from jaxrl_llm.models.hf_files import read_config, tensor_names
+from jaxrl_llm.models.hf_io import save_pretrained
 from jaxrl_llm.models.transformer import ValueModel
 from jaxrl_llm.testing import FLOAT32_EPS, float32_sum_tolerance, tiny_config
 

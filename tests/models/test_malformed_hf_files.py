@@ -8,7 +8,7 @@ import pytest
 from safetensors import safe_open
 
 from jaxrl_llm.models import CheckpointError, from_pretrained
-from jaxrl_llm.models.hf_io import INDEX_FILE, SINGLE_FILE
+from jaxrl_llm.models.hf_files import INDEX_FILE, SINGLE_FILE
 
 SHARD = "model-00001-of-00001.safetensors"
 

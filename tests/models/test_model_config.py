@@ -7,7 +7,7 @@ import json
 import pytest
 from transformers import AutoConfig
 
-from jaxrl_llm.models import CheckpointError, ModelConfig, UnsupportedModelError
+from jaxrl_llm.models import CheckpointError, ModelConfig, RopeConfig, UnsupportedModelError
 from jaxrl_llm.testing import LLAMA31_ROPE
 
 SHAPE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4,
@@ -118,3 +118,28 @@ def test_llama3_original_max_defaults_to_max_position_embeddings_as_in_transform
     hf = _llama(rope_scaling=scaling, rope_theta=5e5, max_position_embeddings=300)
     want = _transformers_rope(tmp_path, hf)["original_max_position_embeddings"]
     assert ModelConfig.from_hf(hf).rope.original_max_position_embeddings == want == 300
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        ModelConfig(),
+        ModelConfig(model_type="qwen3", **SHAPE, tie_word_embeddings=True,
+                    max_position_embeddings=512),
+        ModelConfig(model_type="llama", **SHAPE, rope=RopeConfig(
+            theta=5e5, type="llama3", factor=8.0, low_freq_factor=2.0, high_freq_factor=6.0,
+            original_max_position_embeddings=16)),
+        ModelConfig(model_type="llama", **SHAPE, rope=RopeConfig(type="linear", factor=4.0)),
+        ModelConfig(model_type="qwen2", **SHAPE, rope=RopeConfig(theta=1e6, type="linear",
+                                                                 factor=2.0)),
+    ],
+    ids=["default", "qwen3", "llama3 rope", "linear rope", "qwen2 linear rope"],
+)  # fmt: skip
+def test_from_hf_of_to_hf_gives_the_config_back(tmp_path, cfg):
+    """What `save_pretrained` writes, `from_pretrained` reads back as the same config (the
+    numerics fields, not in config.json, are left at their defaults here). yarn and longrope
+    are not supported (`SUPPORTED_ROPE_TYPES`). transformers keeps the rope's pretraining
+    length only for llama3, so only there is it read from config.json."""
+    assert ModelConfig.from_hf(cfg.to_hf()) == cfg
+    want = _transformers_rope(tmp_path, cfg.to_hf())
+    assert ("original_max_position_embeddings" in want) == (cfg.rope.type == "llama3"), want
