@@ -19,7 +19,12 @@ from flax import nnx
 from jax.sharding import Mesh
 from jaxtyping import Bool, Float, Int
 
-from jaxrl_llm.algorithms import head_logprobs, kl_shaped_rewards, outcome_token_rewards
+from jaxrl_llm.algorithms import (
+    head_logprobs,
+    kl_penalty,
+    kl_shaped_rewards,
+    outcome_token_rewards,
+)
 from jaxrl_llm.algorithms.logprobs import EntropyMode
 from jaxrl_llm.algorithms.masked import compute_dtype, masked_max, masked_mean, masked_min
 from jaxrl_llm.algorithms.registry import resolve_declared
@@ -229,7 +234,9 @@ def make_experience_fn(
     `trained_mask` (trained tokens: tool output too with `mask_tool_output=False`). Missing
     parts of the batch are zeros. A trained tool token was not sampled, so it has no rollout
     logprob: the batch's `rollout_logprobs` there are the old ones (a TIS weight of 1), and
-    the rollout mismatch metric reads model tokens only. `packing` ([B / mb, ...],
+    the rollout mismatch `rollout/logprob_diff/*` reads the model tokens of the samples
+    trained on (`response_mask * sample_mask`), the tokens the on-policy step reads it over
+    (its `loss_mask`, `steps.make_policy_step`). `packing` ([B / mb, ...],
     `learner.packing`): the forwards run on packed rows.
 
     `sample_mask` [B] (None: all 1): 0 on the samples the loss leaves out (the overlong
@@ -277,9 +284,10 @@ def make_experience_fn(
         adv, returns, token_rewards = advantages(
             rewards, trained_mask, old, ref, None if outs[2] is None else values
         )
-        loss_mask = trained_mask
+        loss_mask, model_tokens = trained_mask, response_mask
         if sample_mask is not None:
             loss_mask = trained_mask * sample_mask[:, None].astype(trained_mask.dtype)
+            model_tokens = response_mask * sample_mask[:, None].astype(response_mask.dtype)
         behaviour = jnp.where((trained_mask > 0) & (response_mask == 0), old, rollout_logprobs)
         batch = TrainBatch(
             input_ids=input_ids, loss_mask=loss_mask, old_logprobs=old, ref_logprobs=ref,
@@ -289,7 +297,9 @@ def make_experience_fn(
             batch = jax.tree.map(lambda x, m=mesh: _rows_on(m, x), batch)
         metrics = experience_metrics(batch, token_rewards, has_values=outs[2] is not None)
         if old_logprobs:
-            metrics.update(logprob_diff_metrics(old, rollout_logprobs, response_mask))
+            metrics.update(logprob_diff_metrics(old, rollout_logprobs, model_tokens))
+        if algo.kl_in_reward_coef > 0:
+            metrics.update(reward_kl_metrics(old, ref, trained_mask, algo))
         return batch, token_rewards.sum(-1), metrics
 
     return fn
@@ -300,10 +310,16 @@ def _rows_on(mesh: Mesh, x: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.shape))
 
 
+# The experience pass's metrics over samples; the others are over the trained tokens (a
+# step with none, every sample overlong-filtered, does not report them: `learn.DeviceMetrics`).
+PER_SAMPLE = ("critic/rewards/mean", "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff")
+
+
 def experience_metrics(
     batch: TrainBatch, token_rewards: jax.Array, *, has_values: bool
 ) -> dict[str, jax.Array]:
-    """Rewards, advantages (and values, returns) over the trained tokens, on the device."""
+    """Rewards (over the samples: `PER_SAMPLE`), advantages (and values, returns) over the
+    trained tokens, on the device."""
     mask = batch.loss_mask
     m = {
         "critic/rewards/mean": jnp.mean(token_rewards.sum(-1)),
@@ -315,6 +331,21 @@ def experience_metrics(
         m["critic/values/mean"] = masked_mean(batch.old_values, mask)
         m["critic/returns/mean"] = masked_mean(batch.returns, mask)
     return m
+
+
+def reward_kl_metrics(
+    old_logprobs: jax.Array, ref_logprobs: jax.Array, trained_mask: jax.Array, algo
+) -> dict[str, jax.Array]:
+    """The KL the reward was penalised by (`AlgoConfig.kl_in_reward_coef > 0`), as verl's
+    `apply_kl_penalty` reports it: `actor/reward_kl_penalty`, each sample's mean over its
+    trained tokens of `kl_penalty(old, ref, kl_in_reward_kind)`, then the mean over the
+    samples (the overlong-filtered ones too: their rewards carry the penalty), before the
+    coefficient; `actor/reward_kl_penalty_coeff`, the coefficient."""
+    kl = kl_penalty(old_logprobs, ref_logprobs, algo.kl_in_reward_kind)
+    return {
+        "actor/reward_kl_penalty": jnp.mean(masked_mean(kl, trained_mask, axis=-1)),
+        "actor/reward_kl_penalty_coeff": jnp.asarray(algo.kl_in_reward_coef, kl.dtype),
+    }
 
 
 def logprob_diff_metrics(

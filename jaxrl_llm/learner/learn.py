@@ -5,16 +5,22 @@ the step's device metrics fetched in one transfer (`fetch`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.typing import ArrayLike
 
-from jaxrl_llm.learner.experience import micro_batch_rows, pack_sequences, turn_token_rewards
+from jaxrl_llm.learner.experience import (
+    PER_SAMPLE,
+    micro_batch_rows,
+    pack_sequences,
+    turn_token_rewards,
+)
 from jaxrl_llm.learner.packing import (
     Packing,
     forward_positions,
@@ -33,9 +39,29 @@ from jaxrl_llm.types import Experience, Rollout
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass
+class DeviceMetrics:
+    """A step's metrics still on the device: each metric's values (one per update, or one)
+    and, for a metric over tokens, the count of its tokens beside each value. A value over
+    no token (an update whose samples were all overlong-filtered) is left out of its
+    metric's reduction, and a metric with no value over a token is not reported that step
+    (`fetch`): a mean over nothing is neither 0 nor a divergence's NaN."""
+
+    values: dict[str, list[jax.Array]] = dataclasses.field(default_factory=dict)
+    counts: dict[str, list[ArrayLike]] = dataclasses.field(default_factory=dict)
+
+    def add(self, metrics: dict[str, jax.Array], count: ArrayLike | None = None) -> None:
+        """One value of each metric; `count`: the tokens they are over (None: not over
+        tokens)."""
+        for k, v in metrics.items():
+            self.values.setdefault(k, []).append(v)
+            if count is not None:
+                self.counts.setdefault(k, []).append(count)
+
+
 def make_experience(
     cfg: RLConfig, learner: Learner, samples: Rollout
-) -> tuple[Experience, dict[str, Any], float]:
+) -> tuple[Experience, DeviceMetrics, float]:
     """Rows on the host; they go to the mesh once (over ("data", "fsdp"),
     `hosts.put_batch`) for the experience pass, and the `TrainBatch` stays there. Returns
     the experience, its device metrics and the padding share of its forwards."""
@@ -57,7 +83,7 @@ def make_experience(
     # sample's last trained token (inside the experience pass).
     per_turn = any(c.turn_rewards for c in samples.completions)
     rewards = turn_token_rewards(samples.completions, cfg.seq_len) if per_turn else samples.scores
-    batch, sequence_rewards, metrics = learner.experience_fn(
+    batch, sequence_rewards, tokens = learner.experience_fn(
         learner.policy_params(), learner.ref_params, critic,
         rows(seqs.input_ids), rows(seqs.response_mask), rows(trained_mask),
         rows(rewards), rows(seqs.rollout_logprobs), _put_packing(mesh, packing),
@@ -73,7 +99,10 @@ def make_experience(
         sequence_rewards=sequence_rewards,
         has_values=critic is not None,
     )
-    return exp, metrics, padding_fraction(seqs.length, packing, cfg.seq_len)
+    device = DeviceMetrics()
+    device.add({k: tokens.pop(k) for k in PER_SAMPLE if k in tokens})
+    device.add(tokens, np.float32((trained_mask * keep[:, None]).sum()))
+    return exp, device, padding_fraction(seqs.length, packing, cfg.seq_len)
 
 
 def _packing(
@@ -114,18 +143,19 @@ def host_metrics(exp: Experience) -> dict[str, float]:
 
 def update(
     cfg: RLConfig, learner: Learner, step: int, exp: Experience
-) -> tuple[TrainState, TrainState | None, dict[str, list[jax.Array]], float]:
+) -> tuple[TrainState, TrainState | None, DeviceMetrics, float]:
     """ppo_epochs x mini_batches updates of the learner's policy (and critic); each
     mini-batch is cut from the batch on the mesh as [M, mb, T] (`learner.micro_batches`) and
     packed (`_packing`). Returns the updated policy and critic states (the steps donate the
     ones they are given: the caller puts these in their place), each metric's values, one
-    per update, and the padding share of the updates' forwards."""
+    per update, each counted by its update's trained tokens (`_add_update`), and the
+    padding share of the updates' forwards."""
     a, mesh, batch = cfg.algo, learner.mesh, exp.batch
     policy, critic = learner.state.policy, learner.state.critic
     B = batch.input_ids.shape[0]
     positions = 0
     mini = B // a.mini_batches
-    out: dict[str, list[jax.Array]] = {}
+    out = DeviceMetrics()
     rng = np.random.default_rng([cfg.seed, step])
     progress = bar(f"update {step}", a.ppo_epochs * a.mini_batches, unit="mb")
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -140,36 +170,62 @@ def update(
             packing = _put_packing(mesh, packing)
             if learner.critic_step is not None:
                 critic, cm = learner.critic_step(critic, mb, packing)
-                _append(out, cm)
+                _add_update(out, cm, "critic")
             policy, pm = learner.policy_step(policy, mb, packing, learner.frozen)
-            _append(out, pm)
+            _add_update(out, pm, "actor")
             progress.update()
     progress.close()
-    out["actor/lr_step"] = [policy.step]
+    out.add({"actor/lr_step": policy.step})
     return policy, critic, out, 1.0 - a.ppo_epochs * float(exp.length.sum()) / positions
 
 
-def _append(out: dict[str, list[jax.Array]], metrics: dict[str, jax.Array]) -> None:
-    for k, v in metrics.items():
-        out.setdefault(k, []).append(v)
+def _add_update(out: DeviceMetrics, metrics: dict[str, jax.Array], role: str) -> None:
+    """One update's metrics: `{role}/skipped` and `{role}/trained_tokens` describe the update
+    itself; the others its trained tokens, which count them. The mask mode's `is/*` are
+    over the tokens it checked before its rejection (`is/checked_tokens`, `steps._rejecting`)."""
+    trained = metrics[f"{role}/trained_tokens"]
+    per_update = {k: metrics.pop(k) for k in (f"{role}/skipped", f"{role}/trained_tokens")}
+    checked = metrics.pop("is/checked_tokens", None)
+    if checked is not None:
+        out.add({k: metrics.pop(k) for k in list(metrics) if k.startswith("is/")}, checked)
+    out.add(per_update)
+    out.add(metrics, trained)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _reduced(values: list[list[jax.Array]], kinds: tuple[str | None, ...]) -> jax.Array:
-    reduce = {"max": jnp.max, "min": jnp.min, None: jnp.mean}
-    return jnp.stack(
-        [reduce[kind](jnp.stack(v).astype(jnp.float32)) for v, kind in zip(values, kinds)]
-    )
+@functools.partial(jax.jit, static_argnums=2)
+def _reduced(
+    values: list[list[jax.Array]], counts: list[list[ArrayLike] | None],
+    kinds: tuple[str | None, ...],
+) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """Each metric's reduction over its values counted by a token (all, without counts),
+    and whether it has one."""
+    out, defined = [], []
+    for v, n, kind in zip(values, counts, kinds, strict=True):
+        v = jnp.stack(v).astype(jnp.float32)
+        has = jnp.ones(v.shape, bool) if n is None else jnp.stack(n) > 0
+        if kind == "max":
+            out.append(jnp.max(jnp.where(has, v, -jnp.inf)))
+        elif kind == "min":
+            out.append(jnp.min(jnp.where(has, v, jnp.inf)))
+        else:
+            out.append(jnp.sum(jnp.where(has, v, 0.0)) / jnp.maximum(has.sum(), 1))
+        defined.append(jnp.any(has))
+    return jnp.stack(out), jnp.stack(defined)
 
 
-def fetch(device: dict[str, list[jax.Array]]) -> dict[str, float]:
-    """Each metric over its values (one per update, or one): the max of a `.../max`, the
-    min of a `.../min` (`steps.extreme`), else the mean; all reduced on the device first, so
-    a step's metrics come to the host in one transfer."""
-    keys = list(device)
+def fetch(*parts: DeviceMetrics) -> dict[str, float]:
+    """Each metric over its values (one per update, or one) that are over a token
+    (`DeviceMetrics`): the max of a `.../max`, the min of a `.../min` (`steps.extreme`),
+    else the mean; a metric with none is left out. All reduced on the device first, so a
+    step's metrics come to the host in one transfer."""
+    values = {k: v for p in parts for k, v in p.values.items()}
+    counts = {k: n for p in parts for k, n in p.counts.items()}
+    keys = list(values)
     kinds = tuple(extreme(k) for k in keys)
-    values = hosts.to_host(_reduced([device[k] for k in keys], kinds))
-    return {k: float(v) for k, v in zip(keys, values, strict=True)}
+    reduced, defined = hosts.to_host(
+        _reduced([values[k] for k in keys], [counts.get(k) for k in keys], kinds)
+    )
+    return {k: float(v) for k, v, d in zip(keys, reduced, defined, strict=True) if d}
 
 
 def warn_skipped(step: int, metrics: dict[str, float], updates: int) -> None:

@@ -201,7 +201,7 @@ def train_step(
         producer.publish(step, policy.params, learner.frozen)
     # The step's one transfer; the update's metrics come out of its last program, so the
     # transfer also ends the update's timer (no separate wait on the params).
-    metrics.update(learn.fetch({**{k: [v] for k, v in device.items()}, **updates}))
+    metrics.update(learn.fetch(device, updates))
     metrics["timing/update"] = time.perf_counter() - t2
     learn.warn_skipped(step, metrics, cfg.algo.ppo_epochs * cfg.algo.mini_batches)
     metrics["timing/step"] = time.perf_counter() - t0

@@ -70,13 +70,15 @@ def _scale(algo, response_budget: int | None) -> int | None:
 def _rejecting(algo):
     """The mask mode's rejection, applied to the whole mini-batch before its normaliser:
     `batch [M, mb, T] -> (batch less the rejected tokens, is/* metrics over its trained
-    tokens before the rejection)`, as verl's rejection sampling edits `response_mask`."""
+    tokens before the rejection, and `is/checked_tokens`: their count)`, as verl's rejection
+    sampling edits `response_mask`."""
 
     def prepare(batch: TrainBatch) -> tuple[TrainBatch, dict[str, jax.Array]]:
         inputs = (batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask)
         bounds = dict(level=algo.is_level, cap=algo.is_cap, floor=algo.is_floor)
         _, metrics = importance_weights(*inputs, mode="mask", **bounds)
         kept = rejection_mask(*inputs, **bounds)
+        metrics["is/checked_tokens"] = batch.loss_mask.sum()
         return dataclasses.replace(batch, loss_mask=kept), metrics
 
     return prepare
@@ -193,7 +195,9 @@ def _make_update(
     `learner.packing`): the forwards run on packed rows. `frozen`: params the loss reads but
     does not train (LoRA's base; not donated). `prepare(batch) -> (batch, metrics)`: run
     on the whole mini-batch first (the mask mode's rejection), its metrics reported as they
-    are."""
+    are. `{role}/trained_tokens`: the mini-batch's trained tokens, which the update's other
+    metrics are over (an update with none, every sample overlong-filtered, trained nothing:
+    `learn.DeviceMetrics` leaves its values out of the step's)."""
 
     def step(
         state: TrainState, batch: TrainBatch, packing: Packing | None = None, frozen: Any = None
@@ -206,6 +210,7 @@ def _make_update(
         )
         tokens = batch.loss_mask.sum((1, 2))  # [M]
         metrics = {**reduce_micro_batches(metrics, tokens, summed, token_means), **prepared}
+        metrics[f"{role}/trained_tokens"] = tokens.sum()
         if logprobs is not None:
             mask = batch.loss_mask
             metrics.update(logprob_diff_metrics(logprobs, batch.rollout_logprobs, mask))

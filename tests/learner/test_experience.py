@@ -104,6 +104,25 @@ def _mean_tolerance(x, mask):
     return float32_sum_tolerance(x) / x.size + FLOAT32_EPS * abs(x.mean())
 
 
+def _reward_kl_penalty(batch, trained):
+    """verl's `actor/reward_kl_penalty` of the pass's own logprobs in float64: k3 (ALGO's
+    kind) per token, each sample's mean over its trained tokens, then the mean over samples;
+    and the float32 program's bound: per token the rounding of d = ref - old, of expm1(d)
+    (carried through its slope e^d) and of the difference, at two ulps each, then the two
+    means' sums and divisions."""
+    old, ref = (np.asarray(x, np.float64) for x in (batch.old_logprobs, batch.ref_logprobs))
+    m = np.asarray(trained, np.float64)
+    d = ref - old
+    kl = np.expm1(d) - d
+    e_tok = 2 * FLOAT32_EPS * (np.abs(d) * (1 + np.exp(d)) + np.abs(np.expm1(d)) + np.abs(kl))
+    n = m.sum(-1)
+    per = (kl * m).sum(-1) / n
+    e_per = (float32_sum_tolerance(kl * m, axis=-1) + (e_tok * m).sum(-1)) / n
+    e_per += FLOAT32_EPS * np.abs(per)
+    e = (float32_sum_tolerance(per) + e_per.sum()) / per.size + FLOAT32_EPS * abs(per.mean())
+    return per.mean(), float(e)
+
+
 @pytest.mark.slow  # 33 s in a loaded 2-worker run, AMD EPYC AVX2
 @pytest.mark.parametrize("old_logprobs", [True, False], ids=["full", "on-policy"])
 def test_experience_pass_equals_separate_forwards(models, old_logprobs):
@@ -155,7 +174,9 @@ def test_experience_pass_equals_separate_forwards(models, old_logprobs):
                                      err_msg=name)  # fmt: skip
 
     # Metrics: masked means (sums in another order) and maxima (exact) of the batch's arrays.
-    trained, on_response = np.asarray(loss) > 0, np.asarray(response) > 0
+    # The mismatch over the model tokens of the samples trained on (the filtered one's out).
+    trained = np.asarray(loss) > 0
+    on_response = (np.asarray(response) > 0) & (np.asarray(keep)[:, None] > 0)
     a = np.asarray(batch.advantages)
     mean = lambda x, m, e=0.0: (np.asarray(x, np.float64)[m].mean(), _mean_tolerance(x, m) + e)
     want = {  # the rewards' mean may sum the token rewards in another order: their tolerance
@@ -170,9 +191,32 @@ def test_experience_pass_equals_separate_forwards(models, old_logprobs):
         diff = np.abs(np.asarray(batch.old_logprobs) - np.asarray(rollout))
         want["rollout/logprob_diff/mean"] = mean(diff, on_response)
         want["rollout/logprob_diff/max"] = (diff[on_response].max(), 0.0)
+        want["actor/reward_kl_penalty"] = _reward_kl_penalty(batch, response)
+        c = ALGO.kl_in_reward_coef
+        want["actor/reward_kl_penalty_coeff"] = (c, FLOAT32_EPS * c)  # as a float32
     assert set(metrics) == set(want)
     for k, (v, tol) in want.items():
         np.testing.assert_allclose(float(metrics[k]), v, rtol=0, atol=tol, err_msg=k)
+
+
+def test_logprob_diff_reads_the_trained_samples_model_tokens(models):
+    """`rollout/logprob_diff/*` over the model tokens of the samples trained on: an
+    overlong-filtered sample is left out, as on the exactly-on-policy path (the policy step
+    reads it over `loss_mask`), so the value does not change with the path
+    `AlgoConfig.mini_batches` picks. The filtered sample's rollout logprobs are far off:
+    counted, it would set the max (it did: 0.0115 against 0.0058 in a run)."""
+    graphdef, params = nnx.split(models[0])
+    ids, response, keep, scores, rollout = _rows()
+    rollout = rollout.at[3].set(-50.0 * response[3])  # keep[3] == 0: filtered
+    fn = make_experience_fn(graphdef, None, AlgoConfig(), temperature=TEMP, group_size=G,
+                            micro_batch=B)  # fmt: skip
+    batch, _, metrics = fn(params, None, None, ids, response, response, scores, rollout,
+                           sample_mask=keep)  # fmt: skip
+    trained = np.asarray(response * keep[:, None]) > 0
+    diff = np.abs(np.asarray(batch.old_logprobs) - np.asarray(rollout))
+    np.testing.assert_array_equal(metrics["rollout/logprob_diff/max"], diff[trained].max())
+    got = float(metrics["rollout/logprob_diff/mean"])
+    assert abs(got - diff[trained].mean()) <= _mean_tolerance(diff, trained), got
 
 
 @pytest.mark.slow  # 9 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)

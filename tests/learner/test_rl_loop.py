@@ -54,12 +54,12 @@ def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path, monkey
 
     def device_only_update(*args):
         policy, critic, out, padding = update(*args)  # metrics stay on the device throughout
-        assert all(isinstance(v, jax.Array) for vs in out.values() for v in vs)
+        assert all(isinstance(v, jax.Array) for vs in out.values.values() for v in vs)
         return policy, critic, out, padding
 
-    def counted_fetch(device):
-        fetched.append(len(device))
-        return fetch(device)
+    def counted_fetch(*parts):
+        fetched.append(sum(len(p.values) for p in parts))
+        return fetch(*parts)
 
     monkeypatch.setattr(learn, "update", device_only_update)
     monkeypatch.setattr(learn, "fetch", counted_fetch)
@@ -120,11 +120,18 @@ def test_ppo_with_critic_and_kl_options(tmp_path):
         "AlgoConfig.entropy_coef = 0.001",
         "AlgoConfig.is_cap = 2.0",
         "AlgoConfig.overlong_filter = True",
+        # The tiny model's "a + b = c." samples end at the stop, its "Let me compute ..."
+        # ones at the length cap: the overlong filter leaves those out, and something is
+        # trained (with no stop, every sample was filtered and the step trained nothing).
+        "RolloutConfig.stop = ('.',)",
         "AlgoConfig.ppo_epochs = 2",
         "PolicyConfig.rollout_dtype = 'bfloat16'",
         "PolicyConfig.remat = True",
     )
     records = run_rl(cfg)
+    for r in records:
+        assert 0 < r["response_length/clip_ratio"] < 1, r["response_length/clip_ratio"]
+        assert r["actor/trained_tokens"] > 0
     last = records[-1]
     # bfloat16 rollout weights: the rollout/trainer gap is measured, nonzero and small.
     assert 0 < last["rollout/logprob_diff/mean"] < 0.5

@@ -362,13 +362,13 @@ def test_importance_weight_metrics_are_over_the_mini_batch_tokens():
 def test_fetch_takes_the_max_and_min_over_updates():
     """A step's `.../max` metric is the largest of its updates', a `.../min` the smallest,
     the others their mean."""
-    from jaxrl_llm.learner.learn import fetch
+    from jaxrl_llm.learner.learn import DeviceMetrics, fetch
 
-    values = lambda *xs: [jnp.asarray(x, jnp.float32) for x in xs]
-    got = fetch({
-        "is/weight/max": values(1.75, 1.25), "critic/advantages/min": values(-2.0, -3.0),
-        "is/weight/mean": values(1.0, 0.5),
-    })  # fmt: skip
+    device = DeviceMetrics()
+    for x in ((1.75, -2.0, 1.0), (1.25, -3.0, 0.5)):
+        v = [jnp.asarray(a, jnp.float32) for a in x]
+        device.add({"is/weight/max": v[0], "critic/advantages/min": v[1], "is/weight/mean": v[2]})
+    got = fetch(device)
     assert got == {"is/weight/max": 1.75, "critic/advantages/min": -3.0, "is/weight/mean": 0.75}
 
 
