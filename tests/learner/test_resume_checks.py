@@ -3,7 +3,7 @@ every other bad input of the command line does, not with Orbax's traceback: a ch
 another shape (another LoRA rank, another model, a full run's state into a LoRA run) names
 the arrays that differ, saved against expected; a LoRA run resumed or exported onto a base
 other than the one it trained on names both. Through `jaxrl_llm.cli.main`, as a user meets
-them; each run is one step of the shipped tiny model."""
+them; each run is one step of the shipped tiny model (one resume trains a second)."""
 
 import json
 import logging
@@ -15,6 +15,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxrl_llm import cli
 from jaxrl_llm.assets import builtin_checkpoint
+from jaxrl_llm.metrics import read_metrics
 from jaxrl_llm.testing import register_test_rewards
 
 from .rl_helpers import TINY_RL_PARAMS
@@ -106,7 +107,7 @@ def _perturbed_copy(src, dst):
     save_file({k: v * 1.01 + 1e-3 for k, v in tensors.items()}, dst / "model.safetensors")
 
 
-@pytest.mark.slow  # a 1-step LoRA run; resumes and exports without a step (10 s)
+@pytest.mark.slow  # 1-step LoRA run, resumes, a 2nd step: 157 s on 2 loaded cores (122 s at 1 step)
 def test_a_lora_run_is_resumed_and_exported_only_onto_its_own_base(tmp_path, capsys, caplog):
     register_test_rewards()
     base, run = tmp_path / "base", tmp_path / "run"
@@ -137,21 +138,26 @@ def test_a_lora_run_is_resumed_and_exported_only_onto_its_own_base(tmp_path, cap
     line = _one_line(capsys, "train")
     assert "quantize_base" in line and "'none'" in line and "'int8'" in line, line
 
-    # The same base moved to another folder: compared by content, it resumes and exports.
+    # The same base moved to another folder: compared by content, it resumes, trains step 2
+    # on the moved base (its checkpoint records the new folder, the same weights) and exports.
     moved = tmp_path / "moved"
     shutil.move(base, moved)
-    assert _train(run, *LORA, on_base(moved), resume=True) == 0
+    two_steps = "RLConfig.steps = 2"
+    assert _train(run, *LORA, on_base(moved), two_steps, resume=True) == 0
+    trained = [r["step"] for r in read_metrics(run) if "actor/grad_norm" in r]
+    assert trained[-1] == 2 and trained.count(2) == 1, trained
+    meta = run / "checkpoints" / "2" / "extra" / "metadata"
+    assert json.loads(meta.read_text())["base"] == {**saved["base"], "checkpoint": str(moved)}
     assert _export(run, tmp_path / "out") == 0
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
     # A checkpoint saved before bases were recorded: resumes and exports, with a warning.
-    meta = run / "checkpoints" / "1" / "extra" / "metadata"
     old = json.loads(meta.read_text())
     del old["base"]
     meta.write_text(json.dumps(old))
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         assert _export(run, tmp_path / "out_old", fmt="peft") == 0
-        assert _train(run, *LORA, on_base(moved), resume=True) == 0
+        assert _train(run, *LORA, on_base(moved), two_steps, resume=True) == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert sum("records no base" in w for w in warnings) == 2, warnings
