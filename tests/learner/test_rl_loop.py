@@ -16,6 +16,7 @@ import pytest
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.config import parse_gin
 from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.learner import overlap
 from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.rl_loop import run_rl
 from jaxrl_llm.metrics import read_metrics
@@ -118,7 +119,10 @@ def test_ppo_with_critic_and_kl_options(tmp_path):
         "AlgoConfig.use_kl_loss = True",
         "AlgoConfig.kl_in_reward_coef = 0.01",
         "AlgoConfig.entropy_coef = 0.001",
-        "AlgoConfig.is_cap = 2.0",
+        # Just above 1, so that it engages: bfloat16 rollout weights (rounded by up to 2^-8
+        # ~ 4e-3 relative) move the sampler's logprobs off the float32 trainer's by more
+        # than 1e-3 on some tokens (rollout/logprob_diff/mean is 1e-3 to 3e-3 here).
+        "AlgoConfig.is_cap = 1.001",
         "AlgoConfig.overlong_filter = True",
         # The tiny model's "a + b = c." samples end at the stop, its "Let me compute ..."
         # ones at the length cap: the overlong filter leaves those out, and something is
@@ -139,6 +143,10 @@ def test_ppo_with_critic_and_kl_options(tmp_path):
     assert "critic/values/mean" in last
     assert "actor/kl_loss" in last and last["actor/kl_loss"] >= 0
     assert last["actor/lr_step"] == 2 * 2 * 2  # steps x epochs x mini-batches
+    # The importance weights reach the cap on some tokens and are truncated there.
+    is_seen = {k: last[k] for k in ("is/clipped_frac", "is/weight/max", "is/weight/mean")}
+    assert last["is/clipped_frac"] > 0, is_seen
+    assert last["is/weight/max"] > 1.001, is_seen
 
 
 def test_on_policy_step_skips_the_old_forward_and_reports_the_mismatch(tmp_path):
@@ -416,20 +424,92 @@ def test_overlapped_run_lags_exactly_k_and_trains_every_prompt_once(tmp_path, th
         assert _trained_prompts(stopped, step) == _trained_prompts(three_step_run, step)
 
 
-def test_partial_rollouts_keep_the_bound_and_train_every_prompt_once(tmp_path, three_step_run):
-    """`RLConfig.partial_rollouts` with k = 1: where the weight swaps fall follows timing, so
-    what is checked holds wherever they fall: every trained token lags at most one version
-    (none at step 1), each token's version is recorded (`rollout/partial_frac` every step),
-    and every step trains the synchronous run's prompts."""
+def _swap_mid_sample(monkeypatch, at_ask: int, wait_s: float = 300.0) -> None:
+    """Partial rollouts with every swap that can happen made certain, at a fixed point.
+
+    Step s's newest possible weights are those after update s - 1 (the trainer's update s - 1
+    needs only batch s - 1, already sampled; update s needs batch s). Two holds pin where
+    they reach it: the trainer publishes update u (first <= u < last) only once the
+    producer has begun step u + 1, so that step starts with older weights and update u is
+    certain to come while it samples; and that step's sampler is handed nothing newer
+    before its `at_ask`-th ask (the driver asks before each device call while samples are
+    left to decode, the first before any), where it waits for update u's copy to be
+    computed and continues with it through the real refresh. A step no newer weights can
+    reach (the first) never waits. The waits end on what they wait for; `wait_s` only
+    bounds a hang, which fails the run loudly."""
+    cls = overlap.RolloutProducer
+    wait_for_weights, refresher, publish = cls._wait_for_weights, cls._refresher, cls.publish
+    begun: dict[int, int] = {}  # step -> the updates the producer began it with
+
+    def recorded_wait(self, step):  # (holding self._cond)
+        updates = wait_for_weights(self, step)
+        if updates is not None:
+            begun[step] = updates
+            self._cond.notify_all()  # a publish held for this step goes ahead
+        return updates
+
+    def held_publish(self, updates, trained, frozen):
+        if self._first <= updates < self._last:  # step updates + 1 is still to sample
+            with self._cond:
+                began = lambda: updates + 1 in begun or self._error is not None
+                assert self._cond.wait_for(began, wait_s), f"step {updates + 1} never began"
+        publish(self, updates, trained, frozen)
+
+    def pinned_refresher(self, updates):
+        inner, step = refresher(self, updates), max(begun)  # the step it is called for
+        if updates >= step - 1:  # nothing newer can reach this step
+            return inner
+        asks = 0
+
+        def refresh():
+            nonlocal asks
+            asks += 1
+            if asks < at_ask:
+                return None  # as if the newer weights were not yet computed
+            if asks == at_ask:
+                with self._cond:
+                    there = lambda: step - 1 in self._weights or self._stopping
+                    assert self._cond.wait_for(there, wait_s), f"update {step - 1} never came"
+                    newer = self._weights.get(step - 1)
+                if newer is None:  # the run is stopping
+                    return None
+                jax.block_until_ready(newer.params)  # computed: the real refresh hands it over
+                got = inner()
+                assert got is not None and got.version == step, (step, got)
+                return got
+            return inner()
+
+        return refresh
+
+    monkeypatch.setattr(cls, "_wait_for_weights", recorded_wait)
+    monkeypatch.setattr(cls, "publish", held_publish)
+    monkeypatch.setattr(cls, "_refresher", pinned_refresher)
+
+
+def test_partial_rollouts_keep_the_bound_and_train_every_prompt_once(
+    tmp_path, three_step_run, monkeypatch
+):
+    """`RLConfig.partial_rollouts` with k = 1, each swap pinned (`_swap_mid_sample`): steps 2
+    and 3 start with the weights one update behind (the bound) and, from the sampler's
+    fourth device call, continue with the newest (the synchronous run's). Their samples then
+    mix two versions (`rollout/partial_frac` > 0) and their tokens' mean lag lies strictly
+    between 0 and 1; no token lags more than one version (none at step 1, which nothing
+    newer can reach); and every step trains the synchronous run's prompts."""
+    _swap_mid_sample(monkeypatch, at_ask=4)
     run_dir = tmp_path / "partial"
     records = run_rl(_config(run_dir, "RLConfig.steps = 3", "RLConfig.save_every = 0",
                              "RLConfig.max_staleness = 1", "RLConfig.partial_rollouts = True",
                              "RolloutConfig.steps_per_call = 1"))  # fmt: skip
     assert [r["step"] for r in records] == [1, 2, 3]
     assert records[0]["rollout/staleness/max"] == 0.0
+    assert records[0]["rollout/partial_frac"] == 0.0
     for r in records:
         assert 0 <= r["rollout/staleness/mean"] <= r["rollout/staleness/max"] <= 1
         assert 0 <= r["rollout/partial_frac"] <= 1
+    for r in records[1:]:  # each swapped mid-sample: some tokens newer, some older
+        assert r["rollout/partial_frac"] > 0, r
+        assert 0 < r["rollout/staleness/mean"] < 1, r
+        assert r["rollout/staleness/max"] == 1, r
     for step in (1, 2, 3):
         assert _trained_prompts(run_dir, step) == _trained_prompts(three_step_run, step)
 
