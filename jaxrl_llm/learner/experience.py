@@ -191,14 +191,16 @@ def advantage_fn(algo, group_size: int):
     loss only, `make_experience_fn`). `rewards` [B]: outcome scores, each on its row's last
     trained token; [B, T]: rewards already on their tokens (`turn_token_rewards`), kept
     where trained. With `kl_in_reward_coef > 0` the per-token KL to the reference is
-    subtracted (verl `apply_kl_penalty`).
+    subtracted (verl `apply_kl_penalty`), weighted by `kl_coef` (a scalar, the adaptive
+    controller's current value: `AlgoConfig.kl_in_reward_target`) or, when None, by
+    `kl_in_reward_coef`.
     """
     estimator = resolve_declared(
         "advantage", algo.estimator, group_size=group_size, norm_by_std=algo.norm_by_std,
         gamma=algo.gamma, lam=algo.lam,
     )  # fmt: skip
 
-    def fn(rewards, trained_mask, old_logprobs, ref_logprobs, values):
+    def fn(rewards, trained_mask, old_logprobs, ref_logprobs, values, kl_coef=None):
         if rewards.ndim == 1:
             token_rewards = outcome_token_rewards(rewards, trained_mask)
         else:
@@ -206,7 +208,8 @@ def advantage_fn(algo, group_size: int):
         if algo.kl_in_reward_coef > 0:
             token_rewards = kl_shaped_rewards(
                 token_rewards, old_logprobs, ref_logprobs, trained_mask,
-                kl_coef=algo.kl_in_reward_coef, kind=algo.kl_in_reward_kind,
+                kl_coef=algo.kl_in_reward_coef if kl_coef is None else kl_coef,
+                kind=algo.kl_in_reward_kind,
             )  # fmt: skip
         adv, returns = estimator(token_rewards, trained_mask, values=values)
         return adv, returns, token_rewards
@@ -222,7 +225,8 @@ def make_experience_fn(
     """The jitted experience pass:
 
         fn(params, ref_params | None, critic_params | None, input_ids, response_mask,
-           trained_mask, rewards, rollout_logprobs, packing | None, sample_mask=None)
+           trained_mask, rewards, rollout_logprobs, packing | None, sample_mask=None,
+           kl_coef=None)
             -> (TrainBatch, sequence rewards [B], metrics)
 
     All arrays [B, T] unless noted, in and out on the mesh; `rewards` are the scores [B] or
@@ -244,6 +248,10 @@ def make_experience_fn(
     as if nothing were filtered, so a filtered sample's score still counts in its group's
     baseline; only the batch's `loss_mask` (`trained_mask * sample_mask`), which the
     policy and critic losses read, and the metrics of the trained tokens leave it out.
+
+    `kl_coef` (a float32 scalar; None: `AlgoConfig.kl_in_reward_coef`): the weight of the
+    KL in the reward, which the adaptive controller changes step by step
+    (`rl_loop.adapt_kl_coef`); an argument, so a new value is not a new program.
 
     `mesh`: the batch's fields come out with their rows over ("data", "fsdp"), as its
     inputs go in (`hosts.batch_sharding`), rather than where XLA would leave them (the
@@ -272,7 +280,7 @@ def make_experience_fn(
 
     @jax.jit
     def fn(params, ref_params, critic_params, input_ids, response_mask, trained_mask, rewards,
-           rollout_logprobs, packing=None, sample_mask=None):  # fmt: skip
+           rollout_logprobs, packing=None, sample_mask=None, kl_coef=None):  # fmt: skip
         B, T = input_ids.shape
         mb = micro_batch_rows(micro_batch, B, algo.mini_batches)  # the update's micro-batches
         split = lambda x: x.reshape(B // mb, mb, T)
@@ -282,7 +290,7 @@ def make_experience_fn(
         zeros = jnp.zeros((B, T), compute_dtype(trained_mask))  # float64 in a reference run
         old, ref, values = (zeros if x is None else x.reshape(B, T) for x in outs)
         adv, returns, token_rewards = advantages(
-            rewards, trained_mask, old, ref, None if outs[2] is None else values
+            rewards, trained_mask, old, ref, None if outs[2] is None else values, kl_coef
         )
         loss_mask, model_tokens = trained_mask, response_mask
         if sample_mask is not None:
@@ -299,7 +307,7 @@ def make_experience_fn(
         if old_logprobs:
             metrics.update(logprob_diff_metrics(old, rollout_logprobs, model_tokens))
         if algo.kl_in_reward_coef > 0:
-            metrics.update(reward_kl_metrics(old, ref, trained_mask, algo))
+            metrics.update(reward_kl_metrics(old, ref, trained_mask, algo, kl_coef))
         return batch, token_rewards.sum(-1), metrics
 
     return fn
@@ -334,17 +342,21 @@ def experience_metrics(
 
 
 def reward_kl_metrics(
-    old_logprobs: jax.Array, ref_logprobs: jax.Array, trained_mask: jax.Array, algo
-) -> dict[str, jax.Array]:
+    old_logprobs: jax.Array, ref_logprobs: jax.Array, trained_mask: jax.Array, algo,
+    kl_coef: jax.Array | None = None,
+) -> dict[str, jax.Array]:  # fmt: skip
     """The KL the reward was penalised by (`AlgoConfig.kl_in_reward_coef > 0`), as verl's
     `apply_kl_penalty` reports it: `actor/reward_kl_penalty`, each sample's mean over its
     trained tokens of `kl_penalty(old, ref, kl_in_reward_kind)`, then the mean over the
     samples (the overlong-filtered ones too: their rewards carry the penalty), before the
-    coefficient; `actor/reward_kl_penalty_coeff`, the coefficient."""
+    coefficient; `actor/reward_kl_penalty_coeff`, the coefficient (`kl_coef`, the adaptive
+    controller's, else `kl_in_reward_coef`)."""
     kl = kl_penalty(old_logprobs, ref_logprobs, algo.kl_in_reward_kind)
     return {
         "actor/reward_kl_penalty": jnp.mean(masked_mean(kl, trained_mask, axis=-1)),
-        "actor/reward_kl_penalty_coeff": jnp.asarray(algo.kl_in_reward_coef, kl.dtype),
+        "actor/reward_kl_penalty_coeff": jnp.asarray(
+            algo.kl_in_reward_coef if kl_coef is None else kl_coef, kl.dtype
+        ),
     }
 
 

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxrl_llm.algorithms import registry
+from jaxrl_llm.algorithms import adaptive_kl_coef, registry
 from jaxrl_llm.config import write_resolved_config
 from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.data.pipeline import PromptIterator
@@ -93,7 +93,13 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
                 undrawn = False
             if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
                 ahead_lib.save(
-                    run.ckpt, step, device_state(state), run.prompts, run.ahead, producer
+                    run.ckpt,
+                    step,
+                    device_state(state),
+                    run.prompts,
+                    run.ahead,
+                    producer,
+                    kl_coef=state.kl_coef,
                 )
             if stop_after is not None and step >= stop_after:
                 break
@@ -203,11 +209,27 @@ def train_step(
     # transfer also ends the update's timer (no separate wait on the params).
     metrics.update(learn.fetch(device, updates))
     metrics["timing/update"] = time.perf_counter() - t2
+    state = learner.state
+    state.kl_coef = adapt_kl_coef(cfg.algo, state.kl_coef, metrics, len(samples.completions))
     learn.warn_skipped(step, metrics, cfg.algo.ppo_epochs * cfg.algo.mini_batches)
     metrics["timing/step"] = time.perf_counter() - t0
     metrics["perf/tokens_per_s"] = samples.num_tokens / metrics["timing/step"]
     run.generations.write(step, samples)
     return metrics
+
+
+def adapt_kl_coef(algo, coef: float, metrics: dict[str, float], samples: int) -> float:
+    """The next step's KL-in-the-reward weight: with `AlgoConfig.kl_in_reward_target` set,
+    verl's adaptive controller (`algorithms.adaptive_kl_coef`, n_steps = the step's
+    samples, as verl's `apply_kl_penalty` passes its batch size) fed this step's
+    `actor/reward_kl_penalty`; else `coef` unchanged."""
+    if algo.kl_in_reward_target is None:
+        return coef
+    new = adaptive_kl_coef(
+        coef, metrics["actor/reward_kl_penalty"], samples,
+        target_kl=algo.kl_in_reward_target, horizon=algo.kl_in_reward_horizon,
+    )  # fmt: skip
+    return float(new)
 
 
 def group_metrics(cfg: RLConfig, scores: np.ndarray) -> dict[str, float]:

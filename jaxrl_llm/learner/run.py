@@ -67,6 +67,9 @@ class RunState:
     policy: TrainState
     critic: TrainState | None
     step: int = 0
+    # The KL-in-the-reward weight the next step uses: `AlgoConfig.kl_in_reward_coef`, then
+    # the adaptive controller's (`rl_loop.adapt_kl_coef`); saved in the checkpoint's extra.
+    kl_coef: float = 0.0
 
 
 @dataclasses.dataclass
@@ -142,6 +145,7 @@ def build_learner(cfg: RLConfig, tokenizer: Any = None) -> Learner:
     updates = cfg.steps * a.ppo_epochs * a.mini_batches
     tx = make_optimizer(cfg.optim, updates)
     state = RunState(TrainState.create(params, tx, jax.random.PRNGKey(cfg.seed)), None)
+    state.kl_coef = a.kl_in_reward_coef
     critic_step = critic_graphdef = None
     if cfg.uses_critic:
         critic_src = resolve_checkpoint(
@@ -259,6 +263,8 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
             ahead = _restore_data(prompts, extra, ckpt.directory / str(step0), run_dir)
             ahead_lib.check_group_size(ahead, cfg.rollout.n, ckpt.directory / str(step0))
             state.step = step0
+            # An older checkpoint, or one of a fixed coefficient: the configured start.
+            state.kl_coef = float(extra.get("kl_in_reward_coef", state.kl_coef))
             log.info("resumed from %s step %d", ckpt.directory, step0)
     except BaseException:
         ckpt.close()
