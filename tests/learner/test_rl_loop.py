@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxrl_llm.algorithms import adaptive_kl_coef
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.config import parse_gin
 from jaxrl_llm.config_checks import ConfigError
@@ -112,12 +113,19 @@ def test_packed_run_equals_unpacked_run(tmp_path):
 
 
 def test_ppo_with_critic_and_kl_options(tmp_path):
-    cfg = _config(
-        tmp_path / "ppo",
+    """PPO with a critic, a KL loss and an adaptive KL in the reward, entropy bonus, TIS,
+    the overlong filter, two epochs, bfloat16 rollout weights and remat; stopped after step 1
+    and resumed, so step 2's adaptive KL coefficient is the checkpoint's, moved by verl's
+    rule."""
+    params = [
         "RLConfig.steps = 2",
+        "RLConfig.save_every = 1",
         "AlgoConfig.estimator = 'gae'",
         "AlgoConfig.use_kl_loss = True",
         "AlgoConfig.kl_in_reward_coef = 0.01",
+        # 8 samples a step over a horizon of 10: each step moves the coefficient by up to 16%.
+        "AlgoConfig.kl_in_reward_target = 0.001",
+        "AlgoConfig.kl_in_reward_horizon = 10.0",
         "AlgoConfig.entropy_coef = 0.001",
         # Just above 1, so that it engages: bfloat16 rollout weights (rounded by up to 2^-8
         # ~ 4e-3 relative) move the sampler's logprobs off the float32 trainer's by more
@@ -131,8 +139,19 @@ def test_ppo_with_critic_and_kl_options(tmp_path):
         "AlgoConfig.ppo_epochs = 2",
         "PolicyConfig.rollout_dtype = 'bfloat16'",
         "PolicyConfig.remat = True",
-    )
-    records = run_rl(cfg)
+    ]
+    records = run_rl(_config(tmp_path / "ppo", *params), stop_after=1)
+    records += run_rl(_config(tmp_path / "ppo", *params), resume=True)
+    assert [r["step"] for r in records] == [1, 2]
+    first, last = records
+    # Step 1: policy = reference, KL 0, so the coefficient falls by the most, 1 - 0.2 * 8 / 10.
+    assert first["actor/reward_kl_penalty"] == 0.0
+    coef = np.float32(0.01)
+    assert first["actor/reward_kl_penalty_coeff"] == coef
+    want = adaptive_kl_coef(coef, np.float32(0.0), 8, target_kl=0.001, horizon=10.0)
+    assert last["actor/reward_kl_penalty_coeff"] == np.float32(want), (want, last)
+    assert last["actor/reward_kl_penalty_coeff"] == pytest.approx(0.01 * 0.84, rel=1e-6)
+    assert last["actor/reward_kl_penalty"] > 0
     for r in records:
         assert 0 < r["response_length/clip_ratio"] < 1, r["response_length/clip_ratio"]
         assert r["actor/trained_tokens"] > 0
