@@ -59,31 +59,55 @@ def test_a_bad_reward_model_folder_fails_before_the_policy_loads(tmp_path):
 def test_a_run_rewards_with_a_judge_beside_a_rule(tmp_path, monkeypatch):
     """`judge:builtin` (the shipped checkpoint as an LLM judge, on its own JAX engine) beside
     a rule reward: every sample is judged once, scoring beside the policy's decoding on the
-    scorer thread, and the step reports the judge's mean and counts as the judge made them."""
+    scorer thread, and the step reports the judge's mean and counts as the judge made them.
+
+    The tiny judge writes no rating of its own, so every other first verdict (counted over
+    the run's calls, however the rollout batches them) is replaced by "Score: 7/10" after
+    the judge's engine wrote it: parsed verdicts and unparsed ones (re-asked, then
+    `unparsed_score`) both reach the step's scores."""
+    from jaxrl_llm.rewards.judge_config import parse_verdict
     from jaxrl_llm.rollout import judge as judge_lib
 
-    calls = []
-    score = judge_lib.Judge.score
+    calls, asked = [], []
+    score, ask = judge_lib.Judge.score, judge_lib.Judge._ask
 
     def recorded(self, responses, examples):
         out = score(self, responses, examples)
-        calls.append((out, dict(self.last_counts)))
+        calls.append((out, dict(self.last_counts), list(self.last_verdicts), self.config))
         return out
 
+    def rated(self, prompts, attempt):
+        texts = ask(self, prompts, attempt)  # the judge's engine still writes each verdict
+        if attempt == 0:
+            texts = [t if (len(asked) + k) % 2 else "Score: 7/10" for k, t in enumerate(texts)]
+            asked.extend(texts)
+        return texts
+
     monkeypatch.setattr(judge_lib.Judge, "score", recorded)
+    monkeypatch.setattr(judge_lib.Judge, "_ask", rated)
     register_test_rewards()  # 'digit_fraction'
-    judge = "(0.5, {'max_new_tokens': 4, 'retries': 1, 'parser': 'number', 'unparsed_score': 0.25})"
+    judge = ("(0.5, {'max_new_tokens': 4, 'retries': 1, 'parser': 'number', 'scale': 10,"
+             " 'unparsed_score': 0.25})")  # fmt: skip
     weights = f"{{'digit_fraction': 1.0, 'judge:builtin': {judge}}}"
     parse_gin([], [*TINY_RL_PARAMS, f"RLConfig.run_dir = '{tmp_path / 'run'}'",
                    "RLConfig.steps = 1", f"RewardConfig.weights = {weights}"])  # fmt: skip
     [last] = run_rl(RLConfig())
-    judged = np.concatenate([out for out, _ in calls])
+    judged = np.concatenate([out for out, *_ in calls])
     assert judged.size == 8  # prompts_per_step x n, each sample judged once
     # the metric sums in float64 (`PartTotals`), the test in float32
     judge_mean = last["reward/judge:builtin/mean"]
     assert abs(judge_mean - judged.mean()) <= _mean_tolerance(judged, np.ones(judged.size))
     for count in ("retries", "unparsed", "too_long"):
-        assert last[f"reward/judge:builtin/{count}"] == sum(c[count] for _, c in calls)
+        assert last[f"reward/judge:builtin/{count}"] == sum(c[count] for _, c, *_ in calls)
+    # Both paths scored: each score is its last verdict's parse, else `unparsed_score`; the
+    # four ratings parsed (7/10 on scale 10: 0.7) and lift the mean above `unparsed_score`.
+    for out, _, verdicts, cfg in calls:
+        parsed = [parse_verdict(v, cfg) for v in verdicts]
+        want = [cfg.unparsed_score if p is None else p for p in parsed]
+        np.testing.assert_array_equal(out, np.asarray(want, np.float32))
+    assert asked.count("Score: 7/10") == 4 and np.sum(judged == np.float32(0.7)) >= 4
+    assert last["reward/judge:builtin/unparsed"] < judged.size
+    assert judge_mean > 0.25
     # critic/score/mean: float32's mean of t_i = float32(d_i) + 0.5 j_i (d the digit fraction,
     # in [0, 1], j the judge's score); the parts' means are float64 sums. Roundings: d_i and
     # t_i once each, the sum n - 1 times (sum|t| <= n mean d + 0.5 sum|j|), the divide once.

@@ -22,7 +22,8 @@ from jaxrl_llm.learner.rl_config import RLConfig
 from jaxrl_llm.learner.rl_loop import run_rl
 from jaxrl_llm.metrics import read_metrics
 from jaxrl_llm.models import load_tokenizer
-from jaxrl_llm.testing import ScriptedEngine, register_test_rewards
+from jaxrl_llm.testing import register_test_rewards
+from tests.rollout.scripted import script_the_engine
 
 from .rl_helpers import TINY_RL_PARAMS
 
@@ -342,26 +343,16 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch, masked):
     the trained rows but masked from the loss (the default), while every model-written token
     is trained. With `mask_tool_output = False` (the ablation) the passages are trained too,
     with old logprobs of their own, and the rollout mismatch still reads model tokens only."""
-    import jaxrl_llm.rollout as rollout_pkg
     from jaxrl_llm.learner import learn
 
     turns = ["<search> capital of a country </search>", "<answer> Paris </answer>"]
-    real_engine, make_experience, seen = rollout_pkg.Engine, learn.make_experience, []
-
-    def scripted_engine(policy, *, tokenizer, max_concurrent_decodes, max_cache_length, **kw):
-        real = real_engine(policy, tokenizer=tokenizer, max_cache_length=max_cache_length,
-                           max_concurrent_decodes=max_concurrent_decodes, **kw)  # fmt: skip
-        engine = ScriptedEngine(tokenizer, turns, batch=max_concurrent_decodes,
-                                cache_length=max_cache_length,
-                                max_prefill_length=kw["max_prefill_length"])  # fmt: skip
-        engine.param_shardings = real.param_shardings  # what the weight sync targets
-        return engine
+    make_experience, seen = learn.make_experience, []
 
     def recorded_experience(*args):
         seen.append(make_experience(*args))
         return seen[-1]
 
-    monkeypatch.setattr(rollout_pkg, "Engine", scripted_engine)
+    script_the_engine(monkeypatch, turns)
     monkeypatch.setattr(learn, "make_experience", recorded_experience)
     cfg = _config(
         tmp_path / "s",
