@@ -102,7 +102,8 @@ def make_experience(
     )
     device = DeviceMetrics()
     device.add({k: tokens.pop(k) for k in PER_SAMPLE if k in tokens})
-    device.add(tokens, np.float32((trained_mask * keep[:, None]).sum()))
+    # Counted on the mesh: a host holds its own samples only (multi-host), the batch all.
+    device.add(tokens, jnp.sum(batch.loss_mask))
     return exp, device, padding_fraction(seqs.length, packing, cfg.seq_len)
 
 
