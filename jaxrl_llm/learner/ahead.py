@@ -28,20 +28,20 @@ _ARRAYS = ("prompt_ids", "token_ids", "logprobs", "raw_logprobs", "response_mask
 
 def save(
     ckpt: Checkpointer, step: int, state: Any, prompts: Any, saved: dict[int, Batch],
-    producer: RolloutProducer | None, *, kl_coef: float,
+    producer: RolloutProducer | None, *, kl_coef: float | None = None,
 ) -> None:  # fmt: skip
     """A checkpoint after step `step`: the train `state` (`run.device_state`), the batches
     sampled ahead with older weights (`producer.checkpoint`; when synchronous, the `saved`
-    ones this run has not trained yet), the data iterator's state after their prompts and
-    the KL-in-the-reward weight of the next step (`RunState.kl_coef`)."""
+    ones this run has not trained yet), the data iterator's state after their prompts and,
+    from an adaptive KL controller, the next step's KL-in-the-reward weight (`kl_coef`,
+    `RunState.kl_coef`; None: fixed, the config's on resume)."""
     if producer is not None:
         data, ahead = producer.checkpoint(step)
     else:
         data, ahead = prompts.get_state(), {t: b for t, b in saved.items() if t > step}
-    extra = {
-        "data": data, "step": step, "ahead": [encode(t, b) for t, b in sorted(ahead.items())],
-        "kl_in_reward_coef": kl_coef,
-    }  # fmt: skip
+    extra = {"data": data, "step": step, "ahead": [encode(t, b) for t, b in sorted(ahead.items())]}
+    if kl_coef is not None:
+        extra["kl_in_reward_coef"] = kl_coef
     ckpt.save(step, state, extra)
 
 

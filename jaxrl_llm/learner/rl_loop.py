@@ -99,7 +99,7 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
                     run.prompts,
                     run.ahead,
                     producer,
-                    kl_coef=state.kl_coef,
+                    kl_coef=state.kl_coef if cfg.algo.kl_in_reward_target is not None else None,
                 )
             if stop_after is not None and step >= stop_after:
                 break

@@ -263,7 +263,7 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
             ahead = _restore_data(prompts, extra, ckpt.directory / str(step0), run_dir)
             ahead_lib.check_group_size(ahead, cfg.rollout.n, ckpt.directory / str(step0))
             state.step = step0
-            # An older checkpoint, or one of a fixed coefficient: the configured start.
+            # Adaptive: where it stopped (a checkpoint without it: the configured start).
             state.kl_coef = float(extra.get("kl_in_reward_coef", state.kl_coef))
             log.info("resumed from %s step %d", ckpt.directory, step0)
     except BaseException:

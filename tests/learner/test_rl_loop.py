@@ -213,6 +213,29 @@ def test_existing_run_dir_needs_resume(three_step_run):
         run_rl(_config(three_step_run, "RLConfig.steps = 3"))
 
 
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+def test_a_resume_takes_the_configured_kl_coefficient_unless_adaptive_saved_one(
+    tmp_path, three_step_run, adaptive
+):
+    """A fixed KL-in-the-reward coefficient is the config's on resume (a changed one is
+    taken), and an adaptive controller resumed from a checkpoint that holds no value of its
+    own (this run had no KL in the reward) starts at the configured coefficient, not at 0,
+    from which it could never move. (Resuming an adaptive run's own value: the PPO test.)"""
+    from jaxrl_llm.learner.rl_loop import build_run, close_run
+
+    run_dir = tmp_path / "c"
+    shutil.copytree(three_step_run, run_dir)
+    extra = ["RLConfig.steps = 4", "AlgoConfig.kl_in_reward_coef = 0.05"]
+    if adaptive:
+        extra.append("AlgoConfig.kl_in_reward_target = 0.1")
+    run = build_run(_config(run_dir, *extra), resume=True)
+    try:
+        assert run.learner.state.step == 3
+        assert run.learner.state.kl_coef == 0.05
+    finally:
+        close_run(run)
+
+
 def _train_cmd(run_dir, *extra, resume=False):
     params = [*TINY_RL_PARAMS, f"RLConfig.run_dir = '{run_dir}'", *extra]
     cmd = [sys.executable, "-c", "import sys, jaxrl_llm.testing as t; t.register_test_rewards(); "
