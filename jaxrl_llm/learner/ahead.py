@@ -33,8 +33,8 @@ def save(
     """A checkpoint after step `step`: the train `state` (`run.device_state`), the batches
     sampled ahead with older weights (`producer.checkpoint`; when synchronous, the `saved`
     ones this run has not trained yet), the data iterator's state after their prompts and,
-    from an adaptive KL controller, the next step's KL-in-the-reward weight (`kl_coef`,
-    `RunState.kl_coef`; None: fixed, the config's on resume)."""
+    the adaptive KL controller's weight for the next step (`RunState.kl_coef`; None: a fixed
+    weight, the config's on resume)."""
     if producer is not None:
         data, ahead = producer.checkpoint(step)
     else:

@@ -282,6 +282,7 @@ def make_experience_fn(
     def fn(params, ref_params, critic_params, input_ids, response_mask, trained_mask, rewards,
            rollout_logprobs, packing=None, sample_mask=None, kl_coef=None):  # fmt: skip
         B, T = input_ids.shape
+        kl_coef = algo.kl_in_reward_coef if kl_coef is None else kl_coef
         mb = micro_batch_rows(micro_batch, B, algo.mini_batches)  # the update's micro-batches
         split = lambda x: x.reshape(B // mb, mb, T)
         one = lambda x: forwards(params, ref_params, critic_params, *x)
@@ -307,7 +308,9 @@ def make_experience_fn(
         if old_logprobs:
             metrics.update(logprob_diff_metrics(old, rollout_logprobs, model_tokens))
         if algo.kl_in_reward_coef > 0:
-            metrics.update(reward_kl_metrics(old, ref, trained_mask, algo, kl_coef))
+            metrics.update(
+                reward_kl_metrics(old, ref, trained_mask, algo.kl_in_reward_kind, kl_coef)
+            )
         return batch, token_rewards.sum(-1), metrics
 
     return fn
@@ -342,21 +345,18 @@ def experience_metrics(
 
 
 def reward_kl_metrics(
-    old_logprobs: jax.Array, ref_logprobs: jax.Array, trained_mask: jax.Array, algo,
-    kl_coef: jax.Array | None = None,
+    old_logprobs: jax.Array, ref_logprobs: jax.Array, trained_mask: jax.Array, kind: str,
+    kl_coef: float | jax.Array,
 ) -> dict[str, jax.Array]:  # fmt: skip
     """The KL the reward was penalised by (`AlgoConfig.kl_in_reward_coef > 0`), as verl's
     `apply_kl_penalty` reports it: `actor/reward_kl_penalty`, each sample's mean over its
-    trained tokens of `kl_penalty(old, ref, kl_in_reward_kind)`, then the mean over the
-    samples (the overlong-filtered ones too: their rewards carry the penalty), before the
-    coefficient; `actor/reward_kl_penalty_coeff`, the coefficient (`kl_coef`, the adaptive
-    controller's, else `kl_in_reward_coef`)."""
-    kl = kl_penalty(old_logprobs, ref_logprobs, algo.kl_in_reward_kind)
+    trained tokens of `kl_penalty(old, ref, kind)`, then the mean over the samples (the
+    overlong-filtered ones too: their rewards carry the penalty), before the coefficient;
+    `actor/reward_kl_penalty_coeff`, the coefficient `kl_coef`."""
+    kl = kl_penalty(old_logprobs, ref_logprobs, kind)
     return {
         "actor/reward_kl_penalty": jnp.mean(masked_mean(kl, trained_mask, axis=-1)),
-        "actor/reward_kl_penalty_coeff": jnp.asarray(
-            algo.kl_in_reward_coef if kl_coef is None else kl_coef, kl.dtype
-        ),
+        "actor/reward_kl_penalty_coeff": jnp.asarray(kl_coef, kl.dtype),
     }
 
 

@@ -88,7 +88,7 @@ def make_experience(
         rows(seqs.input_ids), rows(seqs.response_mask), rows(trained_mask),
         rows(rewards), rows(seqs.rollout_logprobs), _put_packing(mesh, packing),
         sample_mask=rows(keep.astype(np.float32)),
-        kl_coef=np.float32(state.kl_coef) if cfg.algo.kl_in_reward_coef > 0 else None,
+        kl_coef=None if state.kl_coef is None else np.float32(state.kl_coef),
     )  # fmt: skip
     exp = Experience(
         rollout=samples,

@@ -99,7 +99,7 @@ def train(run: Run, *, stop_after: int | None = None) -> list[dict]:
                     run.prompts,
                     run.ahead,
                     producer,
-                    kl_coef=state.kl_coef if cfg.algo.kl_in_reward_target is not None else None,
+                    kl_coef=state.kl_coef,
                 )
             if stop_after is not None and step >= stop_after:
                 break
@@ -210,7 +210,9 @@ def train_step(
     metrics.update(learn.fetch(device, updates))
     metrics["timing/update"] = time.perf_counter() - t2
     state = learner.state
-    state.kl_coef = adapt_kl_coef(cfg.algo, state.kl_coef, metrics, len(samples.completions))
+    if state.kl_coef is not None:  # the adaptive KL controller
+        kl = metrics["actor/reward_kl_penalty"]
+        state.kl_coef = adapt_kl_coef(cfg.algo, state.kl_coef, kl, len(samples.completions))
     learn.warn_skipped(step, metrics, cfg.algo.ppo_epochs * cfg.algo.mini_batches)
     metrics["timing/step"] = time.perf_counter() - t0
     metrics["perf/tokens_per_s"] = samples.num_tokens / metrics["timing/step"]
@@ -218,17 +220,14 @@ def train_step(
     return metrics
 
 
-def adapt_kl_coef(algo, coef: float, metrics: dict[str, float], samples: int) -> float:
-    """The next step's KL-in-the-reward weight: with `AlgoConfig.kl_in_reward_target` set,
-    verl's adaptive controller (`algorithms.adaptive_kl_coef`, n_steps = the step's
-    samples, as verl's `apply_kl_penalty` passes its batch size) fed this step's
-    `actor/reward_kl_penalty`; else `coef` unchanged."""
-    if algo.kl_in_reward_target is None:
-        return coef
+def adapt_kl_coef(algo, coef: float, kl: float, samples: int) -> float:
+    """The next step's KL-in-the-reward weight from verl's adaptive controller
+    (`algorithms.adaptive_kl_coef`, `AlgoConfig.kl_in_reward_target` and `_horizon`) fed the
+    step's KL (`actor/reward_kl_penalty`), n_steps = the step's samples as verl's
+    `apply_kl_penalty` passes its batch size."""
     new = adaptive_kl_coef(
-        coef, metrics["actor/reward_kl_penalty"], samples,
-        target_kl=algo.kl_in_reward_target, horizon=algo.kl_in_reward_horizon,
-    )  # fmt: skip
+        coef, kl, samples, target_kl=algo.kl_in_reward_target, horizon=algo.kl_in_reward_horizon
+    )
     return float(new)
 
 

@@ -67,9 +67,10 @@ class RunState:
     policy: TrainState
     critic: TrainState | None
     step: int = 0
-    # The KL-in-the-reward weight the next step uses: `AlgoConfig.kl_in_reward_coef`, then
-    # the adaptive controller's (`rl_loop.adapt_kl_coef`); saved in the checkpoint's extra.
-    kl_coef: float = 0.0
+    # The adaptive KL controller's weight of the KL in the reward for the next step
+    # (`AlgoConfig.kl_in_reward_target`, `rl_loop.adapt_kl_coef`), saved in the checkpoint's
+    # extra; None: a fixed weight, the config's `kl_in_reward_coef`.
+    kl_coef: float | None = None
 
 
 @dataclasses.dataclass
@@ -145,7 +146,8 @@ def build_learner(cfg: RLConfig, tokenizer: Any = None) -> Learner:
     updates = cfg.steps * a.ppo_epochs * a.mini_batches
     tx = make_optimizer(cfg.optim, updates)
     state = RunState(TrainState.create(params, tx, jax.random.PRNGKey(cfg.seed)), None)
-    state.kl_coef = a.kl_in_reward_coef
+    if a.kl_in_reward_target is not None:
+        state.kl_coef = a.kl_in_reward_coef  # the controller's start
     critic_step = critic_graphdef = None
     if cfg.uses_critic:
         critic_src = resolve_checkpoint(
@@ -263,8 +265,8 @@ def build_run(cfg: RLConfig, *, resume: bool = False) -> Run:
             ahead = _restore_data(prompts, extra, ckpt.directory / str(step0), run_dir)
             ahead_lib.check_group_size(ahead, cfg.rollout.n, ckpt.directory / str(step0))
             state.step = step0
-            # Adaptive: where it stopped (a checkpoint without it: the configured start).
-            state.kl_coef = float(extra.get("kl_in_reward_coef", state.kl_coef))
+            if state.kl_coef is not None:  # where it stopped (none saved: the start)
+                state.kl_coef = float(extra.get("kl_in_reward_coef", state.kl_coef))
             log.info("resumed from %s step %d", ckpt.directory, step0)
     except BaseException:
         ckpt.close()

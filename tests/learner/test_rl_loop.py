@@ -218,9 +218,10 @@ def test_a_resume_takes_the_configured_kl_coefficient_unless_adaptive_saved_one(
     tmp_path, three_step_run, adaptive
 ):
     """A fixed KL-in-the-reward coefficient is the config's on resume (a changed one is
-    taken), and an adaptive controller resumed from a checkpoint that holds no value of its
-    own (this run had no KL in the reward) starts at the configured coefficient, not at 0,
-    from which it could never move. (Resuming an adaptive run's own value: the PPO test.)"""
+    taken: the run keeps no weight of its own), and an adaptive controller resumed from a
+    checkpoint that holds no value of its own (this run had no KL in the reward) starts at
+    the configured coefficient, not at 0, from which it could never move. (Resuming an
+    adaptive run's own value: the PPO test.)"""
     from jaxrl_llm.learner.rl_loop import build_run, close_run
 
     run_dir = tmp_path / "c"
@@ -231,7 +232,7 @@ def test_a_resume_takes_the_configured_kl_coefficient_unless_adaptive_saved_one(
     run = build_run(_config(run_dir, *extra), resume=True)
     try:
         assert run.learner.state.step == 3
-        assert run.learner.state.kl_coef == 0.05
+        assert run.learner.state.kl_coef == (0.05 if adaptive else None)
     finally:
         close_run(run)
 
