@@ -79,25 +79,26 @@ class RewardPart:
 
 
 def _serve(conn, reward_fn: Callable[[str, Any], float]) -> None:
-    conn.send(("ready", None))  # imports done: the caller's clock starts after this
-    scored_parts = getattr(reward_fn, "scored_parts", None)
-    name = _reward_name(reward_fn)
-    while True:
-        try:
-            item = conn.recv()
-        except EOFError:
-            return
-        if item is None:
-            return
-        response, example = item
-        try:
-            if scored_parts is not None:  # (total, {name: (score, seconds)})
-                total, parts = scored_parts(response, example)
-            else:
-                total, parts = reward_fn(response, example), {}
-            conn.send(("ok", (finite_score(name, total), parts)))
-        except Exception as e:  # a reward bug must not kill the worker: report it
-            conn.send(("error", _error_value(e)))
+    """A worker's loop: scores what the parent sends until it sends None or is gone. A parent
+    that went away (its end of the pipe closed: the run stopped, by SIGTERM or otherwise,
+    while this worker was starting or scoring) ends the worker quietly, not with a
+    traceback in the run's log."""
+    try:
+        conn.send(("ready", None))  # imports done: the caller's clock starts after this
+        scored_parts = getattr(reward_fn, "scored_parts", None)
+        name = _reward_name(reward_fn)
+        while (item := conn.recv()) is not None:
+            response, example = item
+            try:
+                if scored_parts is not None:  # (total, {name: (score, seconds)})
+                    total, parts = scored_parts(response, example)
+                else:
+                    total, parts = reward_fn(response, example), {}
+                conn.send(("ok", (finite_score(name, total), parts)))
+            except Exception as e:  # a reward bug must not kill the worker: report it
+                conn.send(("error", _error_value(e)))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return
 
 
 def _reward_name(reward_fn: Callable[..., Any]) -> str:
@@ -117,8 +118,11 @@ def _error_value(e: Exception) -> tuple[str, str, str]:
 
 
 class _Worker:
-    def __init__(self, ctx, reward_fn):
-        self._ctx, self._reward_fn = ctx, reward_fn
+    """One worker process and its pipe. `closing` is the pool's: once set, a worker that
+    died or was killed is not started again."""
+
+    def __init__(self, ctx, reward_fn, closing: threading.Event):
+        self._ctx, self._reward_fn, self._closing = ctx, reward_fn, closing
         self._start()
 
     def _start(self) -> None:
@@ -145,10 +149,14 @@ class _Worker:
         return status
 
     def restart(self) -> None:
+        self.kill()
+        self.conn.close()
+        if not self._closing.is_set():
+            self._start()
+
+    def kill(self) -> None:
         self.process.kill()
         self.process.join()
-        self.conn.close()
-        self._start()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -205,7 +213,9 @@ class RewardPool:
         self.timeout_s = timeout_s
         self.timeout_value = timeout_value
         self.max_error_frac = max_error_frac
-        self._workers = [_Worker(ctx, reward_fn) for _ in range(num_workers)]
+        self._closing = threading.Event()
+        self._drains: list[threading.Thread] = []  # the threads of the last `score`
+        self._workers = [_Worker(ctx, reward_fn, self._closing) for _ in range(num_workers)]
         self.part_names: tuple[str, ...] = tuple(getattr(reward_fn, "part_names", ()))
         self._lock = threading.Lock()
         self._logged: set[str] = set()
@@ -226,7 +236,7 @@ class RewardPool:
             parts: dict[int, Mapping[str, tuple[float, float]]] = {}
 
             def drain(worker: _Worker) -> None:
-                while True:
+                while not self._closing.is_set():
                     try:
                         i = tasks.get_nowait()
                     except queue.Empty:
@@ -246,6 +256,7 @@ class RewardPool:
                         failures[i] = ScoreFailure(status, value or "")
 
             threads = [threading.Thread(target=drain, args=(w,)) for w in self._workers]
+            self._drains = threads
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -294,6 +305,17 @@ class RewardPool:
             )
 
     def close(self) -> None:
+        """Ends the workers. A `score` interrupted in the caller's thread (SIGTERM, Ctrl-C:
+        the exception leaves its join) leaves its threads talking to the workers; those are
+        killed first, so each thread's wait ends at once and it stops (no new sample, no
+        worker started again), and only then is any pipe closed: never one a thread is
+        using, or one the process no longer has."""
+        self._closing.set()
+        busy = [t for t in self._drains if t.is_alive()]
+        for worker in self._workers if busy else ():
+            worker.kill()
+        for thread in busy:
+            thread.join()
         for worker in self._workers:
             worker.close()
 

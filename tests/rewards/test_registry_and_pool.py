@@ -1,6 +1,10 @@
 """Rewards by name, weighted combination, and the hard per-sample time limit."""
 
 import functools
+import multiprocessing
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,6 +19,7 @@ from jaxrl_llm.rewards import (
     registry,
     reward_names,
 )
+from jaxrl_llm.rewards import pool as reward_pool
 
 PATHOLOGICAL = r"\boxed{9^{9^{9^{9}}}}"  # math_verify ran > 30 s on this outside the main thread
 
@@ -132,3 +137,59 @@ def test_math_reward_is_usable_from_threads():
     thread.start()
     thread.join()
     assert out == [1.0]
+
+
+# A process that scores a batch and gets SIGTERM mid-batch: the command line's handler
+# raises SystemExit in the main thread, out of the pool's wait, while the pool's threads still
+# talk to the workers; then the `finally` closes the pool, as a run's cleanup does.
+STOPPED_MID_BATCH = """
+import multiprocessing, os, signal, sys, threading, time
+from jaxrl_llm.rewards import RewardPool
+
+def slow(response, example):
+    time.sleep(0.4)
+    return 1.0
+
+def stop(signum, frame):
+    raise SystemExit(128 + signum)
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, stop)
+    pool = RewardPool(slow, num_workers=2, timeout_s=30.0)
+    try:
+        pool.score(["a", "a"], [{}, {}])  # both workers started and ready
+        threading.Timer(float(sys.argv[1]), os.kill, (os.getpid(), signal.SIGTERM)).start()
+        pool.score(["a"] * 8, [{}] * 8)
+    finally:
+        pool.close()
+        print("children left:", len(multiprocessing.active_children()), flush=True)
+"""
+
+
+@pytest.mark.parametrize("after_s", [0.1, 0.5, 0.9])
+def test_a_pool_stopped_mid_batch_ends_its_workers_quietly(tmp_path, after_s):
+    """SIGTERM during `score`: exit 143 with no traceback from the pool or a worker, and no
+    worker left. Before, the pool's threads went on after the caller's wait was interrupted:
+    they restarted workers the close had just ended (a child then failed to start, or wrote
+    to a parent that had gone: a traceback in the run's log) and raced the close on a pipe
+    (an OSError, exit 1)."""
+    script = tmp_path / "stopped.py"
+    script.write_text(STOPPED_MID_BATCH)
+    out = subprocess.run([sys.executable, str(script), str(after_s)], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    text = out.stdout + out.stderr
+    assert out.returncode == 128 + signal.SIGTERM, text
+    assert "Traceback" not in text, text
+    assert "children left: 0" in out.stdout, text
+
+
+def test_a_worker_whose_parent_has_gone_ends_quietly():
+    """The worker's side of the same stop: the parent's end of the pipe closed before the
+    worker says it is ready (it was still importing), or while it scores."""
+    for when in ("starting", "scoring"):
+        parent, child = multiprocessing.Pipe()
+        if when == "scoring":
+            parent.send(("2", 3))
+        parent.close()
+        reward_pool._serve(child, pow)  # returns, raises nothing
+        child.close()
