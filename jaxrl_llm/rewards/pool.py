@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import multiprocessing
 import queue
+import signal
 import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -82,7 +83,11 @@ def _serve(conn, reward_fn: Callable[[str, Any], float]) -> None:
     """A worker's loop: scores what the parent sends until it sends None or is gone. A parent
     that went away (its end of the pipe closed: the run stopped, by SIGTERM or otherwise,
     while this worker was starting or scoring) ends the worker quietly, not with a
-    traceback in the run's log."""
+    traceback in the run's log. A terminal's Ctrl-C is SIGINT to its whole process group,
+    the workers too: the parent decides the stop and closes the pool, so a worker ignores
+    it rather than end in a KeyboardInterrupt traceback, idle or not (from here on: one
+    arriving while the worker still imports, its first half second, still ends it so)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         conn.send(("ready", None))  # imports done: the caller's clock starts after this
         scored_parts = getattr(reward_fn, "scored_parts", None)

@@ -139,10 +139,12 @@ def test_math_reward_is_usable_from_threads():
     assert out == [1.0]
 
 
-# A process that scores a batch and gets SIGTERM mid-batch: the command line's handler
-# raises SystemExit in the main thread, out of the pool's wait, while the pool's threads still
-# talk to the workers; then the `finally` closes the pool, as a run's cleanup does.
-STOPPED_MID_BATCH = """
+# A process that scores and is stopped: by SIGTERM to itself mid-batch (the command line's
+# handler raises SystemExit in the main thread, out of the pool's wait, while the pool's
+# threads still talk to the workers), or by a terminal's Ctrl-C, which is SIGINT to the whole
+# process group, the workers too, mid-batch or between batches. Then the `finally` closes the
+# pool, as a run's cleanup does.
+STOPPED = """
 import multiprocessing, os, signal, sys, threading, time
 from jaxrl_llm.rewards import RewardPool
 
@@ -153,32 +155,48 @@ def slow(response, example):
 def stop(signum, frame):
     raise SystemExit(128 + signum)
 
+def send(how):
+    if how == "term":
+        os.kill(os.getpid(), signal.SIGTERM)
+    else:
+        os.killpg(os.getpgid(0), signal.SIGINT)
+
 if __name__ == "__main__":
+    how, when = sys.argv[1:]
     signal.signal(signal.SIGTERM, stop)
     pool = RewardPool(slow, num_workers=2, timeout_s=30.0)
     try:
         pool.score(["a", "a"], [{}, {}])  # both workers started and ready
-        threading.Timer(float(sys.argv[1]), os.kill, (os.getpid(), signal.SIGTERM)).start()
+        if when == "idle":
+            send(how)
+            time.sleep(2)
+        threading.Timer(float(when), send, (how,)).start()
         pool.score(["a"] * 8, [{}] * 8)
+    except KeyboardInterrupt:
+        sys.exit(130)
     finally:
         pool.close()
         print("children left:", len(multiprocessing.active_children()), flush=True)
 """
 
 
-@pytest.mark.parametrize("after_s", [0.1, 0.5, 0.9])
-def test_a_pool_stopped_mid_batch_ends_its_workers_quietly(tmp_path, after_s):
-    """SIGTERM during `score`: exit 143 with no traceback from the pool or a worker, and no
-    worker left. Before, the pool's threads went on after the caller's wait was interrupted:
-    they restarted workers the close had just ended (a child then failed to start, or wrote
-    to a parent that had gone: a traceback in the run's log) and raced the close on a pipe
-    (an OSError, exit 1)."""
+@pytest.mark.parametrize(
+    "how, when",
+    [("term", "0.1"), ("term", "0.5"), ("term", "0.9"), ("ctrl-c", "0.5"), ("ctrl-c", "idle")],
+)
+def test_a_stopped_pool_ends_its_workers_quietly(tmp_path, how, when):
+    """SIGTERM during `score`, or Ctrl-C during or between batches: exit 143 or 130 with no
+    traceback from the pool or a worker, and no worker left. Before, the pool's threads went
+    on after the caller's wait was interrupted: they restarted workers the close had just
+    ended (a child then failed to start, or wrote to a parent that had gone: a traceback in
+    the run's log) and raced the close on a pipe (an OSError, exit 1); and each worker took
+    a terminal's SIGINT as its own KeyboardInterrupt, with a traceback, even when idle."""
     script = tmp_path / "stopped.py"
-    script.write_text(STOPPED_MID_BATCH)
-    out = subprocess.run([sys.executable, str(script), str(after_s)], capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    script.write_text(STOPPED)
+    out = subprocess.run([sys.executable, str(script), how, when], capture_output=True,
+                         text=True, timeout=120, start_new_session=True)  # fmt: skip
     text = out.stdout + out.stderr
-    assert out.returncode == 128 + signal.SIGTERM, text
+    assert out.returncode == {"term": 128 + signal.SIGTERM, "ctrl-c": 130}[how], text
     assert "Traceback" not in text, text
     assert "children left: 0" in out.stdout, text
 
@@ -186,10 +204,14 @@ def test_a_pool_stopped_mid_batch_ends_its_workers_quietly(tmp_path, after_s):
 def test_a_worker_whose_parent_has_gone_ends_quietly():
     """The worker's side of the same stop: the parent's end of the pipe closed before the
     worker says it is ready (it was still importing), or while it scores."""
-    for when in ("starting", "scoring"):
-        parent, child = multiprocessing.Pipe()
-        if when == "scoring":
-            parent.send(("2", 3))
-        parent.close()
-        reward_pool._serve(child, pow)  # returns, raises nothing
-        child.close()
+    sigint = signal.getsignal(signal.SIGINT)  # `_serve` ignores SIGINT, as a worker does
+    try:
+        for when in ("starting", "scoring"):
+            parent, child = multiprocessing.Pipe()
+            if when == "scoring":
+                parent.send(("2", 3))
+            parent.close()
+            reward_pool._serve(child, pow)  # returns, raises nothing
+            child.close()
+    finally:
+        signal.signal(signal.SIGINT, sigint)
