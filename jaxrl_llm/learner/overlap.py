@@ -111,6 +111,7 @@ class RolloutProducer:
         self._data_state: dict[int, Any] = {}  # step -> iterator state before its prompts
         self._error: BaseException | None = None
         self._stopping = False
+        self._sampled_all = False  # the last step is sampled: no weights are needed any more
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
 
     def start(self, trained: Any, frozen: Any) -> None:
@@ -120,8 +121,15 @@ class RolloutProducer:
 
     def needs(self, updates: int) -> bool:
         """Whether a step still to be sampled uses the weights after `updates` updates (with
-        partial rollouts, any the last step may still swap to)."""
+        partial rollouts, any the last step may still swap to, until it is sampled). With
+        several processes (`stage`: a copy may be a collective) the answer must be every
+        host's alike, so it is read from the step numbers only, never from the producer's
+        progress, which differs by host."""
         newest = self._last - 1 if self._partial else self._updates_for(self._last)
+        if self._stage is None:
+            with self._cond:
+                if self._sampled_all:
+                    return False
         return newest >= updates >= self._first - 1
 
     def publish(self, updates: int, trained: Any, frozen: Any) -> None:
@@ -233,6 +241,9 @@ class RolloutProducer:
                 with self._cond:
                     self._done[step] = (samples, metrics)
                     self._cond.notify_all()
+            with self._cond:  # the copies left (partial rollouts: those no sample swapped to)
+                self._sampled_all = True
+                self._weights.clear()
         except BaseException as e:  # handed to the trainer's next `take`
             with self._cond:
                 self._error = e

@@ -360,3 +360,25 @@ def test_partial_rollouts_need_an_overlapped_run_and_a_backend_that_swaps():
     plugin = RolloutConfig(backend="my_pkg.sampler:build")  # its abilities are not known
     with pytest.raises(ValueError, match=r"backend = 'my_pkg.sampler:build' does not continue"):
         RLConfig(max_staleness=1, partial_rollouts=True, rollout=plugin).validate()
+
+
+def test_no_weights_are_copied_once_the_last_step_is_sampled(monkeypatch):
+    """With partial rollouts the last step may swap to any update before it, so each of the
+    last k updates was copied for the producer, also after that step was sampled, when no
+    sample can take them: a copy of the whole policy (on device) for nothing. Once it is
+    sampled, a publish copies nothing and the copies still held are dropped."""
+    from jaxrl_llm.learner import overlap
+
+    copies = []
+    real_copy = overlap._copy
+    monkeypatch.setattr(overlap, "_copy", lambda x: copies.append(1) or real_copy(x))
+    t = _Partial(2, steps=4)
+    t.producer.start({"w": jnp.zeros(2)}, None)
+    for step in range(1, 5):
+        t.producer.take(step)
+        t.publish(step)
+    t.producer.close()  # the producer's thread has ended: step 4 is sampled
+    before = len(copies)
+    t.publish(3)  # an update the last step could have swapped to while it was sampled
+    assert len(copies) == before and not any(t.producer.needs(u) for u in range(4))
+    assert t.producer._weights == {}  # nothing held for a sample that cannot come
