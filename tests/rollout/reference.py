@@ -30,6 +30,16 @@ def full_logits(model, rows, width=64):
     return logits[np.arange(len(rows)), [len(r) - 1 for r in rows]]
 
 
+def teacher_forced_logits(graphdef, params, ids, multiple=64):
+    """float32 logits [len(ids) - 1, V] of each next token of the sequence `ids` (1-D) by one
+    forward, the row right-padded to a multiple of `multiple` tokens (causal: pads change no
+    earlier logit), so sequences of many lengths share a few compiled shapes."""
+    width = -(-len(ids) // multiple) * multiple
+    padded = np.zeros((1, width), np.int32)
+    padded[0, : len(ids)] = ids
+    return _forward(graphdef, params, jnp.asarray(padded))[0, : len(ids) - 1]
+
+
 def naive_greedy(model, prompt, steps, eos=(), width=64):
     """Greedy continuation by recomputing the whole sequence at every step."""
     seq, out = list(prompt), []

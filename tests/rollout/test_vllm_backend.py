@@ -35,7 +35,7 @@ from jaxrl_llm.rollout.sampler import PolicyWeights, SamplerContext, build_sampl
 from jaxrl_llm.rollout.sampling import SamplingParams
 from jaxrl_llm.rollout.vllm_sampler import VllmSampler
 from jaxrl_llm.testing import assert_as_accurate
-from tests.rollout.reference import exact_logprobs
+from tests.rollout.reference import exact_logprobs, teacher_forced_logits
 
 pytestmark = pytest.mark.slow
 
@@ -78,11 +78,11 @@ def _greedy(n=1, **kw):
 
 
 def _trainer_logprobs(model, params, completion, temperature):
-    """The trainer's logprobs of a completion's tokens (teacher-forced, full forward)."""
-    m = nnx.merge(nnx.graphdef(model), params)
-    ids = np.concatenate([completion.prompt_ids, completion.token_ids])[None]
-    logits = m(jnp.asarray(ids))[:, :-1]
-    lp = token_logprobs(logits, jnp.asarray(ids[:, 1:]), temperature=temperature)
+    """The trainer's logprobs of a completion's tokens (teacher-forced, full forward; jitted:
+    run eagerly, each completion's length compiled every operation of the model anew)."""
+    ids = np.concatenate([completion.prompt_ids, completion.token_ids])
+    logits = teacher_forced_logits(nnx.graphdef(model), params, ids)
+    lp = token_logprobs(logits[None], jnp.asarray(ids[None, 1:]), temperature=temperature)
     return np.asarray(lp)[0, len(completion.prompt_ids) - 1 :]
 
 
