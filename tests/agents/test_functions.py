@@ -59,7 +59,7 @@ def test_calls_and_their_errors_are_answered_and_counted():
     )
     t0 = time.perf_counter()
     answers = [m["content"] for m in box.answer(turn)]
-    assert time.perf_counter() - t0 < 2  # the hang did not hold the episode
+    assert time.perf_counter() - t0 < 4  # the hang (5 s) did not hold the episode
     assert answers[:2] == ["5.5", "3.218688"]
     assert answers[2] == "Error: bad arguments for add: a: 'two' is not of type 'number'"
     assert answers[3] == "Error: bad arguments for add: 'b' is a required property"
@@ -72,7 +72,7 @@ def test_calls_and_their_errors_are_answered_and_counted():
     assert (m["tools/to_km/calls"], m["tools/to_km/errors"]) == (2, 1)
     assert (m["tools/hang/calls"], m["tools/hang/timeouts"]) == (1, 1)
     assert (m["tools/malformed"], m["tools/unknown"]) == (1, 1)
-    assert 0.15 < m["tools/hang/latency_s"] < 1.0 and m["tools/add/latency_s"] < 0.1
+    assert 0.15 < m["tools/hang/latency_s"] < 4.0 and m["tools/add/latency_s"] < 1.0
     assert box.metrics()["tools/add/calls"] == 0  # read once
 
 

@@ -88,7 +88,7 @@ def test_pool_bounds_every_sample_and_carries_on():
         elapsed = time.monotonic() - start
         assert scores == [8.0, -1.0, 8.0, 8.0]
         assert {i: f.kind for i, f in pool.last_failures.items()} == {1: "timeout"}
-        assert elapsed < 2.5, elapsed
+        assert elapsed < 10.0, elapsed  # the 1 s limit and a worker's restart, not minutes
         assert pool.score([3], [2]) == [9.0]
 
 

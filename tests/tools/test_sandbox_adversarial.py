@@ -15,8 +15,11 @@ from jaxrl_llm.tools.sandbox import bwrap_available
 
 HAVE_BWRAP = bwrap_available()
 requires_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap does not run here")
-BWRAP = SandboxConfig(backend="bwrap", timeout_s=2.0, memory_mb=256, max_processes=16)
-PLAIN = SandboxConfig(backend="subprocess", timeout_s=2.0, memory_mb=256, max_processes=16)
+# A run that must finish gets a time limit far above its time (0.03-0.4 s alone; a 2-worker
+# run beside the other worker's compiles slowed one to over 2 s, 2026-12-03): only a run
+# that is meant to time out passes a short one of its own.
+BWRAP = SandboxConfig(backend="bwrap", timeout_s=20.0, memory_mb=256, max_processes=16)
+PLAIN = SandboxConfig(backend="subprocess", timeout_s=20.0, memory_mb=256, max_processes=16)
 BOTH = pytest.mark.parametrize(
     "config",
     [pytest.param(BWRAP, marks=requires_bwrap, id="bwrap"), pytest.param(PLAIN, id="subprocess")],
@@ -216,7 +219,7 @@ def test_sleeping_past_the_timeout_is_killed_with_its_children(config):
         "print('started', flush=True)\n"
         "time.sleep(30)\n"
     )
-    result = run_python(code, config=config, timeout_s=1.0)
+    result = run_python(code, config=config, timeout_s=3.0)  # the print must come first
     assert result.timed_out and result.exit_code == -signal.SIGKILL
     assert result.stdout == "started\n"
     if config.backend == "bwrap":
@@ -235,7 +238,9 @@ def test_a_loop_of_hostile_programs_carries_on():
         "import sys; sys.exit(3)",
         "def f(): f()\nf()",
     ] * 2
-    config = SandboxConfig(**{**BWRAP.__dict__, "timeout_s": 1.0})
+    # 3 s: the loops, bombs and sleeps run to it, while the programs that end (exit 3, the
+    # recursion, "survived") must end within it beside them (0.1-0.3 s alone).
+    config = SandboxConfig(**{**BWRAP.__dict__, "timeout_s": 3.0})
     alive = threading.active_count()
     with PythonExecutor(config, max_workers=8) as executor:
         results = executor.map([*hostile, "print('survived')"])
