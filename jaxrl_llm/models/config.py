@@ -44,6 +44,9 @@ FAMILY_FLAGS: dict[str, dict[str, bool | str | None]] = {
 }
 # The config.json key of each flag a family may leave free (`FAMILY_FLAGS` None).
 _HF_FLAG_KEYS = (("qkv_bias", "attention_bias"), ("mlp_bias", "mlp_bias"))
+# A config.json without max_position_embeddings: each family's transformers default (its
+# config class's), which llama3 rope's pretraining length also falls back to.
+_HF_MAX_POSITIONS = {"qwen2": 32768, "qwen3": 32768, "llama": 2048}
 # rope_type -> the keys transformers' validation requires of its dict (beyond the type);
 # llama3's original_max_position_embeddings defaults to max_position_embeddings there.
 _REQUIRED_ROPE_KEYS = {
@@ -230,6 +233,7 @@ class ModelConfig:
         # The flags a family leaves free are read from config.json; the rest follow it.
         free = FAMILY_FLAGS[model_type]
         flags = {f: bool(hf.get(key, False)) for f, key in _HF_FLAG_KEYS if free[f] is None}
+        max_positions = int(hf.get("max_position_embeddings", _HF_MAX_POSITIONS[model_type]))
         kwargs: dict[str, Any] = dict(
             model_type=model_type,
             vocab_size=hf["vocab_size"],
@@ -240,10 +244,10 @@ class ModelConfig:
             num_kv_heads=hf.get("num_key_value_heads") or heads,
             head_dim=head_dim,
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope=_rope_from_hf(hf, source),
+            rope=_rope_from_hf(hf, source, max_positions),
             **flags,
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            max_position_embeddings=max_positions,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=hf.get("eos_token_id"),
             pad_token_id=hf.get("pad_token_id"),
@@ -331,10 +335,11 @@ def merge_token_ids(*groups: int | list[int] | tuple[int, ...] | None) -> tuple[
     return tuple(out)
 
 
-def _rope_from_hf(hf: dict[str, Any], source: str) -> RopeConfig:
+def _rope_from_hf(hf: dict[str, Any], source: str, max_positions: int) -> RopeConfig:
     """As transformers 5 reads it (`convert_rope_params_to_dict`): a non-empty `rope_scaling`
     (the 4.x key) replaces `rope_parameters` whole, and theta is the chosen dict's
-    `rope_theta`, else the top-level `rope_theta`, else 10000."""
+    `rope_theta`, else the top-level `rope_theta`, else 10000. `max_positions`: the model's
+    length as read (config.json's, else the family's default)."""
     params = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
     theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -353,9 +358,8 @@ def _rope_from_hf(hf: dict[str, Any], source: str) -> RopeConfig:
     # defaulting it to max_position_embeddings; the others leave ours at its default.
     original_max = {}
     if rope_type == "llama3":
-        default = hf.get("max_position_embeddings", 8192)
         original_max["original_max_position_embeddings"] = int(
-            params.get("original_max_position_embeddings", default)
+            params.get("original_max_position_embeddings", max_positions)
         )
     return RopeConfig(
         theta=float(theta),

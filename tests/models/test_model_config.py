@@ -120,6 +120,26 @@ def test_llama3_original_max_defaults_to_max_position_embeddings_as_in_transform
     assert ModelConfig.from_hf(hf).rope.original_max_position_embeddings == want == 300
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_a_config_without_max_positions_reads_as_transformers_reads_it(tmp_path, family):
+    """config.json without max_position_embeddings: the family's transformers default for
+    the model's length and, with llama3 rope without its own, for the pretraining length
+    the frequencies are scaled by (8192 before: frequencies off by up to 197% for Llama)."""
+    hf = {**ModelConfig(model_type=family, **SHAPE).to_hf(), "rope_theta": 5e5}
+    hf.pop("max_position_embeddings")
+    if family == "llama":
+        hf["rope_scaling"] = {
+            k: v for k, v in LLAMA31_ROPE.items() if k != "original_max_position_embeddings"
+        }
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    want = AutoConfig.from_pretrained(tmp_path)
+    got = ModelConfig.from_hf(hf)
+    assert got.max_position_embeddings == want.max_position_embeddings
+    if family == "llama":
+        pretraining = want.rope_parameters["original_max_position_embeddings"]
+        assert got.rope.original_max_position_embeddings == pretraining
+
+
 @pytest.mark.parametrize(
     "cfg",
     [
