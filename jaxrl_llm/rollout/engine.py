@@ -51,7 +51,7 @@ from jaxrl_llm.rollout.pages import SlotPages
 from jaxrl_llm.rollout.programs import DecodePrograms
 from jaxrl_llm.rollout.prompt_checks import prompt_problem, prompt_problems, refusal
 from jaxrl_llm.rollout.records import DecodeState, ParamsRef, Prefix, StepRecords
-from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling
+from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_seed
 from jaxrl_llm.sharding import SAMPLE_RULES, ShardingContext, build_mesh, reshard
 from jaxrl_llm.sharding.reshard import target_shardings
 from jaxrl_llm.sharding.rules import Rules
@@ -106,6 +106,7 @@ class Engine(engine_api.Engine):
         self.tokenizer = tokenizer
         self.checkpoint_path = checkpoint_path
         self.default_sampling = default_sampling or SamplingParams(temperature=0.0)
+        self._inserts = 0  # JetStream inserts so far: each sample's seed (`insert`)
         eos = self.config.eos_token_ids if eos_ids is None else tuple(eos_ids)
         self.eos_ids = np.asarray(eos or (-1,), np.int32)
         self.page_size = int(page_size)
@@ -239,10 +240,14 @@ class Engine(engine_api.Engine):
         return prefix
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
-        """Insert with the engine's default sampling (used by JetStream's Driver)."""
+        """Insert with the engine's default sampling (used by JetStream's Driver). Each
+        insert samples with its own seed, `sample_seed(seed, inserts so far, 0)`: one seed
+        for every slot gave the same prompt the same "random" tokens in each."""
         p = self.default_sampling
         budget = self.cache_length  # the Driver enforces its own max_tokens (all pages fit)
-        state = self.insert_slot(prefix, decode_state, slot, SlotSampling.one(p, p.seed), budget)
+        seed = sample_seed(p.seed, self._inserts, 0)
+        self._inserts += 1
+        state = self.insert_slot(prefix, decode_state, slot, SlotSampling.one(p, seed), budget)
         self.release_prompt(prefix)  # one insert per prefix: its pages go with the slot
         return state
 

@@ -231,3 +231,21 @@ def test_engine_without_own_params_needs_them_passed(tiny_model):
     params = nnx.split(tiny_model)[1]
     out = generate(engine, [[1, 2, 3]], params=params)
     assert len(out) == 1 and len(out[0].token_ids) > 0
+
+
+@pytest.mark.slow  # 10 s beside a loaded 2-worker run, Intel Xeon
+def test_jetstream_inserts_of_one_prompt_sample_apart(tiny_model):
+    """JetStream's `insert` with a sampling default: each insert draws with its own seed, so
+    one prompt in four slots gives four samples (one seed for every slot gave four copies of
+    one), and an engine started with the same seed repeats them in insert order."""
+    from jaxrl_llm.rollout import Engine, SamplingParams
+
+    def four_rows():
+        engine = Engine(tiny_model, max_concurrent_decodes=4, max_cache_length=32,
+                        max_prefill_length=16,
+                        default_sampling=SamplingParams(temperature=1.0, seed=7))  # fmt: skip
+        return _run(engine, engine.load_params(), [PROMPTS[0]] * 4, 12)[0]
+
+    rows = four_rows()
+    assert len({tuple(r) for r in rows}) == 4, rows
+    np.testing.assert_array_equal(four_rows(), rows)
