@@ -3,7 +3,9 @@
 Every slot of a decode batch carries its own temperature, top-k, top-p and seed as array
 entries, so a batch that mixes greedy, tempered and nucleus requests runs one compiled
 program. Order of operations follows Hugging Face `generate` (and vLLM): logits / T, then
-top-k, then top-p on the renormalised top-k distribution, then a categorical draw.
+top-k, then top-p on the renormalised top-k distribution, then a categorical draw. One
+difference: top-k keeps exactly k tokens, ties at the k-th resolved by rank, where both
+keep every token tied with it (exact ties are rare in float32 logits; docs/vllm.md).
 
 Two logprobs per sampled token:
 - `logprobs`: log-probability under the distribution actually sampled from (tempered and
