@@ -164,13 +164,18 @@ def send(how):
 if __name__ == "__main__":
     how, when = sys.argv[1:]
     signal.signal(signal.SIGTERM, stop)
+    # Python's own Ctrl-C handler, as in a terminal: a process started in the background by
+    # a script (the suite under `make`, CI) inherits SIGINT ignored, and Python then installs
+    # none; a handler (not SIG_IGN) is reset at exec, so the workers get Python's too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     pool = RewardPool(slow, num_workers=2, timeout_s=30.0)
     try:
         pool.score(["a", "a"], [{}, {}])  # both workers started and ready
         if when == "idle":
             send(how)
             time.sleep(2)
-        threading.Timer(float(when), send, (how,)).start()
+        else:
+            threading.Timer(float(when), send, (how,)).start()
         pool.score(["a"] * 8, [{}] * 8)
     except KeyboardInterrupt:
         sys.exit(130)
