@@ -125,11 +125,9 @@ class RolloutProducer:
         several processes (`stage`: a copy may be a collective) the answer must be every
         host's alike, so it is read from the step numbers only, never from the producer's
         progress, which differs by host."""
+        if self._stage is None and self._sampled_all:  # read unlocked: a stale False, a copy
+            return False
         newest = self._last - 1 if self._partial else self._updates_for(self._last)
-        if self._stage is None:
-            with self._cond:
-                if self._sampled_all:
-                    return False
         return newest >= updates >= self._first - 1
 
     def publish(self, updates: int, trained: Any, frozen: Any) -> None:

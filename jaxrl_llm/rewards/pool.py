@@ -317,10 +317,11 @@ class RewardPool:
         using, or one the process no longer has."""
         self._closing.set()
         busy = [t for t in self._drains if t.is_alive()]
-        for worker in self._workers if busy else ():
-            worker.kill()
-        for thread in busy:
-            thread.join()
+        if busy:
+            for worker in self._workers:
+                worker.kill()
+            for thread in busy:
+                thread.join()
         for worker in self._workers:
             worker.close()
 

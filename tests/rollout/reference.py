@@ -16,28 +16,33 @@ def _forward(graphdef, state, ids):
     return nnx.merge(graphdef, state)(ids)
 
 
+def _right_padded(rows, width=None, multiple=64):
+    """int32 [len(rows), width] holding each row from its start, zeros after (causal: the
+    pads change no earlier logit); width: the longest row rounded up to `multiple` when not
+    given, so rows of many lengths share a few compiled shapes."""
+    width = width or -(-max(map(len, rows)) // multiple) * multiple
+    padded = np.zeros((len(rows), width), np.int32)
+    for b, r in enumerate(rows):
+        padded[b, : len(r)] = r
+    return jnp.asarray(padded)
+
+
 def full_logits(model, rows, width=64):
     """float32 logits [len(rows), V] of each row's last token by an uncached forward.
 
     Rows are right-padded to one width (causal: pads cannot change earlier logits), so one
     compiled shape serves every call.
     """
-    padded = np.zeros((len(rows), width), np.int32)
-    for b, r in enumerate(rows):
-        padded[b, : len(r)] = r
     graphdef, state = nnx.split(model)
-    logits = np.asarray(_forward(graphdef, state, jnp.asarray(padded)))
+    logits = np.asarray(_forward(graphdef, state, _right_padded(rows, width)))
     return logits[np.arange(len(rows)), [len(r) - 1 for r in rows]]
 
 
 def teacher_forced_logits(graphdef, params, ids, multiple=64):
     """float32 logits [len(ids) - 1, V] of each next token of the sequence `ids` (1-D) by one
-    forward, the row right-padded to a multiple of `multiple` tokens (causal: pads change no
-    earlier logit), so sequences of many lengths share a few compiled shapes."""
-    width = -(-len(ids) // multiple) * multiple
-    padded = np.zeros((1, width), np.int32)
-    padded[0, : len(ids)] = ids
-    return _forward(graphdef, params, jnp.asarray(padded))[0, : len(ids) - 1]
+    forward, the row right-padded to a multiple of `multiple` tokens (`_right_padded`)."""
+    padded = _right_padded([ids], multiple=multiple)
+    return _forward(graphdef, params, padded)[0, : len(ids) - 1]
 
 
 def naive_greedy(model, prompt, steps, eos=(), width=64):
@@ -59,13 +64,9 @@ def exact_logprobs(model, samples, temperature=1.0):
     uncached forward per sample (causal: a token's logits see only what precedes it), the
     rows right-padded to one width, a multiple of 64."""
     seqs = [list(c.prompt_ids) + list(c.token_ids) for c in samples]
-    width = -(-max(map(len, seqs)) // 64) * 64
-    padded = np.zeros((len(seqs), width), np.int32)
-    for b, seq in enumerate(seqs):
-        padded[b, : len(seq)] = seq
     with jax.enable_x64(True):
         graphdef, state = nnx.split(float64_twin(model))
-        logits = np.asarray(_forward(graphdef, state, jnp.asarray(padded)))
+        logits = np.asarray(_forward(graphdef, state, _right_padded(seqs)))
         logp = np.asarray(jax.nn.log_softmax(logits / temperature, -1))
     out = []
     for b, c in enumerate(samples):
