@@ -143,6 +143,7 @@ def test_train_help_imports_neither_tensorflow_nor_seqio(tmp_path):
     assert "--gin_file" in proc.stdout
 
 
+@pytest.mark.slow  # measured: 6.7 s (fast tier, AMD EPYC, 2026-12-06)
 def test_serve_help_and_a_refused_flag_import_no_tensorflow(tmp_path):
     """JetStream's orchestrator reads `token_utils` (seqio, TensorFlow) once a server runs;
     importing the server module does not (`rollout/jetstream_compat.py` defers it), so

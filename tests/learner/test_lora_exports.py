@@ -70,6 +70,7 @@ def _assert_merged_onto_float_weights(merged_dir, adapter_dir) -> None:
     assert adapted == 7 * layers  # every projection of every layer
 
 
+@pytest.mark.slow  # measured: 8.2 s (fast tier, AMD EPYC, 2026-12-06)
 def test_a_finished_int8_run_merges_onto_the_float_weights(tmp_path):
     src, model = _trained_int8_model()
     export_final(model, tmp_path, str(src))

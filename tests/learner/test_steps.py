@@ -315,6 +315,7 @@ def test_the_backward_copies_no_activation_gradient_transposed(monkeypatch, flat
     assert bool(made) != flat_rows, made
 
 
+@pytest.mark.slow  # measured: 6.8 s (fast tier, AMD EPYC, 2026-12-06)
 def test_importance_weight_metrics_are_over_the_mini_batch_tokens():
     """`is/weight/max` is the max over the mini-batch's trained tokens and `is/weight/mean`,
     `is/clipped_frac` their means, however the micro-batches split them: not a mean of

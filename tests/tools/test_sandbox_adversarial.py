@@ -211,6 +211,7 @@ def test_killing_the_parent_does_not_reach_the_caller(config):
     assert_still_works(config)  # and this test process is alive to run it
 
 
+@pytest.mark.slow  # measured: 6.1 s, 2 sandboxes (fast tier, AMD EPYC, 2026-12-06)
 @BOTH
 def test_sleeping_past_the_timeout_is_killed_with_its_children(config):
     code = (
