@@ -37,6 +37,7 @@ from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_llm.config_checks import ConfigError, Ge, Gt, checked_fields, documented
+from jaxrl_llm.models.int8_cpu import int8_matmul
 from jaxrl_llm.models.quant import (
     INT8_ACTIVATIONS,
     PROJECTION_IN_DIMS,
@@ -251,10 +252,10 @@ def dense(
     spec, xf, rows = _flat_rows(spec, xf)
     if qscale is not None and vars(module).get(INT8_ACTIVATIONS, False):
         y = int8_product(spec, xf, w, qscale[...], 1)
+    elif qscale is not None:  # y = x W_q of an int8 weight, its output channels scaled
+        y = _int8_weight_product(spec, xf, w, qscale[...])
     else:
         y = jnp.einsum(spec, xf, w.astype(x.dtype))
-        if qscale is not None:  # y = x W_q of an int8 weight: scale its output channels
-            y = y * qscale[...].astype(y.dtype)
     y = y.reshape(*rows, *y.shape[1:]) if rows else y
     a = getattr(module, name + "_lora_a", None)
     if a is None:
@@ -264,6 +265,28 @@ def dense(
     xa = constrain(xa, (ax.BATCH, ax.SEQ, None), ctx)
     delta = jnp.tensordot(xa, b[...].astype(x.dtype), axes=1)
     return y + (_scale(module) * delta).astype(y.dtype)
+
+
+def _int8_weight_product(spec: str, x: Array, q: Array, scale: Array) -> Array:
+    """einsum(spec, x, q) * scale for an int8 weight q [K, out...] and x [R, K]: on a CPU
+    with few rows by `int8_cpu.int8_matmul`'s kernel (q read as int8, out dims as one),
+    else by XLA (q converted to x's dtype, then the dot)."""
+
+    def xla(x: Array, q: Array, scale: Array) -> Array:
+        y = jnp.einsum(spec, x, q.astype(x.dtype))
+        return y * scale.astype(y.dtype)
+
+    lhs, rest = spec.split(",")
+    rhs, out = rest.split("->")
+    if x.ndim != 2 or rhs[0] != lhs[1] or out != lhs[0] + rhs[1:]:
+        return xla(x, q, scale)
+    outs = q.shape[1:]
+
+    def flat_xla(x: Array, q2: Array, s2: Array) -> Array:  # xla on the flattened operands
+        return xla(x, q2.reshape(q.shape), s2.reshape(outs)).reshape(x.shape[0], -1)
+
+    y = int8_matmul(x, q.reshape(q.shape[0], -1), scale.reshape(-1), flat_xla)
+    return y.reshape(x.shape[0], *outs)
 
 
 def _flat_contraction(spec: str, x: Array, w: Array, k: int) -> tuple[str, Array, Array]:

@@ -175,9 +175,16 @@ def sample_tokens(
         return jnp.where(filter_mask(x, sampling.top_k, sampling.top_p), x, -jnp.inf)
 
     scaled = jax.lax.cond(jnp.any(wants_filter & ~greedy), filtered, lambda x: x, scaled)
-    keys = step_keys(sampling.seed, positions)
-    drawn = jax.vmap(jax.random.categorical)(keys, scaled)
-    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+    top = jnp.argmax(logits, axis=-1)
+
+    def draw(scaled: Array) -> Array:  # a draw per slot; the greedy slots' argmax kept
+        drawn = jax.vmap(jax.random.categorical)(step_keys(sampling.seed, positions), scaled)
+        return jnp.where(greedy, top, drawn)
+
+    # All greedy (evaluation, a greedy benchmark): no noise drawn. Over a 151,936-token
+    # vocabulary the Gumbel noise took 2.6 ms a row on a 2-core CPU, 7% of an int8
+    # Qwen2.5-0.5B decode step there.
+    tokens = jax.lax.cond(jnp.all(greedy), lambda x: top, draw, scaled).astype(jnp.int32)
     processed = jax.nn.log_softmax(scaled, axis=-1)
     pick = tokens[:, None]
     logprobs = jnp.where(greedy, 0.0, jnp.take_along_axis(processed, pick, axis=-1)[:, 0])

@@ -209,21 +209,22 @@ def test_int8_kv_decoding_is_the_float_engines_on_rounded_keys_and_values(tiny_m
 
 
 @pytest.mark.slow  # 12 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
-@pytest.mark.parametrize("weights", ["float32", "w8a8"])
+@pytest.mark.parametrize("weights", ["float32", "w8a8", "int8"])
 def test_a_decode_step_copies_no_weight(weights):
     """The compiled decode step reads each weight where it lies: no op in it produces an
     array of a weight matrix's size (a transpose, copy or dequantised copy of a weight,
-    paid in every step), with float weights and with the W8A8 sampler's int8 ones.
+    paid in every step), with float weights and with the int8 sampler's (W8A8, and
+    weight-only through the int8 CPU kernel, `models.int8_cpu`).
     Contracting o_proj [N, H, D] over two dims did that on XLA:CPU (a whole-weight
     transpose per layer and step; 7% of a 0.5B-shape step); `lora.dense` contracts one
-    merged dim. Shapes chosen so that no activation or KV array has a weight's size.
-    (Weight-only `int8` does make such a float copy on XLA:CPU: docs/performance.md.)"""
+    merged dim; weight-only int8 converted each whole weight to float before the kernel.
+    Shapes chosen so that no activation or KV array has a weight's size."""
     import math
     import re
 
     from flax import nnx
 
-    from jaxrl_llm.models import CausalLM, ModelConfig, init_model
+    from jaxrl_llm.models import CausalLM, ModelConfig, init_model, int8_cpu
     from jaxrl_llm.models.quant import int8_projections
     from jaxrl_llm.rollout import Engine
 
@@ -231,8 +232,10 @@ def test_a_decode_step_copies_no_weight(weights):
                       num_kv_heads=2, head_dim=24, num_layers=2)  # fmt: skip
     model = init_model(cfg, seed=0)
     assert isinstance(model, CausalLM)
-    if weights == "w8a8":
-        int8_projections(model, activations=True)
+    if weights == "int8" and int8_cpu.target_name() is None:
+        pytest.skip("no C++ compiler: the int8 CPU kernel cannot be built")
+    if weights != "float32":
+        int8_projections(model, activations=weights == "w8a8")
     weight_sizes = {x.size for x in jax.tree.leaves(nnx.state(model)) if x.size >= 1024}
     engine = Engine(model, max_concurrent_decodes=2, max_cache_length=40, max_prefill_length=8)
     params = engine.place_params(engine.load_params())

@@ -1,0 +1,136 @@
+"""The int8 CPU kernel (`models.int8_cpu`, `models/csrc/int8_matmul.cc`): its products equal
+their formula within float32's summation bound, it is in the program only where it should
+be, gradients through it are XLA's, it runs on 8 simulated devices, and a failed build
+leaves XLA's product in place with one warning."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_llm.models import int8_cpu
+
+pytestmark = pytest.mark.skipif(
+    int8_cpu.target_name() is None, reason="no C++ compiler: the kernel cannot be built"
+)
+U = 2.0**-24  # float32's unit roundoff
+
+
+def _operands(R: int, K: int, N: int, transposed: bool, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((R, K)).astype(np.float32)
+    q = rng.integers(-127, 128, (N, K) if transposed else (K, N), dtype=np.int8)
+    s = (rng.random(N) * 1e-2 + 1e-4).astype(np.float32)
+    return x, q, s
+
+
+def _xla(transposed: bool):
+    spec = "rk,nk->rn" if transposed else "rk,kn->rn"
+    return lambda x, q, s: jnp.einsum(spec, x, q.astype(x.dtype)) * s.astype(x.dtype)
+
+
+def _exact_and_bound(x, q, s, transposed: bool):
+    """The product in float64 and float32's bound on a K-term sum's error (Higham: |error|
+    <= gamma_K sum |x_k w_k|, gamma_K ~ K u), plus the scale multiply's rounding."""
+    w = np.asarray(q, np.float64)
+    w = w.T if transposed else w
+    x64, s64 = np.asarray(x, np.float64), np.asarray(s, np.float64)
+    exact = (x64 @ w) * s64
+    bound = (x.shape[1] + 2) * U * (np.abs(x64) @ np.abs(w)) * s64
+    return exact, bound
+
+
+def _product(transposed: bool):
+    xla = _xla(transposed)
+    return jax.jit(lambda x, q, s: int8_cpu.int8_matmul(x, q, s, xla, transposed=transposed))
+
+
+@pytest.mark.parametrize(
+    ("R", "K", "N", "transposed"),
+    [(1, 896, 4864, False), (3, 4864, 896, False), (16, 37, 13, False), (2, 3, 5, False),
+     (5, 300, 1001, False), (1, 896, 1000, True), (2, 37, 13, True), (5, 19, 7, True),
+     (16, 64, 300, True)],
+)  # fmt: skip
+def test_the_kernel_is_its_formula_within_float32s_summation_bound(R, K, N, transposed):
+    """Layouts [K, N] and [N, K], one row to `MAX_ROWS`, sizes that leave every vector loop
+    a remainder, and a weight large enough to be split over the thread pool."""
+    x, q, s = _operands(R, K, N, transposed)
+    f = _product(transposed)
+    assert "jaxrl_int8_matmul" in f.lower(x, q, s).as_text()
+    got = np.asarray(f(x, q, s), np.float64)
+    exact, bound = _exact_and_bound(x, q, s, transposed)
+    assert got.shape == (R, N)
+    assert np.all(np.abs(got - exact) <= bound), np.max(np.abs(got - exact) / bound)
+
+
+def test_the_kernel_is_in_the_program_only_where_it_pays(monkeypatch):
+    """`MAX_ROWS` rows take the kernel, one more row or float64 activations XLA's product,
+    and `JAXRL_LLM_INT8_KERNEL=0` none (read at trace time)."""
+    n = int8_cpu.MAX_ROWS
+    x, q, s = _operands(n + 1, 16, 8, False)
+    xla = _xla(False)
+
+    def lowered(x):
+        return jax.jit(lambda x: int8_cpu.int8_matmul(x, q, s, xla)).lower(x).as_text()
+
+    assert "jaxrl_int8_matmul" in lowered(x[:n])
+    assert "jaxrl_int8_matmul" not in lowered(x)
+    with jax.enable_x64(True):
+        assert "jaxrl_int8_matmul" not in lowered(np.asarray(x[:n], np.float64))
+    monkeypatch.setenv(int8_cpu.ENV_SWITCH, "0")
+    assert "jaxrl_int8_matmul" not in lowered(x[:n])
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_gradients_through_the_kernel_are_xlas(transposed):
+    """d/dx and d/ds of a loss through the kernel equal those through XLA's product: the
+    JVP is XLA's (the kernel has no derivative of its own)."""
+    x, q, s = _operands(4, 40, 24, transposed)
+    xla = _xla(transposed)
+
+    def loss(product, x, s):
+        return jnp.sum(jnp.sin(product(x, q, s)))
+
+    kernel = lambda x, q, s: int8_cpu.int8_matmul(x, q, s, xla, transposed=transposed)
+    got = jax.jit(jax.grad(lambda x, s: loss(kernel, x, s), argnums=(0, 1)))(x, s)
+    want = jax.jit(jax.grad(lambda x, s: loss(xla, x, s), argnums=(0, 1)))(x, s)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())
+
+
+def test_sharded_operands_on_eight_devices():
+    """On the test session's 8 simulated CPU devices, rows and the weight split over them
+    (FSDP-like), the product equals the one-device kernel's to float32 summation."""
+    mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
+    x, q, s = _operands(8, 64, 32, False)
+    f = _product(False)
+    placed = [jax.device_put(a, NamedSharding(mesh, PartitionSpec("d")))
+              for a in (x, q, s)]  # fmt: skip
+    got = np.asarray(f(*placed), np.float64)
+    exact, bound = _exact_and_bound(x, q, s, False)
+    assert np.all(np.abs(got - exact) <= bound)
+
+
+def test_a_failed_build_warns_and_leaves_xlas_product(monkeypatch, tmp_path, caplog):
+    """A compiler that fails: one warning naming the kernel, `target_name` None, and the
+    product is XLA's (no custom call in the program), equal to it bit for bit."""
+    bad = tmp_path / "c++"
+    bad.write_text("#!/bin/sh\necho 'no such compiler today' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("CXX", str(bad))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    int8_cpu.target_name.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=int8_cpu.__name__):
+            assert int8_cpu.target_name() is None
+        assert any("did not build" in r.getMessage() for r in caplog.records)
+        x, q, s = _operands(2, 16, 8, False)
+        xla = _xla(False)
+        f = jax.jit(lambda x: int8_cpu.int8_matmul(x, q, s, xla))
+        assert "jaxrl_int8_matmul" not in f.lower(x).as_text()
+        np.testing.assert_array_equal(f(x), jax.jit(lambda x: xla(x, q, s))(x))
+    finally:
+        int8_cpu.target_name.cache_clear()  # the next test builds (or loads) the real one
