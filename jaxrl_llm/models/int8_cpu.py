@@ -11,8 +11,10 @@ from XLA's dot, its inputs and formula do not: y = (x W_q) * s.
 `int8_matmul` uses it when all of these hold, decided at trace time (else the caller's XLA
 product, as before): the program lowers for the CPU (`lax.platform_dependent`: a program
 lowered for a GPU or TPU never contains the call); at most `MAX_ROWS` rows (decoding;
-prefill is compute-bound and XLA's dot is the better tool there); activations of 32 bits
-or fewer; `JAXRL_LLM_INT8_KERNEL` is not "0"; and the kernel built. On a multi-device CPU
+prefill is compute-bound and XLA's dot is the better tool there); a weight of at least
+`MIN_WEIGHT_ELEMENTS` (a smaller one costs XLA less to convert); activations of 32 bits
+or fewer; the default backend is the CPU (a GPU or TPU host builds nothing);
+`JAXRL_LLM_INT8_KERNEL` is not "0"; and the kernel built. On a multi-device CPU
 mesh (simulated devices) the call has no sharding rule: XLA gives it whole operands, as
 it gathers an FSDP weight for a dot.
 
@@ -49,6 +51,9 @@ Array = jax.Array
 Product = Callable[[Array, Array, Array], Array]
 
 MAX_ROWS = 16  # products of more rows keep XLA's dot (see docs/performance.md)
+# Smaller weights keep XLA's dot too: converting them costs less than a call of the kernel
+# (the shipped tiny model at batch 8: 0.87x float32 by XLA, 0.69x by the kernel).
+MIN_WEIGHT_ELEMENTS = 1 << 17
 ENV_SWITCH = "JAXRL_LLM_INT8_KERNEL"  # "0": never use the kernel
 SOURCE = Path(__file__).parent / "csrc" / "int8_matmul.cc"
 _SYMBOL = "JaxrlInt8Matmul"
@@ -127,10 +132,15 @@ def _kernel(x: Array, q: Array, scale: Array, transposed: bool, dtype: jnp.dtype
     return y.astype(dtype)
 
 
-def usable(rows: int, dtype: Any = jnp.float32) -> bool:
-    """Whether a product of `rows` rows of `dtype` takes the kernel on a CPU (module
-    docstring; float64, a reference run's, keeps XLA's product: the kernel sums float32)."""
-    if rows > MAX_ROWS or jnp.dtype(dtype).itemsize > 4 or os.environ.get(ENV_SWITCH) == "0":
+def usable(rows: int, weight_elements: int, dtype: Any = jnp.float32) -> bool:
+    """Whether a product of `rows` rows of `dtype` with a weight of `weight_elements` takes
+    the kernel on a CPU (module docstring; float64, a reference run's, keeps XLA's product:
+    the kernel sums float32)."""
+    if rows > MAX_ROWS or weight_elements < MIN_WEIGHT_ELEMENTS or jnp.dtype(dtype).itemsize > 4:
+        return False
+    if os.environ.get(ENV_SWITCH) == "0":
+        return False
+    if jax.default_backend() != "cpu":  # a GPU or TPU host: nothing to build
         return False
     return target_name() is not None
 
@@ -142,7 +152,7 @@ def int8_matmul(
     the kernel where `usable` and the program runs on a CPU, else `xla(x, q, scale)`, the
     caller's own XLA form of the same product (its dtype is the result's; its derivative is
     the kernel's). Not `usable`: `xla`'s product, as if the kernel did not exist."""
-    if x.ndim != 2 or not usable(x.shape[0], x.dtype):
+    if x.ndim != 2 or not usable(x.shape[0], q.size, x.dtype):
         return xla(x, q, scale)
     dtype = jax.eval_shape(xla, x, q, scale).dtype
 

@@ -305,7 +305,7 @@ class CausalLM(_Trunked):
             return out * scale.astype(jnp.float32)
 
         rows = math.prod(hidden.shape[:-1])
-        if hidden.ndim == 2 or not int8_cpu.usable(rows, hidden.dtype):
+        if hidden.ndim == 2 or not int8_cpu.usable(rows, q.size, hidden.dtype):
             return int8_matmul(hidden, q, scale, xla, transposed=tied)
         # [B, T, D] with few rows: merged into [B * T, D] for the kernel, split after
         y = int8_matmul(hidden.reshape(rows, -1), q, scale, xla, transposed=tied)

@@ -100,8 +100,9 @@ class RolloutConfig:
         "The sampler's copy of the policy: 'same' (the trainer's weights, or their "
         "`PolicyConfig.rollout_dtype` cast), 'int8' (the JAX engine's projections, embedding "
         "and LM head quantised per output channel at every weight sync, activations as they "
-        "are) or 'w8a8' (int8 weights and activations quantised per token, int32 products: "
-        "the fast form on CPU). The trainer keeps full precision; the gap shows in "
+        "are; on CPU an int8 kernel decodes batches of up to 16 rows, models/int8_cpu.py) or "
+        "'w8a8' (int8 weights and activations quantised per token, int32 products). The "
+        "trainer keeps full precision; the gap shows in "
         "rollout/logprob_diff/* and in the importance weights of `AlgoConfig.is_cap` "
         "(docs/algorithms.md).",
     )

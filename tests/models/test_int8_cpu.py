@@ -19,6 +19,12 @@ pytestmark = pytest.mark.skipif(
 U = 2.0**-24  # float32's unit roundoff
 
 
+@pytest.fixture(autouse=True)
+def _small_weights_too(monkeypatch):
+    """The kernel for weights of any size (its threshold keeps small ones on XLA)."""
+    monkeypatch.setattr(int8_cpu, "MIN_WEIGHT_ELEMENTS", 0)
+
+
 def _operands(R: int, K: int, N: int, transposed: bool, seed: int = 0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((R, K)).astype(np.float32)
@@ -67,8 +73,9 @@ def test_the_kernel_is_its_formula_within_float32s_summation_bound(R, K, N, tran
 
 
 def test_the_kernel_is_in_the_program_only_where_it_pays(monkeypatch):
-    """`MAX_ROWS` rows take the kernel, one more row or float64 activations XLA's product,
-    and `JAXRL_LLM_INT8_KERNEL=0` none (read at trace time)."""
+    """`MAX_ROWS` rows take the kernel, one more row, float64 activations or a weight under
+    `MIN_WEIGHT_ELEMENTS` XLA's product, and `JAXRL_LLM_INT8_KERNEL=0` none (read at trace
+    time)."""
     n = int8_cpu.MAX_ROWS
     x, q, s = _operands(n + 1, 16, 8, False)
     xla = _xla(False)
@@ -80,6 +87,10 @@ def test_the_kernel_is_in_the_program_only_where_it_pays(monkeypatch):
     assert "jaxrl_int8_matmul" not in lowered(x)
     with jax.enable_x64(True):
         assert "jaxrl_int8_matmul" not in lowered(np.asarray(x[:n], np.float64))
+    monkeypatch.setattr(int8_cpu, "MIN_WEIGHT_ELEMENTS", q.size + 1)
+    assert "jaxrl_int8_matmul" not in lowered(x[:n])
+    monkeypatch.setattr(int8_cpu, "MIN_WEIGHT_ELEMENTS", q.size)
+    assert "jaxrl_int8_matmul" in lowered(x[:n])
     monkeypatch.setenv(int8_cpu.ENV_SWITCH, "0")
     assert "jaxrl_int8_matmul" not in lowered(x[:n])
 

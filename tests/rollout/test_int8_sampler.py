@@ -12,7 +12,7 @@ from flax import nnx
 
 from jaxrl_llm.assets import builtin_checkpoint
 from jaxrl_llm.config_checks import ConfigError
-from jaxrl_llm.models import from_pretrained, load_tokenizer
+from jaxrl_llm.models import from_pretrained, int8_cpu, load_tokenizer
 from jaxrl_llm.models.lora import LoraConfig, apply_lora, split_adapters
 from jaxrl_llm.models.quant import (
     INT8_ACTIVATIONS,
@@ -111,16 +111,29 @@ def test_the_synced_tree_is_the_engines_and_the_modules():
         np.testing.assert_array_equal(synced[key], floats[key], err_msg=key)
 
 
+@pytest.fixture(params=["xla", "kernel"])
+def int8_path(request, monkeypatch):
+    """Weight-only int8 products by XLA (the int8 CPU kernel off), or by the kernel for
+    every weight (its size threshold lowered to the tiny model's weights)."""
+    if request.param == "xla":
+        monkeypatch.setenv(int8_cpu.ENV_SWITCH, "0")
+    elif int8_cpu.target_name() is None:
+        pytest.skip("no C++ compiler: the int8 CPU kernel cannot be built")
+    else:
+        monkeypatch.setattr(int8_cpu, "MIN_WEIGHT_ELEMENTS", 0)
+    return request.param
+
+
 @pytest.mark.slow  # 9-11 s each, Intel Xeon, nothing else running
 @pytest.mark.parametrize("fsdp", [1, 4])
-def test_int8_sampling_equals_the_dequantised_float_model(fsdp):
+def test_int8_sampling_equals_the_dequantised_float_model(fsdp, int8_path):
     """Greedy tokens of the int8 sampler equal those of the float sampler holding the
     dequantised weights; their logprobs are as accurate as the float sampler's against the
     dequantised model's float64 forward on the same tokens (`testing.assert_as_accurate`:
     the int8 engine computes (x W_q) s, the float one x (W_q s), the same product in
     another order; the int8 and the original float weights differ by 1.4e-2 to 6.2e-2 on
     these prompts). Sharded over fsdp=4 as well: the scales are laid out by their logical
-    axes."""
+    axes. Decoding by XLA's product and by the int8 CPU kernel (`int8_path`)."""
     mesh = build_mesh(fsdp=fsdp, devices=jax.devices()[:fsdp])
     path = builtin_checkpoint()
     policy, tokenizer = from_pretrained(path, mesh=mesh), load_tokenizer(path)
@@ -222,12 +235,14 @@ def test_w8a8_decoding_equals_full_recomputation(lora):
 
 @pytest.mark.slow  # 2-9 s each, AMD EPYC AVX2, jitted (2026-12-05)
 @pytest.mark.parametrize("tied", [True, False])
-def test_int8_logits_equal_the_dequantised_model_tied_or_not(tied):
+@pytest.mark.parametrize("rows", [18, 10])
+def test_int8_logits_equal_the_dequantised_model_tied_or_not(tied, rows, int8_path):
     """Weight-only int8 logits of a whole forward (embedding lookup, projections, the LM
     head: the tied embedding's rows or an untied [D, V] head) equal the dequantised float
     model's to float32 rounding of a reordered product: as accurate as the float model's
     against its float64 twin (`testing.assert_as_accurate`); quantising moves them by
-    5-7e-3 of the largest logit."""
+    5-7e-3 of the largest logit. 18 rows take XLA's product; 10 the int8 CPU kernel's on
+    the `kernel` path (`int8_cpu.MAX_ROWS`)."""
     from jaxrl_llm.models import ModelConfig, init_model
 
     cfg = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -237,10 +252,14 @@ def test_int8_logits_equal_the_dequantised_model_tied_or_not(tied):
     int8 = int8_projections(nnx.clone(policy))
     owner, name = (int8.model, "embed_tokens") if tied else (int8, "lm_head")
     assert getattr(owner, name)[...].dtype == jnp.int8 and hasattr(owner, name + SCALE_SUFFIX)
-    ids = jnp.asarray(np.random.RandomState(0).randint(0, 97, (2, 9)), jnp.int32)
+    ids = jnp.asarray(np.random.RandomState(0).randint(0, 97, (2, rows // 2)), jnp.int32)
     dequantised = _dequantised(policy)
+    graph, state = nnx.split(int8)
+    own = jax.jit(lambda state, ids: nnx.merge(graph, state)(ids))  # traced for this path
+    kernel = "jaxrl_int8_matmul" in own.lower(state, ids).as_text()
+    assert kernel == (int8_path == "kernel" and rows <= int8_cpu.MAX_ROWS)
     forward = jitted()
-    got, want = np.asarray(forward(int8, ids)), np.asarray(forward(dequantised, ids))
+    got, want = np.asarray(own(state, ids)), np.asarray(forward(dequantised, ids))
     with jax.enable_x64(True):
         exact_int8 = np.asarray(forward(_exactly_dequantised(policy), ids))
         exact_float = np.asarray(forward(float64_twin(dequantised), ids))

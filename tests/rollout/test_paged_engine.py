@@ -210,7 +210,7 @@ def test_int8_kv_decoding_is_the_float_engines_on_rounded_keys_and_values(tiny_m
 
 @pytest.mark.slow  # 12 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
 @pytest.mark.parametrize("weights", ["float32", "w8a8", "int8"])
-def test_a_decode_step_copies_no_weight(weights):
+def test_a_decode_step_copies_no_weight(weights, monkeypatch):
     """The compiled decode step reads each weight where it lies: no op in it produces an
     array of a weight matrix's size (a transpose, copy or dequantised copy of a weight,
     paid in every step), with float weights and with the int8 sampler's (W8A8, and
@@ -234,6 +234,7 @@ def test_a_decode_step_copies_no_weight(weights):
     assert isinstance(model, CausalLM)
     if weights == "int8" and int8_cpu.target_name() is None:
         pytest.skip("no C++ compiler: the int8 CPU kernel cannot be built")
+    monkeypatch.setattr(int8_cpu, "MIN_WEIGHT_ELEMENTS", 0)  # these weights are small
     if weights != "float32":
         int8_projections(model, activations=weights == "w8a8")
     weight_sizes = {x.size for x in jax.tree.leaves(nnx.state(model)) if x.size >= 1024}
