@@ -52,9 +52,9 @@ Product = Callable[[Array, Array, Array], Array]
 
 MAX_ROWS = 16  # products of more rows keep XLA's dot (see docs/performance.md)
 # Smaller weights keep XLA's dot too: converting them costs less than a call of the kernel
-# (the shipped tiny model, weights of 33K-49K elements, at batch 8: 0.87x float32 by XLA,
-# 0.69x by the kernel). Qwen2.5-0.5B's smallest, k_proj and v_proj (115K), take the kernel:
-# by XLA they cost its batch-1 decode 6-13 ms a step (docs/performance.md).
+# (the shipped tiny model, weights of 33K-49K elements, at batch 8: 0.89x float32 by XLA,
+# 0.69x by the kernel). Qwen2.5-0.5B's smallest, k_proj and v_proj (115K elements), take
+# the kernel, as every weight of that shape does (docs/performance.md).
 MIN_WEIGHT_ELEMENTS = 1 << 16
 ENV_SWITCH = "JAXRL_LLM_INT8_KERNEL"  # "0": never use the kernel
 SOURCE = Path(__file__).parent / "csrc" / "int8_matmul.cc"

@@ -182,8 +182,8 @@ def sample_tokens(
         return jnp.where(greedy, top, drawn)
 
     # All greedy (evaluation, a greedy benchmark): no noise drawn. Over a 151,936-token
-    # vocabulary the Gumbel noise took 2.6 ms a row on a 2-core CPU, 7% of an int8
-    # Qwen2.5-0.5B decode step there.
+    # vocabulary the noise took 3.4-4.4 ms a step on a 2-core CPU (profiled), about a tenth
+    # of an int8 Qwen2.5-0.5B decode step there (docs/performance.md).
     tokens = jax.lax.cond(jnp.all(greedy), lambda x: top, draw, scaled).astype(jnp.int32)
     processed = jax.nn.log_softmax(scaled, axis=-1)
     pick = tokens[:, None]
