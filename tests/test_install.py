@@ -74,6 +74,8 @@ def test_pip_install_runs_the_default_from_another_directory(tmp_path):
     )
     assert len(set(shipped.split())) == 1
     assert Path(shipped.split()[0]).is_relative_to(tmp_path / "venv")
+    kernel = "from jaxrl_llm.models import int8_cpu; print(int8_cpu.SOURCE.is_file())"
+    assert run(str(python), "-c", kernel).strip() == "True"  # the int8 kernel's source
     tiny = [
         "RLConfig.steps=1",
         "DataConfig.val_size=4",

@@ -1,5 +1,5 @@
-"""Weight-only int8 products for few rows on the CPU: a kernel of our own (`csrc/
-int8_matmul.cc`, an XLA FFI handler) where XLA:CPU has none.
+"""Weight-only int8 products for few rows on the CPU: a kernel of our own (`int8_matmul.cc`
+beside this file, an XLA FFI handler) where XLA:CPU has none.
 
 XLA:CPU converts an int8 weight to float before a product with float activations (a whole
 [K, N] float temporary per product and step), so the sampler's weight-only int8 copy
@@ -57,7 +57,7 @@ MAX_ROWS = 16  # products of more rows keep XLA's dot (see docs/performance.md)
 # the kernel, as every weight of that shape does (docs/performance.md).
 MIN_WEIGHT_ELEMENTS = 1 << 16
 ENV_SWITCH = "JAXRL_LLM_INT8_KERNEL"  # "0": never use the kernel
-SOURCE = Path(__file__).parent / "csrc" / "int8_matmul.cc"
+SOURCE = Path(__file__).with_name("int8_matmul.cc")
 _SYMBOL = "JaxrlInt8Matmul"
 BUILD_TIMEOUT_S = 300
 

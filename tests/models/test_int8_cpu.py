@@ -1,4 +1,4 @@
-"""The int8 CPU kernel (`models.int8_cpu`, `models/csrc/int8_matmul.cc`): its products equal
+"""The int8 CPU kernel (`models.int8_cpu`, `models/int8_matmul.cc`): its products equal
 their formula within float32's summation bound, it is in the program only where it should
 be, gradients through it are XLA's, it runs on 8 simulated devices, and a failed build
 leaves XLA's product in place with one warning."""
