@@ -18,6 +18,7 @@ from types import FrameType
 
 from jaxrl_llm import cpu_devices, huge_pages
 from jaxrl_llm.config_checks import ConfigError
+from jaxrl_llm.user_cache import user_cache_dir
 
 # name -> (module, one-line help); the module's add_arguments/main, or the names given.
 COMMANDS: dict[str, tuple[str, str] | tuple[str, str, str, str]] = {
@@ -107,8 +108,7 @@ def compile_cache(env: MutableMapping[str, str] = os.environ) -> str | None:
     returns the folder set, or None (left to JAX, or the folder cannot be made)."""
     if "JAX_COMPILATION_CACHE_DIR" in env:
         return None
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = os.path.join(base, "jaxrl-llm", "xla")
+    folder = user_cache_dir("xla", env)
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError:  # a read-only home: run without the cache

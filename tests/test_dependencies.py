@@ -19,7 +19,7 @@ ROOT = Path(jaxrl_llm.__file__).parent
 # Building blocks, and the stage records (`types.py`), never reach up into the stages that
 # assemble them.
 LOWER = {"algorithms", "models", "sharding", "rewards", "tools", "agents", "data"}
-LOWER |= {"types", "cpu_devices", "assets"}
+LOWER |= {"types", "cpu_devices", "assets", "user_cache"}
 UPPER = {"learner", "rollout", "metrics", "bench"}
 
 

@@ -34,6 +34,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import math
 import os
 import platform
 import shutil
@@ -45,6 +46,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from jaxrl_llm.user_cache import user_cache_dir
 
 log = logging.getLogger(__name__)
 Array = jax.Array
@@ -76,11 +79,6 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "jaxrl-llm" / "kernels"
-
-
 def _build(cxx: str) -> Path:
     """The kernel's shared library for this host, compiled unless already in the cache."""
     version = subprocess.run(
@@ -89,7 +87,7 @@ def _build(cxx: str) -> Path:
     key = hashlib.sha256(
         "\0".join([SOURCE.read_text(), version, jax.lib.__version__, _cpu_identity()]).encode()
     ).hexdigest()[:16]
-    out = _cache_dir() / f"int8_matmul-{key}.so"
+    out = Path(user_cache_dir("kernels")) / f"int8_matmul-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -125,13 +123,16 @@ def target_name() -> str | None:
 
 
 def _kernel(x: Array, q: Array, scale: Array, transposed: bool, dtype: jnp.dtype) -> Array:
+    """The kernel's product for x [..., K] (the leading dims merged into rows and split
+    after), in `dtype`."""
     name = target_name()
     assert name is not None  # `int8_matmul` checked
     n = q.shape[0] if transposed else q.shape[1]
-    out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
+    rows = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+    out = jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32)
     call = jax.ffi.ffi_call(name, out, vmap_method="sequential")
-    y = call(x.astype(jnp.float32), q, scale.astype(jnp.float32), transposed=transposed)
-    return y.astype(dtype)
+    y = call(rows, q, scale.astype(jnp.float32), transposed=transposed)
+    return y.reshape(*x.shape[:-1], n).astype(dtype)
 
 
 def usable(rows: int, weight_elements: int, dtype: Any = jnp.float32) -> bool:
@@ -150,11 +151,12 @@ def usable(rows: int, weight_elements: int, dtype: Any = jnp.float32) -> bool:
 def int8_matmul(
     x: Array, q: Array, scale: Array, xla: Product, *, transposed: bool = False
 ) -> Array:
-    """(x W_q) * s for x [R, K], W_q int8 [K, N] (or [N, K] with `transposed`) and s [N]:
-    the kernel where `usable` and the program runs on a CPU, else `xla(x, q, scale)`, the
-    caller's own XLA form of the same product (its dtype is the result's; its derivative is
-    the kernel's). Not `usable`: `xla`'s product, as if the kernel did not exist."""
-    if x.ndim != 2 or not usable(x.shape[0], q.size, x.dtype):
+    """(x W_q) * s for x [..., K], W_q int8 [K, N] (or [N, K] with `transposed`) and s [N]:
+    the kernel where `usable` (x's leading dims counted as rows) and the program runs on a
+    CPU, else `xla(x, q, scale)`, the caller's own XLA form of the same product (its dtype is
+    the result's; its derivative is the kernel's). Not `usable`: `xla`'s product, as if the
+    kernel did not exist."""
+    if not usable(math.prod(x.shape[:-1]), q.size, x.dtype):
         return xla(x, q, scale)
     dtype = jax.eval_shape(xla, x, q, scale).dtype
 

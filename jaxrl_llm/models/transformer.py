@@ -15,7 +15,6 @@ Shapes: B batch, T tokens, S cache length, D embed, V vocab, L layers, K kv head
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Generic
 
 import jax
@@ -24,7 +23,6 @@ from flax import nnx
 from typing_extensions import TypeVar  # `default=` (PEP 696) before Python 3.13
 
 from jaxrl_llm.algorithms.masked import compute_dtype
-from jaxrl_llm.models import int8_cpu
 from jaxrl_llm.models.config import ModelConfig, as_dtype
 from jaxrl_llm.models.int8_cpu import int8_matmul
 from jaxrl_llm.models.kv_int8 import Pool
@@ -304,12 +302,7 @@ class CausalLM(_Trunked):
             out = jnp.einsum(spec, h, q.astype(h.dtype), preferred_element_type=jnp.float32)
             return out * scale.astype(jnp.float32)
 
-        rows = math.prod(hidden.shape[:-1])
-        if hidden.ndim == 2 or not int8_cpu.usable(rows, q.size, hidden.dtype):
-            return int8_matmul(hidden, q, scale, xla, transposed=tied)
-        # [B, T, D] with few rows: merged into [B * T, D] for the kernel, split after
-        y = int8_matmul(hidden.reshape(rows, -1), q, scale, xla, transposed=tied)
-        return y.reshape(*hidden.shape[:-1], -1)
+        return int8_matmul(hidden, q, scale, xla, transposed=tied)
 
     def extend(
         self,
