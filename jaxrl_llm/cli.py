@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # a wrong gin value, path or checkpoint: the message says which
         print(f"jaxrl-llm {name}: configuration error: {_without_gin_trace(e)}", file=sys.stderr)
         return 2
-    finally:
-        if installed:
+    finally:  # stopping by SIGTERM: `_still_stopping` stays for the exit's own cleanups
+        if installed and signal.getsignal(signal.SIGTERM) is _raise_exit:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return int(code or 0)
 
@@ -126,8 +126,17 @@ def _without_gin_trace(error: ConfigError) -> str:
 
 
 def _raise_exit(signum: int, _frame: FrameType | None) -> None:
+    # Once: a second SIGTERM (a scheduler's repeat, an impatient `kill`) raising again would
+    # cut short the cleanups this one starts (an overlapped run's producer closing, the run's
+    # last checkpoint and metrics). SIGKILL still ends the process at once.
+    signal.signal(signum, _still_stopping)
     print(f"jaxrl-llm: {signal.Signals(signum).name}: stopping", file=sys.stderr, flush=True)
     raise SystemExit(128 + signum)
+
+
+def _still_stopping(signum: int, _frame: FrameType | None) -> None:
+    name = signal.Signals(signum).name
+    print(f"jaxrl-llm: {name} again: still stopping (SIGKILL ends it now)", file=sys.stderr)
 
 
 def _exit_cleanly_on_sigterm() -> bool:

@@ -4,6 +4,7 @@ outlives its test."""
 
 import os
 import shutil
+import socket
 import tempfile
 
 import pytest
@@ -59,6 +60,27 @@ def _no_gin_bindings_left():
     import gin
 
     gin.clear_config()
+
+
+@pytest.fixture
+def reserve_port():
+    """A function giving a free local TCP port for a coordinator the test starts, held for
+    the test by a socket of ours bound with SO_REUSEPORT. JAX's coordination service (gRPC)
+    binds with SO_REUSEPORT too, so it can take the port while we hold it, and no other
+    process can (a bind without the option, or by another user, fails). A port found free
+    and released before the coordinator bound it could be taken in between."""
+    held: list[socket.socket] = []
+
+    def reserve() -> int:
+        s = socket.socket()
+        held.append(s)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+    yield reserve
+    for s in held:
+        s.close()
 
 
 @pytest.fixture

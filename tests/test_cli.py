@@ -35,20 +35,25 @@ def main(args):
 """
 
 
+def _start_command(folder: Path, module: str, args: list[str]) -> subprocess.Popen:
+    """`jaxrl-llm <module> <args>` in a child process, the command being `folder/module.py`."""
+    child = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(folder)!r})
+        from jaxrl_llm import cli
+        cli.COMMANDS["probe"] = ({module!r}, "a test's command")
+        sys.exit(cli.main(["probe", *{args!r}]))
+    """)
+    return subprocess.Popen(
+        [sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
 def test_a_terminated_command_removes_its_temporary_files(tmp_path):
     (tmp_path / "hold_cmd.py").write_text(HOLD_MODULE)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    child = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(tmp_path)!r})
-        from jaxrl_llm import cli
-        cli.COMMANDS["hold"] = ("hold_cmd", "holds a temporary directory")
-        sys.exit(cli.main(["hold", "--dir", {str(scratch)!r}]))
-    """)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = _start_command(tmp_path, "hold_cmd", ["--dir", str(scratch)])
     try:
         assert proc.stdout is not None
         held = Path(proc.stdout.readline().strip())
@@ -63,6 +68,47 @@ def test_a_terminated_command_removes_its_temporary_files(tmp_path):
     assert code == 128 + signal.SIGTERM
     assert "SIGTERM: stopping" in err and "Traceback" not in err
     assert not held.exists() and list(scratch.iterdir()) == []
+
+
+# A command whose cleanup takes a while (as an overlapped run's producer closing, then the
+# run's last checkpoint): it says when the cleanup starts and writes a file when it ends.
+SLOW_CLEANUP_MODULE = """
+import pathlib, sys, time
+
+def add_arguments(parser):
+    parser.add_argument("--done")
+
+def main(args):
+    try:
+        print("running", flush=True)
+        time.sleep(120)
+    finally:
+        print("cleaning", flush=True)
+        time.sleep(1.0)
+        pathlib.Path(args.done).write_text("closed")
+    return 0
+"""
+
+
+def test_a_second_sigterm_does_not_cut_the_cleanup_short(tmp_path):
+    (tmp_path / "slow_cmd.py").write_text(SLOW_CLEANUP_MODULE)
+    done = tmp_path / "done"
+    proc = _start_command(tmp_path, "slow_cmd", ["--done", str(done)])
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stdout.readline().strip() == "cleaning"
+        proc.send_signal(signal.SIGTERM)  # mid-cleanup
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert done.read_text() == "closed"
+    assert "SIGTERM: stopping" in err and "SIGTERM again: still stopping" in err
+    assert "Traceback" not in err
 
 
 def test_the_handler_is_only_set_while_a_command_runs(tmp_path, monkeypatch):

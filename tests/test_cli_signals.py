@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,12 +30,6 @@ START_S = 240  # start-up and the first step's compiles on a busy two-core host
 STOP_S = 30  # SIGTERM to exit: the default run, stopped mid-step, exits in about 4 s
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for(log, text: str, proc: subprocess.Popen, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
@@ -46,9 +39,9 @@ def _wait_for(log, text: str, proc: subprocess.Popen, timeout_s: float) -> None:
     pytest.fail(f"no {text!r} within {timeout_s}s (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
 
 
-def test_sigterm_stops_a_distributed_train(tmp_path):
+def test_sigterm_stops_a_distributed_train(tmp_path, reserve_port):
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAXRL_NUM_PROCESSES="1", JAXRL_PROCESS_ID="0",
-               JAXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{_free_port()}")  # fmt: skip
+               JAXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{reserve_port()}")  # fmt: skip
     env.pop("JAXRL_DISTRIBUTED", None)
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
     env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=1"])

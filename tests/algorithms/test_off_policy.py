@@ -39,6 +39,8 @@ def _reference(old, behaviour, mask, level, mode, cap, floor):
     out, raw, err = np.zeros((B, T)), np.zeros((B, T)), np.zeros((B, T))
     for b in range(B):
         on = mask[b] > 0
+        if not on.any():  # an empty row: no weights (its zeros stand)
+            continue
         logr = old[b][on].astype(np.float64) - behaviour[b][on].astype(np.float64)
         e_terms = FLOAT32_EPS * np.abs(logr)  # each subtraction, rounded once
         if level == "token":

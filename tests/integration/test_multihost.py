@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,12 +37,6 @@ RL_WORKER = Path(__file__).with_name("multihost_rl_worker.py")
 EXCHANGE_WORKER = Path(__file__).with_name("exchange_worker.py")
 TIMEOUT_S = 300
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(devices: int) -> dict[str, str]:
@@ -88,8 +82,8 @@ def _tail(log: Path, n: int = 3000) -> str:
     return "\n".join(x for x in text.splitlines() if "Involuntary full remat" not in x)[-n:]
 
 
-def test_two_processes_match_one_process(tmp_path):
-    port = _free_port()
+def test_two_processes_match_one_process(tmp_path, reserve_port):
+    port = reserve_port()
     ref_out, mh_out = tmp_path / "ref.json", tmp_path / "mh.json"
     procs: list[tuple[subprocess.Popen, Path]] = []
     log = tmp_path / "ref.log"
@@ -124,12 +118,12 @@ def test_two_processes_match_one_process(tmp_path):
                                        atol=ATOL, err_msg=name)  # fmt: skip
 
 
-def test_tagged_exchanges_from_a_thread_beside_cross_host_collectives(tmp_path):
+def test_tagged_exchanges_from_a_thread_beside_cross_host_collectives(tmp_path, reserve_port):
     """`hosts.exchange_objects` (the coordination service) from a second thread while the
     main thread runs cross-host device collectives, on two processes: every exchange returns
     both hosts' objects in process order, payloads of several parts (over 1 MiB) arrive
     whole, and the parts are deleted after (a second round with the same data works)."""
-    port = _free_port()
+    port = reserve_port()
     procs = []
     for i in range(2):
         log = tmp_path / f"x{i}.log"
@@ -146,12 +140,14 @@ def test_tagged_exchanges_from_a_thread_beside_cross_host_collectives(tmp_path):
         assert got["keys_left"] == []
 
 
-def _rl_jobs(tmp_path: Path, *jobs: tuple[str, int, list[str]]) -> list[list[dict]]:
+def _rl_jobs(
+    tmp_path: Path, reserve_port: Callable[[], int], *jobs: tuple[str, int, list[str]]
+) -> list[list[dict]]:
     """Run `run_rl` jobs side by side, each on `processes` x (4 / processes) devices (name,
     processes, worker args); for each job, every process's result JSON."""
     procs, outs = [], []
     for name, processes, args in jobs:
-        port, out, run = _free_port(), tmp_path / name, tmp_path / "runs" / name.split("-")[0]
+        port, out, run = reserve_port(), tmp_path / name, tmp_path / "runs" / name.split("-")[0]
         for i in range(processes):
             env = {}
             if processes > 1:
@@ -170,25 +166,28 @@ def _values(records: list[dict]) -> dict[tuple[int, str], float]:
             if not k.startswith(("timing/", "perf/"))}  # fmt: skip
 
 
-def test_rl_loop_on_two_hosts_matches_one_host_and_resumes(tmp_path):
+def test_rl_loop_on_two_hosts_matches_one_host_and_resumes(tmp_path, reserve_port):
     """Each host samples its share of the prompts on its own devices; the gathered batch, the
     losses, validation and the resumed step equal a one-process run of the same config."""
-    _two_hosts_match_one_host_and_resume(tmp_path, [], lag=[0, 0, 0])
+    _two_hosts_match_one_host_and_resume(tmp_path, reserve_port, [], lag=[0, 0, 0])
 
 
-def test_an_overlapped_rl_loop_on_two_hosts_matches_one_host_and_resumes(tmp_path):
+def test_an_overlapped_rl_loop_on_two_hosts_matches_one_host_and_resumes(tmp_path, reserve_port):
     """The same with `RLConfig.max_staleness = 1`: each host's producer thread samples the
     next step while the trainer's thread updates across both hosts (weights staged on the
     trainer's thread, the hosts' samples exchanged by tag: learner/overlap.py); a run is as
     deterministic as a synchronous one, so it equals the one-process overlapped run, and the
     checkpoint at step 2 holds step 3's batch, sampled ahead, which the resumed hosts train."""
     k1 = ["--gin", "RLConfig.max_staleness = 1"]
-    _two_hosts_match_one_host_and_resume(tmp_path, k1, lag=[0, 1, 1])
+    _two_hosts_match_one_host_and_resume(tmp_path, reserve_port, k1, lag=[0, 1, 1])
 
 
-def _two_hosts_match_one_host_and_resume(tmp_path: Path, args: list[str], lag: list[int]) -> None:
-    (ref,), first = _rl_jobs(tmp_path, ("ref", 1, args), ("mh-a", 2, [*args, "--stop-after", "2"]))
-    (resumed,) = _rl_jobs(tmp_path, ("mh-b", 2, [*args, "--resume"]))
+def _two_hosts_match_one_host_and_resume(
+    tmp_path: Path, reserve_port: Callable[[], int], args: list[str], lag: list[int]
+) -> None:
+    jobs = ("ref", 1, args), ("mh-a", 2, [*args, "--stop-after", "2"])
+    (ref,), first = _rl_jobs(tmp_path, reserve_port, *jobs)
+    (resumed,) = _rl_jobs(tmp_path, reserve_port, ("mh-b", 2, [*args, "--resume"]))
     assert [(r["process_count"], r["device_count"]) for r in first] == [(2, 4), (2, 4)]
     assert first[0]["local_device_count"] == 2 and ref["process_count"] == 1
 

@@ -7,7 +7,6 @@ The shared case, and who writes what: tests/learner/test_shared_run_dir.py."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,15 +26,9 @@ ARGS = [
 ]  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_a_run_dir_on_each_hosts_own_disk_stops_both_hosts_with_one_line(tmp_path):
+def test_a_run_dir_on_each_hosts_own_disk_stops_both_hosts_with_one_line(tmp_path, reserve_port):
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAXRL_NUM_PROCESSES="2",
-               JAXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{_free_port()}")  # fmt: skip
+               JAXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{reserve_port()}")  # fmt: skip
     env.pop("JAXRL_DISTRIBUTED", None)
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
     env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=2"])
