@@ -338,11 +338,13 @@ class ScriptedEngine:
 
     Every sample emits `turns[0]`; after a turn's text it emits `filler` until the driver
     stops it (so the driver's stop-string cut is exercised), and after the last turn EOS.
+    A turn given as several texts is a choice by slot (slot b emits text b mod their count),
+    so the samples of a group can differ (one right answer, one wrong: a nonzero advantage).
     `append_tokens` (the driver inserting a tool's output) starts the next turn. Each sampled
     token gets logprob `logprob`. `appended` records (slot, tokens, start) of each append.
     """
 
-    def __init__(self, tokenizer, turns: Sequence[str], *, batch: int = 2,
+    def __init__(self, tokenizer, turns: Sequence[str | Sequence[str]], *, batch: int = 2,
                  cache_length: int = 4096, max_prefill_length: int | None = None,
                  filler: str = "~", logprob: float = -0.25):  # fmt: skip
         self.tokenizer = tokenizer
@@ -350,7 +352,8 @@ class ScriptedEngine:
         self.cache_length = cache_length
         self.max_prefill_length = max_prefill_length or cache_length // 2
         self.eos_ids = np.asarray([tokenizer.eos_token_id], np.int32)
-        self.turns = [self._ids(t) for t in turns]
+        self.turns = [[self._ids(t)] if isinstance(t, str) else [self._ids(x) for x in t]
+                      for t in turns]  # fmt: skip
         self.filler = self._ids(filler)[0]
         self.logprob = logprob
         self.appended: list[tuple[int, list[int], int]] = []
@@ -406,7 +409,8 @@ class ScriptedEngine:
         return state
 
     def _next_token(self, state, b: int) -> int:
-        turn = self.turns[min(state["turn"][b], len(self.turns) - 1)]
+        texts = self.turns[min(state["turn"][b], len(self.turns) - 1)]
+        turn = texts[b % len(texts)]
         if state["pos"][b] < len(turn):
             return turn[state["pos"][b]]
         if state["turn"][b] >= len(self.turns) - 1:

@@ -25,22 +25,24 @@ def _call(name: str, **arguments) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-# Per environment: (its tools, the rows of its data files, the scripted turns). Every row's
-# answer is the one the script gives, so every episode scores 1.
+# Per environment: (its tools, the rows of its data files, the scripted turns). The last turn
+# answers right in even slots and wrong in odd ones, so a group's episodes score 1 and 0:
+# nonzero advantages, an update that moves the policy.
 CASES = {
     "env_example:make_env": (
         ("lookup", "count_letters"),
         [{"prompt": "What is the capital of France?", "answer": "Paris"},
          {"prompt": "Which city is the capital of France?", "answer": "Paris"}],
         [_call("lookup", country="France") + "\n" + _call("count_letters", word="Paris")
-         + "<|im_end|>", "The capital of France is Paris.<|im_end|>"],
+         + "<|im_end|>", ("The capital of France is Paris.<|im_end|>",
+                          "The capital of France is Lyon.<|im_end|>")],
     ),
     "arithmetic": (
         ("add", "divide"),
         [{"prompt": "What is 36 plus 6, divided by 6?", "answer": "7"},
          {"prompt": "Add 6 to 36, then divide by 6.", "answer": "7"}],
         [_call("add", a=36, b=6) + "\n" + _call("divide", a=42, b=6) + "<|im_end|>",
-         "The answer is \\boxed{7}.<|im_end|>"],
+         ("The answer is \\boxed{7}.<|im_end|>", "The answer is \\boxed{8}.<|im_end|>")],
     ),
 }  # fmt: skip
 
@@ -78,4 +80,8 @@ def test_an_environment_runs_the_loop(tmp_path, monkeypatch, env):
         assert record[f"{prefix}env/turns/mean"] == len(turns), record
         assert record[f"{prefix}env/calls/mean"] == 2, record
         assert record[f"{prefix}env/well_formed_share"] == 1, record
-        assert record[f"{prefix}env/reward/mean"] == 1, record
+        assert 0 < record[f"{prefix}env/reward/mean"] < 1, record
+    # Groups of right and wrong episodes: advantages of both signs, and a gradient.
+    assert last["batch/all_equal_groups_frac"] < 1, last
+    assert last["critic/advantages/min"] < 0 < last["critic/advantages/max"], last
+    assert last["actor/grad_norm"] > 0, last

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from jaxrl_llm.testing import ScriptedEngine
 
 
-def script_the_engine(monkeypatch, turns: Sequence[str]) -> None:
+def script_the_engine(monkeypatch, turns: Sequence[str | Sequence[str]]) -> None:
     """Every `rollout.Engine` built from here on is a `ScriptedEngine` of `turns` with the
     real engine's parameter shardings (what the weight sync targets)."""
     import jaxrl_llm.rollout as rollout_pkg
