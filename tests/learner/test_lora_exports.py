@@ -124,6 +124,7 @@ def _int8_run_dir(tmp_path, model):
     return run
 
 
+@pytest.mark.slow  # measured: 8.2 s (fast tier, AMD EPYC, 2026-12-06)
 def test_export_of_an_int8_run_merges_onto_the_float_weights(tmp_path):
     _, model = _trained_int8_model()
     run = _int8_run_dir(tmp_path, model)
