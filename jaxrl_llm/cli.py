@@ -8,6 +8,7 @@ their command runs, so `jaxrl-llm --help` stays fast (no JAX, no TensorFlow).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -130,13 +131,20 @@ def _raise_exit(signum: int, _frame: FrameType | None) -> None:
     # cut short the cleanups this one starts (an overlapped run's producer closing, the run's
     # last checkpoint and metrics). SIGKILL still ends the process at once.
     signal.signal(signum, _still_stopping)
-    print(f"jaxrl-llm: {signal.Signals(signum).name}: stopping", file=sys.stderr, flush=True)
+    _say(f"jaxrl-llm: {signal.Signals(signum).name}: stopping")
     raise SystemExit(128 + signum)
 
 
 def _still_stopping(signum: int, _frame: FrameType | None) -> None:
-    name = signal.Signals(signum).name
-    print(f"jaxrl-llm: {name} again: still stopping (SIGKILL ends it now)", file=sys.stderr)
+    _say(f"jaxrl-llm: {signal.Signals(signum).name} again: still stopping (SIGKILL ends it now)")
+
+
+def _say(line: str) -> None:
+    """A signal handler's line on stderr: os.write, not print, since a handler that prints
+    while the code it interrupted is printing raises ("reentrant call" on the buffered
+    stream) in place of what it meant to do."""
+    with contextlib.suppress(OSError):
+        os.write(2, (line + "\n").encode())
 
 
 def _exit_cleanly_on_sigterm() -> bool:
