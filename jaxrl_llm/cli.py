@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxrl-llm {name}: configuration error: {_without_gin_trace(e)}", file=sys.stderr)
         return 2
     finally:  # stopping by SIGTERM: `_still_stopping` stays for the exit's own cleanups
-        if installed and signal.getsignal(signal.SIGTERM) is _raise_exit:
+        if installed and signal.getsignal(signal.SIGTERM) is not _still_stopping:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return int(code or 0)
 

@@ -131,6 +131,25 @@ def test_the_handler_is_only_set_while_a_command_runs(tmp_path, monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_commands_own_handler_is_removed_when_it_returns(tmp_path, monkeypatch):
+    """A command that sets its own SIGTERM handler (as `serve` does) leaves none behind: the
+    default is back once it returns, as after any other command."""
+    (tmp_path / "own_cmd.py").write_text(
+        "import signal\n"
+        "def add_arguments(parser): pass\n"
+        "def main(args):\n"
+        "    signal.signal(signal.SIGTERM, lambda *_: None)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli.COMMANDS, "own", ("own_cmd", "sets its own SIGTERM handler"))
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a process of its own
+    try:
+        assert cli.main(["own"]) == 0
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_a_command_started_off_the_main_thread_leaves_signals_alone():
     result = []
     thread = threading.Thread(target=lambda: result.append(cli._exit_cleanly_on_sigterm()))
