@@ -19,12 +19,6 @@ XDIST := $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal
 TRAIN_ARGS ?=
 # The venv's own interpreter, whichever venv this is (pyproject names .venv for editors).
 PYRIGHT := $(BIN)/basedpyright -p pyproject.toml --pythonpath $(BIN)/python
-# pytest with Python's bytecode cache on, whatever the environment says: images often set
-# PYTHONDONTWRITEBYTECODE, and then every test process (each xdist worker and every command
-# a test starts) compiles the package and re-rewrites the test modules' asserts from source
-# (a second `make test-fast` 2 min 42 s against 3 min 8 s, docs/testing.md). The
-# __pycache__ folders are gitignored.
-PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 
 .PHONY: train test test-fast lint format sysdeps clean tiny-checkpoint repro-torl repro-limr repro-search-r1 repro-agent repro-rm
 
@@ -72,7 +66,7 @@ test: $(TEST_STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PYRIGHT)
-	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests marked slow (end-to-end runs, benchmarks,
 # subprocess servers; chosen by measured duration, docs/testing.md). CI runs `make test`.
@@ -80,7 +74,7 @@ test-fast: $(TEST_STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PYRIGHT)
-	$(PYTEST) $(XDIST) -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
