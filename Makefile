@@ -69,12 +69,13 @@ test: $(TEST_STAMP) sysdeps
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests marked slow (end-to-end runs, benchmarks,
-# subprocess servers; chosen by measured duration, docs/testing.md). CI runs `make test`.
+# subprocess servers; chosen by measured duration, docs/testing.md), with the compiled XLA
+# programs kept between runs (tests/conftest.py: JAXRL_LLM_TEST_CACHE). CI runs `make test`.
 test-fast: $(TEST_STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PYRIGHT)
-	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+	JAXRL_LLM_TEST_CACHE=keep $(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

@@ -10,6 +10,7 @@ import tempfile
 import pytest
 
 from jaxrl_llm import cpu_devices
+from jaxrl_llm.user_cache import prune_cache, user_cache_dir
 
 # Must happen before the first `import jax` in the process, so sharding bugs show on CPU.
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -26,16 +27,35 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One persistent compilation cache for the whole run, shared by the xdist workers and by the
 # subprocesses the end-to-end tests start (they inherit the environment): many tests compile
 # the same programs (the tiny model's steps, the default run's), and a cache hit loads the
-# same executable XLA would build again, so results are unchanged. A new, empty cache each
-# run, removed at the end: nothing carries over from an earlier run, so a run's time and
-# result never depend on what ran before. Set JAX_COMPILATION_CACHE_DIR to keep one across
-# runs (the inner loop).
+# same executable XLA would build again, so results are unchanged. By default a new, empty
+# cache each run, removed at the end: nothing carries over from an earlier run, so a run's
+# time and result never depend on what ran before (`make test`, CI). The inner loop keeps
+# its programs instead (`make test-fast` sets JAXRL_LLM_TEST_CACHE=keep): the user's test
+# cache folder, every program cached, so a second run compiles only what changed; pruned
+# when a run starts (`user_cache.prune_cache`). Set JAX_COMPILATION_CACHE_DIR to name
+# another folder.
+_KEPT_JIT_CACHE = None
 _OWN_JIT_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    _OWN_JIT_CACHE = tempfile.mkdtemp(prefix="jaxrl-llm-tests-jit-")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JIT_CACHE
-# Programs that compile in under this many seconds are rebuilt rather than cached.
+    if os.environ.get("JAXRL_LLM_TEST_CACHE") == "keep":
+        _KEPT_JIT_CACHE = user_cache_dir("test-xla")
+        os.makedirs(_KEPT_JIT_CACHE, exist_ok=True)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = _KEPT_JIT_CACHE
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    else:
+        _OWN_JIT_CACHE = tempfile.mkdtemp(prefix="jaxrl-llm-tests-jit-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JIT_CACHE
+# Programs that compile in under this many seconds are rebuilt rather than cached (within
+# one run few small programs recur: docs/testing.md).
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+KEPT_CACHE_BYTES = 1 << 30  # the fast tier's programs take 12-18 MB
+
+
+def pytest_configure(config):
+    if _KEPT_JIT_CACHE is not None and not hasattr(config, "workerinput"):
+        prune_cache(_KEPT_JIT_CACHE, KEPT_CACHE_BYTES)
 
 
 def pytest_unconfigure(config):
