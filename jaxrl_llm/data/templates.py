@@ -130,6 +130,12 @@ def render_prompt(
     check_chat_template(
         tokenizer, f"template {template!r} (DataConfig.template, eval's --template)"
     )
+    return chat_prompt(tokenizer, messages)
+
+
+def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """``messages`` through ``tokenizer``'s chat template, ending in a generation prompt, as
+    text (unchecked: ``check_chat_template`` first)."""
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 

@@ -111,7 +111,7 @@ def _prepare_prompts(args: argparse.Namespace) -> tuple[list[str], int, Any]:
     longest prompt plus `--max-new-tokens` would run past the model's context
     (`learner.run.check_context`)."""
     from jaxrl_llm.assets import resolve_checkpoint
-    from jaxrl_llm.data.templates import check_chat_template, render_prompt
+    from jaxrl_llm.data.templates import chat_prompt, check_chat_template
     from jaxrl_llm.learner.run import check_context
     from jaxrl_llm.models import load_tokenizer
 
@@ -120,7 +120,7 @@ def _prepare_prompts(args: argparse.Namespace) -> tuple[list[str], int, Any]:
     tokenizer = load_tokenizer(path)
     if args.chat:
         check_chat_template(tokenizer, "--chat")
-        prompts = [render_prompt({"prompt": p}, "chat", tokenizer=tokenizer) for p in prompts]
+        prompts = [chat_prompt(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
     longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
     what = f"the longest prompt ({longest} tokens) + --max-new-tokens ({args.max_new_tokens})"
     check_context(longest + args.max_new_tokens, path, what)
