@@ -25,5 +25,5 @@ def kv_bytes_read(engine, kv_lens_per_step) -> int:
 
     page_bytes = engine.page_size * engine.kv_bytes_per_token()
     ps, pps = engine.page_size, engine.pages_per_seq
-    pages = sum(int(pages_read(np.asarray(lens), ps, pps)[1]) for lens in kv_lens_per_step)
+    pages = sum(pages_read(np.asarray(lens), ps, pps) for lens in kv_lens_per_step)
     return pages * page_bytes

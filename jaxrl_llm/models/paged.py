@@ -183,30 +183,22 @@ def decode_attention(
     page_indices: Array,
     *,
     sm_scale: float,
-    walk: str = "auto",
 ) -> Array:
     """Causal attention of one query per sequence over its paged keys: q [B, N, H] ->
-    [B, N, H], softmax in float32.
+    [B, N, H], softmax in float32, by the ragged walk (`_by_item`): the (row, page) items
+    in use, `block_pages` of them at a time.
 
-    Two walks over the same pages, picked per call by the pages each would read
-    (`pages_read`): by page column (every row's first w pages at once, w the longest row's
-    page count rounded up to a compiled width, in one pass while that is small, else in a
-    loop of blocks: no bookkeeping, best when rows have similar lengths) or by a ragged
-    list of (row, page) items (exactly the pages in use, in blocks: best when lengths differ
-    widely, as in tool-using RL). `walk`: "auto", "column" or "ragged" (tests pin one).
-    """
+    The one walk of the CPU path. A second walk by page column (every row's first w pages at
+    once, w switched over compiled widths, picked per call by a `cond`) doubled the decode
+    program's compile (Qwen2.5-0.5B shape: 11.7-15.7 s against 5.0-7.5 s for this walk
+    alone) and, with blocks of 2,048 tokens here, decoded faster only on long rows of one
+    length where attention is most of a step (the tiny model, 32 x 1,088 tokens: this walk
+    7-26% slower; docs/performance.md, 2026-12-07)."""
     B, N, H = q.shape
     ps, K = kv_pages.shape[1], kv_pages.shape[2] // 2
     n_pages = (kv_lens + ps - 1) // ps
     qg = q.reshape(B, K, N // K, H)
-    args = (qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale)
-    if walk == "column":
-        _, denom, o = _by_column(*args)
-    elif walk == "ragged":
-        _, denom, o = _by_item(*args)
-    else:
-        use_column, _ = pages_read(kv_lens, ps, page_indices.shape[1], jnp)
-        _, denom, o = jax.lax.cond(use_column, lambda: _by_column(*args), lambda: _by_item(*args))
+    _, denom, o = _by_item(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale)
     # Inactive rows (kv_len 0) are zero; an active row's NaN (a NaN key it attends: an
     # overflow upstream) stays NaN, as on the GPU path, rather than read as a zero output.
     active = (kv_lens > 0)[:, None, None, None]
@@ -214,43 +206,24 @@ def decode_attention(
     return out.reshape(B, N, H).astype(q.dtype)
 
 
-COLUMN_SLACK = 1.25  # the column walk may read this much more than the pages in use
-DENSE_TOKENS = 16384  # one-pass column walk up to this many gathered tokens (B x w x ps)
-BLOCK_TOKENS = 512  # tokens per loop iteration otherwise
+BLOCK_TOKENS = 2048  # tokens a block of the walk holds at most (its pages: `block_pages`)
 
 
-def column_widths(batch: int, page_size: int, pages_per_seq: int) -> tuple[int, ...]:
-    """Page counts the one-pass column walk is compiled for: each count up to 8, then
-    steps of about 1.25x, up to what `DENSE_TOKENS` allows (longer rows loop)."""
-    cap = min(pages_per_seq, max(1, DENSE_TOKENS // (batch * page_size)))
-    widths, w = [], 1
-    while w < cap:
-        widths.append(w)
-        w = w + 1 if w < 8 else -(-w * 5 // 4)
-    return (*widths, cap)
+def block_pages(batch: int, page_size: int, pages_per_seq: int) -> int:
+    """Items (pages) per block of the ragged walk: `BLOCK_TOKENS` of them, or the page
+    tables' whole size when that is less (one pass then, reading no page past the tables).
+    Larger blocks run fewer loop iterations of larger products: at 512 tokens a block the
+    walk decoded 11-80% slower than at 2,048 on rows of one length (docs/performance.md)."""
+    return max(1, min(BLOCK_TOKENS // page_size, batch * pages_per_seq))
 
 
-def _loop_columns(batch: int, page_size: int) -> int:
-    return max(1, -(-max(1, BLOCK_TOKENS // page_size) // batch))
-
-
-def pages_read(kv_lens, page_size: int, pages_per_seq: int, xp=np):
-    """(walk by column?, pages one layer's decode attention reads) for rows holding
-    `kv_lens` tokens: the column walk while it reads at most `COLUMN_SLACK` x the pages in
-    use (it has no per-item bookkeeping), else the ragged walk (exactly those pages, plus
-    at most one partly used block). `xp`: numpy (benchmarks' accounting) or jax.numpy
-    (the walk's own choice)."""
-    B = kv_lens.shape[0]
-    n_pages = (kv_lens + page_size - 1) // page_size
-    longest = xp.max(n_pages)
-    widths = xp.asarray(column_widths(B, page_size, pages_per_seq))
-    C = _loop_columns(B, page_size)
-    looped = -(-longest // C) * C
-    at = xp.minimum(xp.searchsorted(widths, longest), len(widths) - 1)
-    width = xp.where(longest <= widths[-1], widths[at], looped)
-    column, ragged = B * width, xp.sum(n_pages)
-    use_column = column <= COLUMN_SLACK * ragged
-    return use_column, xp.where(use_column, column, ragged)
+def pages_read(kv_lens, page_size: int, pages_per_seq: int) -> int:
+    """Pages one layer's decode attention gathers for rows holding `kv_lens` tokens (numpy;
+    the benchmarks' accounting): every block the walk runs, its last one whole (the items
+    past the pages in use are gathered too, and masked)."""
+    block = block_pages(len(kv_lens), page_size, pages_per_seq)
+    in_use = int(np.sum((np.asarray(kv_lens) + page_size - 1) // page_size))
+    return -(-in_use // block) * block
 
 
 def _init(qg: Array):
@@ -280,58 +253,11 @@ def _block_stats(qg, blk, ok, sm_scale):
     return m_i, jnp.sum(p, axis=-1), o_i
 
 
-def _by_column(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
-    """Softmax statistics over every row's first w pages: one pass at the smallest
-    compiled width that holds the longest row, or a loop of column blocks past them."""
-    B, pps = page_indices.shape
-    ps = kv_pages.shape[1]
-    widths = column_widths(B, ps, pps)
-
-    def one_pass(w: int):
-        def run():
-            blk = take_pages(kv_pages, page_indices[:, :w])  # [B, w, ps, 2K, H]
-            blk = blk.reshape(B, w * ps, *blk.shape[3:])
-            ok = jnp.arange(w * ps)[None, :] < kv_lens[:, None]
-            return _block_stats(qg, blk, ok, sm_scale)
-
-        return run
-
-    branches = [one_pass(w) for w in widths]
-    if widths[-1] < pps:  # else no row can outgrow the one-pass widths: no loop to compile
-        branches.append(
-            lambda: _column_loop(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale)
-        )
-    which = jnp.searchsorted(jnp.asarray(widths), jnp.max(n_pages))  # len(widths): the loop
-    return jax.lax.switch(which, branches)
-
-
-def _column_loop(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
-    """Online softmax over blocks of page columns of every row."""
-    B, pps = page_indices.shape
-    ps = kv_pages.shape[1]
-    C = min(_loop_columns(B, ps), pps)
-
-    def body(c, carry):
-        m, total_p, o = carry
-        j = jnp.clip(c * C + jnp.arange(C), 0, pps - 1)  # [C]
-        blk = take_pages(kv_pages, page_indices[:, j])  # [B, C, ps, 2K, H]
-        blk = blk.reshape(B, C * ps, *blk.shape[3:])
-        pos = (c * C + jnp.arange(C))[:, None] * ps + jnp.arange(ps)[None, :]
-        ok = pos.reshape(1, -1) < kv_lens[:, None]  # [B, C * ps]
-        m_i, l_i, o_i = _block_stats(qg, blk, ok, sm_scale)
-        m_new = jnp.maximum(m, m_i)
-        a_old, a_i = jnp.exp(m - m_new), jnp.exp(m_i - m_new)
-        return m_new, total_p * a_old + l_i * a_i, o * a_old[..., None] + o_i * a_i[..., None]
-
-    steps = (jnp.max(n_pages) + C - 1) // C
-    return jax.lax.fori_loop(0, steps, body, _init(qg))
-
-
 def _by_item(qg, kv_pages, kv_lens, page_indices, n_pages, sm_scale):
     """Online softmax over a ragged list of (row, page) items, a block at a time."""
     B, pps = page_indices.shape
     ps = kv_pages.shape[1]
-    block = max(1, BLOCK_TOKENS // ps)
+    block = block_pages(B, ps, pps)
     ends = jnp.cumsum(n_pages)
     starts = ends - n_pages
     total = ends[-1]

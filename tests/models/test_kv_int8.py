@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl_llm.models import paged
 from jaxrl_llm.models.kv_int8 import Int8Pages, new_pool, quantize_kv, take_pages
 from jaxrl_llm.models.paged import decode, decode_attention, gathered_attention, write_kv
 from jaxrl_llm.testing import assert_as_accurate
@@ -44,16 +45,17 @@ def test_write_kv_quantises_each_token_and_head_by_its_own_scale():
 
 
 @pytest.mark.slow  # 12 s in a loaded 2-worker fast-tier run, AMD EPYC AVX2 (2026-12-04)
-@pytest.mark.parametrize("walk", ["column", "ragged", "auto"])
-def test_decode_over_int8_pages_is_decode_over_their_dequantised_values(walk):
+@pytest.mark.parametrize("block_tokens", [8, 2048])  # blocks of 2 pages; one pass
+def test_decode_over_int8_pages_is_decode_over_their_dequantised_values(block_tokens, monkeypatch):
+    monkeypatch.setattr(paged, "BLOCK_TOKENS", block_tokens)
     rng = np.random.RandomState(4)
     B, N, K, H, ps, pps = 5, 4, 2, 8, 4, 5
     kv, table = _pool(rng, B, pps, ps, K, H)
     pool, floats = _quantised(kv)
     lens = jnp.asarray([1, ps, ps + 1, 0, pps * ps], jnp.int32)
     q = jnp.asarray(rng.randn(B, N, H).astype(np.float32))
-    out = decode_attention(q, pool, lens, table, sm_scale=0.35, walk=walk)
-    trusted = decode_attention(q, floats, lens, table, sm_scale=0.35, walk=walk)
+    out = decode_attention(q, pool, lens, table, sm_scale=0.35)
+    trusted = decode_attention(q, floats, lens, table, sm_scale=0.35)
     exact = _float64(_dense_reference, q, floats, lens, table, 0.35)
     assert_as_accurate(out, trusted, exact)
     on_gpu = decode(q, pool, lens, table, sm_scale=0.35, platform="gpu")  # whole rows

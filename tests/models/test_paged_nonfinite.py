@@ -35,7 +35,7 @@ SCENARIOS = {
     "another_row": ([14 * PS], [1, 2, 3, 4, 5]),  # A's first token: A attends it, no one else
     "past_the_length": ([1 * PS + 3, 7 * PS + 3], [0, 1, 2, 3, 4, 5]),  # B's, D's stale tails
 }
-PATHS = ["column", "column_loop", "ragged", "ragged_blocks", "auto", "gpu", "gathered"]
+PATHS = ["ragged", "ragged_blocks", "gpu", "gathered"]
 
 
 def _attend(path: str, q, pool, lens, table):
@@ -46,9 +46,8 @@ def _attend(path: str, q, pool, lens, table):
         out = paged.gathered_attention(q, pool, lens, table, positions, sm_scale=0.3)
     elif path == "gpu":
         out = paged.decode(q[:, 1], pool, lens, table, sm_scale=0.3, platform="gpu")
-    else:
-        walk = path.split("_")[0]
-        out = paged.decode_attention(q[:, 1], pool, lens, table, sm_scale=0.3, walk=walk)
+    else:  # the ragged walk, in one pass or in blocks
+        out = paged.decode_attention(q[:, 1], pool, lens, table, sm_scale=0.3)
     return out.astype(jnp.float32)
 
 
@@ -69,9 +68,6 @@ def _poison(pool, slots: list[int]):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("path", PATHS)
 def test_unattended_nonfinite_slots_leave_outputs_bit_identical(path, dtype, scenario, monkeypatch):
-    if path == "column_loop":  # one-pass widths of 1 page, loop of 1 column at a time
-        monkeypatch.setattr(paged, "DENSE_TOKENS", len(TABLE) * PS)
-        monkeypatch.setattr(paged, "BLOCK_TOKENS", 2 * PS)
     if path == "ragged_blocks":  # blocks of 2 items: the last block has one dead item
         monkeypatch.setattr(paged, "BLOCK_TOKENS", 2 * PS)
     slots, rows = SCENARIOS[scenario]
