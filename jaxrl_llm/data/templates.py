@@ -135,7 +135,7 @@ def render_prompt(
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     """``messages`` through ``tokenizer``'s chat template, ending in a generation prompt, as
-    text (unchecked: ``check_chat_template`` first)."""
+    text; the one place that call is made (it checks nothing: ``check_chat_template`` does)."""
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 

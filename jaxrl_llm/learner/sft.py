@@ -37,6 +37,7 @@ from jaxrl_llm.config_record import write_resolved_config
 from jaxrl_llm.data.examples import row_conversation
 from jaxrl_llm.data.sources import SourceConfig, read_records, require_source
 from jaxrl_llm.data.tasks import arithmetic
+from jaxrl_llm.data.templates import chat_prompt
 from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
 from jaxrl_llm.learner.run import check_context
 from jaxrl_llm.learner.state import TrainState, accumulate_gradients, apply_gradients
@@ -234,7 +235,7 @@ def encode_example(example: dict, tokenizer: Any) -> tuple[list[int], list[int]]
 
         return encode_episode(example["messages"], example.get("tools"), tokenizer)
     messages, response = pair_messages(example)
-    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt = chat_prompt(tokenizer, messages)
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     mask = [0] * len(ids)
     cursor = 0

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.config_checks import FLOAT32_MAX
+from jaxrl_llm.data.templates import chat_prompt
 from jaxrl_llm.rewards.judge_config import (
     JUDGE_PREFIX,
     JudgeConfig,
@@ -110,10 +111,7 @@ class Judge:
             for r, e in zip(responses, examples, strict=True)
         ]
         if getattr(self.tokenizer, "chat_template", None):
-            texts = [
-                self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-                for c in chats
-            ]
+            texts = [chat_prompt(self.tokenizer, c) for c in chats]
             ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         else:
             ids = self.tokenizer([c[0]["content"] for c in chats])["input_ids"]
