@@ -19,7 +19,8 @@ mesh (simulated devices) the call has no sharding rule: XLA gives it whole opera
 it gathers an FSDP weight for a dot.
 
 Built on first use with the host's C++ compiler (`$CXX`, else `c++`) for the host's own
-instruction set (`-march=native`: AVX2 + FMA paths where the CPU has them), into
+instruction set (`-march=native`: AVX2 + FMA paths where the CPU has them, the same sums
+16 lanes at a time where it has AVX-512 too, bit for bit the AVX2 path's results), into
 `$XDG_CACHE_HOME/jaxrl-llm/kernels` (else `~/.cache/...`) under a name derived from the
 source, the compiler, jaxlib's version and the CPU's model and flags, so a home shared by
 hosts of other CPUs never loads a library built for another instruction set. About 4 s,
@@ -79,14 +80,15 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
 
 
-def _build(cxx: str) -> Path:
-    """The kernel's shared library for this host, compiled unless already in the cache."""
+def _build(cxx: str, flags: tuple[str, ...] = ()) -> Path:
+    """The kernel's shared library for this host, compiled unless already in the cache.
+    `flags` are added to the compiler's (a test builds the AVX2 path on an AVX-512 host with
+    `-mno-avx512f`)."""
     version = subprocess.run(
         [cxx, "--version"], capture_output=True, text=True, timeout=30, check=True
     ).stdout
-    key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), version, jax.lib.__version__, _cpu_identity()]).encode()
-    ).hexdigest()[:16]
+    parts = [SOURCE.read_text(), version, jax.lib.__version__, _cpu_identity(), *flags]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     out = Path(user_cache_dir("kernels")) / f"int8_matmul-{key}.so"
     if out.exists():
         return out
@@ -94,7 +96,7 @@ def _build(cxx: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w",
-           "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]  # fmt: skip
+           *flags, "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]  # fmt: skip
     try:
         subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=True)
         os.replace(tmp, out)  # atomic: a concurrent build writes the same bytes
@@ -111,13 +113,18 @@ def target_name() -> str | None:
     if cxx is None:
         log.warning("no C++ compiler ($CXX / c++ / g++): int8 products use XLA's dot")
         return None
+    name = "jaxrl_int8_matmul_" + hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]
     try:
-        lib = ctypes.cdll.LoadLibrary(str(_build(cxx)))
+        return register(_build(cxx), name)
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         log.warning("the int8 CPU kernel did not build (%s): XLA's dot is used", detail[-2000:])
         return None
-    name = "jaxrl_int8_matmul_" + hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]
+
+
+def register(library: Path, name: str) -> str:
+    """Loads a built kernel library and registers its handler as the CPU FFI target `name`."""
+    lib = ctypes.cdll.LoadLibrary(str(library))
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, _SYMBOL)), platform="cpu")
     return name
 

@@ -1,9 +1,12 @@
 """The int8 CPU kernel (`models.int8_cpu`, `models/int8_matmul.cc`): its products equal
 their formula within float32's summation bound, it is in the program only where it should
-be, gradients through it are XLA's, it runs on 8 simulated devices, and a failed build
-leaves XLA's product in place with one warning."""
+be, gradients through it are XLA's, its AVX-512 path sums as its AVX2 path bit for bit, it
+runs on 8 simulated devices, and a failed build leaves XLA's product in place with one
+warning."""
 
+import itertools
 import logging
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +74,27 @@ def test_the_kernel_is_its_formula_within_float32s_summation_bound(R, K, N, tran
     exact, bound = _exact_and_bound(x, q, s, transposed)
     assert got.shape == (R, N)
     assert np.all(np.abs(got - exact) <= bound), np.max(np.abs(got - exact) / bound)
+
+
+def test_the_avx512_path_sums_as_the_avx2_path_bit_for_bit():
+    """Built for this host (`-march=native`) and again with `-mno-avx512f` (the AVX2 path):
+    the same outputs bit for bit, one row to `MAX_ROWS`, widths that leave 16-, 8- and
+    1-column tails, both layouts and weights split over the thread pool. On a host with
+    AVX-512 the first build runs 16 lanes at a time (`int8_matmul.cc`); on one without, both
+    builds are the AVX2 path."""
+    avx512 = "avx512f" in Path("/proc/cpuinfo").read_text().split()
+    cxx = int8_cpu._compiler()
+    assert cxx is not None  # the module's skip: the kernel built
+    avx2 = int8_cpu.register(int8_cpu._build(cxx, ("-mno-avx512f",)), "jaxrl_int8_test_avx2")
+    native = int8_cpu.target_name()
+    shapes = itertools.product([1, 3, 16], [36, 900], [24, 40, 1000], [False, True])
+    for R, K, N, transposed in shapes:
+        x, q, s = _operands(R, K, N, transposed)
+        out = jax.ShapeDtypeStruct((R, N), jnp.float32)
+        got = [np.asarray(jax.ffi.ffi_call(name, out)(x, q, s, transposed=transposed))
+               for name in (native, avx2)]  # fmt: skip
+        assert np.array_equal(got[0].view(np.int32), got[1].view(np.int32)), (
+            R, K, N, transposed, avx512)  # fmt: skip
 
 
 def test_the_kernel_is_in_the_program_only_where_it_pays(monkeypatch):
