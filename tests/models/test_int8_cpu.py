@@ -6,6 +6,7 @@ warning."""
 
 import itertools
 import logging
+import platform
 from pathlib import Path
 
 import jax
@@ -76,6 +77,10 @@ def test_the_kernel_is_its_formula_within_float32s_summation_bound(R, K, N, tran
     assert np.all(np.abs(got - exact) <= bound), np.max(np.abs(got - exact) / bound)
 
 
+@pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64"),
+    reason="the AVX2 and AVX-512 paths are x86's (and -mno-avx512f an x86 compiler flag)",
+)
 def test_the_avx512_path_sums_as_the_avx2_path_bit_for_bit():
     """Built for this host (`-march=native`) and again with `-mno-avx512f` (the AVX2 path):
     the same outputs bit for bit, one row to `MAX_ROWS`, widths that leave 16-, 8- and
