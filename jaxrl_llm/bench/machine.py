@@ -76,14 +76,25 @@ def machine_ceilings() -> dict:
     mm = jax.jit(lambda x: x @ x)
     mm(a).block_until_ready()
     flops = 2 * n**3 / fastest_call_s(lambda: mm(a), 5)
+    read, nbytes = read_probe()
+    bandwidth = nbytes / fastest_call_s(read, 5)
+    return {"matmul_flops": flops, "read_bytes_per_s": bandwidth, "host": host()}
+
+
+def read_probe():
+    """`(read, nbytes)`: `read()` sums an array of `nbytes`, a streaming read of each byte
+    once, as decode reads the weights (compiled and run once here, so the next call is timed
+    alone)."""
+    import jax
+    import jax.numpy as jnp
+
     # Well past the caches: 256 MB on a CPU; 1 GiB on an accelerator, whose 256 MB read
     # (about 70 us on an H200) a kernel launch would visibly lengthen.
     mib = 256 if jax.default_backend() == "cpu" else 1024
     big = jnp.ones(mib * 2**18, jnp.float32)
     total = jax.jit(jnp.sum)
-    total(big).block_until_ready()  # then a streaming read, as decode reads the weights
-    bandwidth = big.nbytes / fastest_call_s(lambda: total(big), 5)
-    return {"matmul_flops": flops, "read_bytes_per_s": bandwidth, "host": host()}
+    total(big).block_until_ready()
+    return (lambda: total(big)), big.nbytes
 
 
 def bench_checkpoint(name: str, tmp: Path) -> Path:
