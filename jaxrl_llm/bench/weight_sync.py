@@ -12,8 +12,8 @@ layout holds the whole model on every sampler device (tensor = 1 here), so the m
 
 The bandwidth it is held against is measured beside it: each timed move is followed by a
 streaming read (`machine.read_probe`: a sum over 256 MB, which reads each byte once), and
-each pair gives one ratio, so a host whose speed drifts between seconds (on the 2-core hosts
-this is tested on the read rate of one run swung from 28 to 46 GB/s) moves both sides of it:
+each pair gives one ratio, so a host whose speed drifts between seconds (on the AVX-512 EPYC
+host the read rate swung from 18 to 44 GB/s within one run) moves both sides of it:
 
     fraction_of_read_bandwidth  median over the pairs of move_bytes_per_s / read rate: bytes
                                 written per second, the issue's measure
