@@ -8,6 +8,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 from jaxrl_llm import huge_pages
 from jaxrl_llm.bench.clock import compile_cache_in_use
@@ -53,17 +54,19 @@ def host(cpuinfo: str | None = None) -> dict:
     }
 
 
+def waited_call(fn, clock=time.perf_counter) -> tuple[Any, float]:
+    """`(out, seconds)` of one call of `fn`, timed until its arrays are ready."""
+    import jax
+
+    t0 = clock()
+    out = jax.block_until_ready(fn())
+    return out, clock() - t0
+
+
 def fastest_call_s(fn, calls: int, clock=time.perf_counter) -> float:
     """Seconds of the fastest of `calls` calls of `fn` (each waited for): a ceiling is the
     machine at its best, as the best-of steps divided by it are."""
-    import jax
-
-    best = float("inf")
-    for _ in range(calls):
-        t0 = clock()
-        jax.block_until_ready(fn())
-        best = min(best, clock() - t0)
-    return best
+    return min(waited_call(fn, clock)[1] for _ in range(calls))
 
 
 def machine_ceilings() -> dict:

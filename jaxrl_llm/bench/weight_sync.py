@@ -36,11 +36,10 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from jaxrl_llm.bench.machine import bench_checkpoint, machine_ceilings, read_probe
+from jaxrl_llm.bench.machine import bench_checkpoint, machine_ceilings, read_probe, waited_call
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,32 +53,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _timed(fn, repeats: int) -> list[float]:
     """Seconds of `repeats` calls of `fn` (each waited for), after one warm-up call."""
-    import jax
-
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return times
+    waited_call(fn)
+    return [waited_call(fn)[1] for _ in range(repeats)]
 
 
 def _paired(move, read, repeats: int) -> tuple[list[float], list[float]]:
     """(move seconds, read seconds) of `repeats` rounds of one `move()` then one `read()`,
     after a warm-up move. Each move's arrays live until the read after it is timed; the
     next move replaces them, as each sync replaces the sampler's copy."""
-    import jax
-
-    jax.block_until_ready(move())
+    waited_call(move)
     moves, reads = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        moved = jax.block_until_ready(move())
-        moves.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        jax.block_until_ready(read())
-        reads.append(time.perf_counter() - t0)
+        moved, move_s = waited_call(move)
+        moves.append(move_s)
+        reads.append(waited_call(read)[1])
         del moved
     return moves, reads
 
@@ -119,6 +106,7 @@ def measure(path: Path, rollout_devices: int, repeats: int) -> dict[str, Any]:
     move_s, read_s = _paired(lambda: sync(params), read, repeats)
     copy_s = _timed(lambda: copy(params), repeats)
     reads = [read_bytes / t for t in read_s]  # the read rate after each move
+    fraction = statistics.median(written / t / r for t, r in zip(move_s, reads, strict=True))
     return {
         "trainer_devices": len(devices) - r,
         "sampler_devices": r,
@@ -130,12 +118,8 @@ def measure(path: Path, rollout_devices: int, repeats: int) -> dict[str, Any]:
         "move_s": {"median": statistics.median(move_s), "best": min(move_s), "each": move_s},
         "local_copy_s": {"median": statistics.median(copy_s), "best": min(copy_s)},
         "read_bytes_per_s": {"median": statistics.median(reads), "each": reads},
-        "fraction_of_read_bandwidth": statistics.median(
-            written / t / r for t, r in zip(move_s, reads, strict=True)
-        ),
-        "traffic_fraction": statistics.median(
-            (written + nbytes) / t / r for t, r in zip(move_s, reads, strict=True)
-        ),
+        "fraction_of_read_bandwidth": fraction,
+        "traffic_fraction": fraction * (written + nbytes) / written,
     }
 
 
