@@ -1,21 +1,23 @@
-"""The default task trains on either sampler backend: 12 steps of `configs/grpo_tiny.gin`
+"""The default task trains on either sampler backend: 4 steps of `configs/grpo_tiny.gin`
 (GRPO with the Python tool, the shipped tiny model) with the JAX engine and with vLLM.
 
 Both start from the same greedy validation score (the same weights, greedy tokens equal),
-both learn (the mean training reward rises by a margin, the model calls its tool more), and
-vLLM's final greedy validation accuracy is within 3 points of the JAX engine's. With vLLM,
-every step pushes the whole float32 model and the sampler's logprobs stay those of the
-trained policy (`rollout/logprob_diff/*`: a stale push would show here at once).
+both learn what the task is about on the held-out rows (greedy validation accuracy and tool
+calls rise), and vLLM's greedy validation accuracy after training is within 3 points of the
+JAX engine's. With vLLM, every step pushes the whole float32 model and the sampler's
+logprobs stay those of the trained policy (`rollout/logprob_diff/*`: a stale push would
+show here at once).
 
-Why 12 steps (measured at bc05e36, 2026-12-04, AMD EPYC AVX2, validating every 4 steps):
-greedy validation is saturated by step 4 on both backends (JAX 42.2% -> 95.3, 92.2, 92.2% at
-steps 4, 8, 12; vLLM 42.2% -> 93.8, 92.2, 92.2%), and the mean training reward of steps 9-12
-clears steps 1-4 by 0.25 (JAX) and 0.31 (vLLM) against the 0.15 asked. At 8 steps the JAX
-arm's steps 5-8 clear steps 1-4 by only 0.06: of the lengths measured, 12 is the shortest
-that tests learning.
+Why 4 steps (measured at 9db0f01, 2026-12-07, AMD EPYC Zen 4, validating every 2 steps of
+12): greedy validation, 42.2% at step 0, reads 93.8 / 95.3 / 93.8 / 92.2% at steps 2, 4, 6,
+8 with the JAX engine and 90.6 / 93.8 / 92.2 / 92.2% with vLLM, flat after; greedy tool
+calls per row 0.44 at step 0 and 0.98-1.0 from step 2 on. Step 2 leaves the backends 3.1
+points apart, step 4 1.6 (as at bc05e36 on the AVX2 EPYC: 95.3 and 93.8%). Held-out
+accuracy is the test of learning here: the mean training reward of one step (64 samples)
+moves by up to 0.30 from one step to the next in these runs, so it needs many steps to
+show a trend (12 did, at three times this test's time).
 """
 
-import numpy as np
 import pytest
 
 from jaxrl_llm.config import parse_gin
@@ -28,7 +30,7 @@ pytestmark = pytest.mark.slow
 def _train(run_dir, backend: str) -> list[dict]:
     parse_gin(
         ["grpo_tiny.gin"],
-        [f"RLConfig.run_dir = '{run_dir}'", "RLConfig.steps = 12", "RLConfig.eval_every = 12",
+        [f"RLConfig.run_dir = '{run_dir}'", "RLConfig.steps = 4", "RLConfig.eval_every = 4",
          "RLConfig.save_every = 0", f"RolloutConfig.backend = '{backend}'",
          # vLLM eager: torch.compile on CPU adds ~90 s at start for the same numerics.
          "VllmConfig.enforce_eager = True"],
@@ -37,11 +39,13 @@ def _train(run_dir, backend: str) -> list[dict]:
 
 
 def _learns(records: list[dict]) -> None:
-    steps = [r for r in records if "critic/score/mean" in r]
-    scores = [r["critic/score/mean"] for r in steps]
-    first, last = np.mean(scores[:4]), np.mean(scores[-4:])
-    assert last > first + 0.15, (first, last)
-    assert steps[-1]["env/tool_calls/mean"] > steps[0]["env/tool_calls/mean"]
+    """Greedy held-out accuracy up by 25 points or more (42.2% -> 93.8-95.3% measured) and
+    greedy tool calls up (0.44 -> 1.0 a row) from step 0 to the last validation."""
+    val = [r for r in records if "val/test_score" in r]
+    assert [r["step"] for r in val] == [0, 4]
+    first, last = val[0], val[-1]
+    assert last["val/test_score"] >= first["val/test_score"] + 0.25, (first, last)
+    assert last["val/env/calls/mean"] > first["val/env/calls/mean"], (first, last)
 
 
 def test_the_default_task_trains_on_either_backend(tmp_path):
