@@ -61,16 +61,19 @@ def train_main(args: argparse.Namespace) -> int:
 
 
 def check_mesh(m: MeshConfig) -> None:
-    """`MeshConfig`'s shape against this run's devices (the trainer's: those
-    `rollout_devices` leaves), a `ConfigError` before anything opens or loads. Several
+    """`MeshConfig`'s shape against this run's devices (`devices` of them, the trainer's
+    those `rollout_devices` leaves), a `ConfigError` before anything opens or loads. Several
     processes: the tensor axis within each host's devices, as `plan` checks it (each host
     samples on its own devices: `sharding.hosts.local_sampling_mesh`)."""
     import jax
 
     from jaxrl_llm.learner.plan_shapes import host_mesh_shape
-    from jaxrl_llm.sharding.mesh import resolve_mesh_shape
+    from jaxrl_llm.sharding.mesh import resolve_mesh_shape, run_devices
 
-    trainer = jax.device_count() - m.rollout_devices
+    if jax.process_count() > 1 and m.devices != -1:  # the run's own check names it
+        return
+    n = jax.device_count() if m.devices == -1 else len(run_devices(m.devices))
+    trainer = n - m.rollout_devices
     if trainer <= 0:  # the run's own check names rollout_devices (`learner.run`)
         return
     _, _, tensor = resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=trainer)

@@ -65,7 +65,9 @@ class PolicyConfig:
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-@checked_fields(data=Ge(-1), fsdp=Ge(-1), tensor=Ge(-1), rollout_devices=Ge(0))  # -1: the rest
+@checked_fields(  # -1: the rest (all, for devices)
+    data=Ge(-1), fsdp=Ge(-1), tensor=Ge(-1), rollout_devices=Ge(0), devices=Ge(-1)
+)
 class MeshConfig:
     """Device mesh of the trainer: its data, fsdp and tensor axes (one of them may be -1)."""
 
@@ -80,6 +82,12 @@ class MeshConfig:
         "rollout and training run on their own devices, the weights moved after each update "
         "(timing/weight_sync, weight_sync/bytes); 0: the sampler shares the trainer's devices. "
         "JAX backend, one process.",
+    )
+    devices: int = documented(
+        -1,
+        "Devices the run uses, the first ones of this process (the trainer's mesh and "
+        "`rollout_devices` come out of them; the rest stay idle), e.g. 1 for a tiny model on a "
+        "CPU host simulating several devices; -1: all. One process.",
     )
 
 

@@ -55,7 +55,7 @@ from jaxrl_llm.rollout.judge import build_judge
 from jaxrl_llm.rollout.stage import RolloutStage
 from jaxrl_llm.sharding import TRAIN_RULES, build_mesh
 from jaxrl_llm.sharding.hosts import local_sampling_mesh
-from jaxrl_llm.sharding.mesh import sampler_mesh_shape
+from jaxrl_llm.sharding.mesh import run_devices, sampler_mesh_shape
 
 log = logging.getLogger(__name__)
 
@@ -190,19 +190,24 @@ def _check_one_process(cfg: RLConfig) -> None:
     """A setting that runs on one process only so far, refused before anything loads: a
     sampler on devices apart from the trainer's would take its weights across hosts by a
     transfer outside the trainer's collectives (each host samples on its own devices
-    instead: `sharding.hosts`)."""
-    n, value = jax.process_count(), cfg.mesh.rollout_devices
-    if value and n > 1:
-        raise ConfigError(f"MeshConfig.rollout_devices = {value} runs on one process only so "
-                          f"far (this run has {n}); use 0 for multi-host runs")  # fmt: skip
+    instead: `sharding.hosts`); the first devices of a run (`MeshConfig.devices`) would be
+    the first host's."""
+    n, m = jax.process_count(), cfg.mesh
+    if n == 1:
+        return
+    for name, value, off in (("rollout_devices", m.rollout_devices, 0), ("devices", m.devices, -1)):
+        if value != off:
+            raise ConfigError(f"MeshConfig.{name} = {value} runs on one process only so far "
+                              f"(this run has {n}); use {off} for multi-host runs")  # fmt: skip
 
 
 def _meshes(m: MeshConfig) -> tuple[Mesh, Mesh | None]:
-    """The trainer's mesh, and the sampler's when `m.rollout_devices` sets the last devices
-    apart for it (its "tensor" axis as the trainer's when that divides them, else 1)."""
-    if not m.rollout_devices:
-        return build_mesh(m.data, m.fsdp, m.tensor), None
-    devices, r = jax.devices(), m.rollout_devices
+    """The trainer's mesh, and the sampler's when `m.rollout_devices` sets the last of the
+    run's devices (`m.devices`) apart for it (its "tensor" axis as the trainer's when that
+    divides them, else 1)."""
+    devices, r = run_devices(m.devices), m.rollout_devices
+    if not r:
+        return build_mesh(m.data, m.fsdp, m.tensor, devices=devices), None
     if r >= len(devices):
         raise ConfigError(
             f"MeshConfig.rollout_devices = {r} needs more devices than that (this run has "

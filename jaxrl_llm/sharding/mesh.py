@@ -62,6 +62,20 @@ def sampler_mesh_shape(rollout_devices: int, tensor: int) -> tuple[int, int, int
     return rollout_devices // t, 1, t
 
 
+def run_devices(count: int = -1, devices=None) -> list:
+    """The devices a run uses (`MeshConfig.devices`): the first `count` of `devices` (all of
+    `jax.devices()` by default), or all of them for -1. Too many, or 0, is a `ConfigError`."""
+    devices = list(jax.devices() if devices is None else devices)
+    if count == -1:
+        return devices
+    if not 1 <= count <= len(devices):
+        raise ConfigError(
+            f"MeshConfig.devices = {count}: this process has {len(devices)} devices; use 1 to "
+            f"{len(devices)}, or -1 for all"
+        )
+    return devices[:count]
+
+
 def build_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, *, devices=None) -> Mesh:
     """A ("data", "fsdp", "tensor") mesh over all (or the given) devices."""
     devices = list(jax.devices() if devices is None else devices)

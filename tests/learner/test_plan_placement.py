@@ -175,7 +175,8 @@ def test_the_experience_batch_stays_on_device_through_the_update(tmp_path, monke
 
     register_test_rewards()
     parse_gin([], [*TINY_RL_PARAMS, f"RLConfig.run_dir = '{tmp_path}/run'", "RLConfig.steps = 1",
-                   "RLConfig.save_every = 0", "AlgoConfig.mini_batches = 4"])  # fmt: skip
+                   "RLConfig.save_every = 0", "AlgoConfig.mini_batches = 4",
+                   "MeshConfig.devices = -1"])  # fmt: skip
     cfg = RLConfig()
     seen = {}
     update = learn.update

@@ -52,7 +52,9 @@ def _same(x, y) -> bool:
 def test_grpo_run_writes_everything_and_learns_the_dense_reward(tmp_path, monkeypatch):
     from jaxrl_llm.learner import learn
 
-    cfg = _config(tmp_path / "run", "RLConfig.steps = 6", "RLConfig.eval_every = 6")
+    # All 8 simulated devices (FSDP over them): the loop's sharded path, end to end.
+    cfg = _config(tmp_path / "run", "RLConfig.steps = 6", "RLConfig.eval_every = 6",
+                  "MeshConfig.devices = -1")  # fmt: skip
     update, fetch, fetched = learn.update, learn.fetch, []
 
     def device_only_update(*args):
@@ -556,7 +558,8 @@ def test_a_split_mesh_samples_on_its_own_devices(tmp_path):
     from jaxrl_llm.learner.run import build_run
 
     cfg = _config(tmp_path / "split", "RLConfig.steps = 2", "RLConfig.save_every = 0",
-                  "MeshConfig.rollout_devices = 4", "RLConfig.max_staleness = 1")  # fmt: skip
+                  "MeshConfig.rollout_devices = 4", "RLConfig.max_staleness = 1",
+                  "MeshConfig.devices = -1")  # fmt: skip
     run = build_run(cfg)
     assert run.learner.sampling_mesh is not None
     trainer = set(run.learner.mesh.devices.flat)
