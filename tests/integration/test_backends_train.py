@@ -32,6 +32,9 @@ def _train(run_dir, backend: str) -> list[dict]:
         ["grpo_tiny.gin"],
         [f"RLConfig.run_dir = '{run_dir}'", "RLConfig.steps = 4", "RLConfig.eval_every = 4",
          "RLConfig.save_every = 0", f"RolloutConfig.backend = '{backend}'",
+         # One of the 8 simulated devices: the trainer's steps (and the JAX engine's) run
+         # several times slower over all 8 (tests/learner/rl_helpers.py).
+         "MeshConfig.devices = 1",
          # vLLM eager: torch.compile on CPU adds ~90 s at start for the same numerics.
          "VllmConfig.enforce_eager = True"],
     )  # fmt: skip

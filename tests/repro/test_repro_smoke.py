@@ -12,6 +12,10 @@ from jaxrl_llm.metrics import read_metrics
 from jaxrl_llm.repro.limr_stage import COUNTS
 from jaxrl_llm.testing import ScriptedEngine
 
+# Every RL run of an arm on one of the 8 simulated devices (tests/learner/rl_helpers.py: a
+# tiny model's steps over all 8 are several times slower; sharding is tested elsewhere).
+ONE_DEVICE = ["--gin_param", "MeshConfig.devices = 1"]
+
 
 @pytest.fixture(autouse=True)
 def _no_bindings_left():
@@ -32,8 +36,9 @@ def test_unknown_reproduction_is_refused(capsys):
 def test_limr_smoke_runs_every_arm(tmp_path, capsys):
     out = tmp_path / "limr"
     code = cli.main(
-        ["repro", "limr", "--seeds", "1", "--steps", "2", "--prep-steps", "6", "--out", str(out)]
-    )
+        ["repro", "limr", "--seeds", "1", "--steps", "2", "--prep-steps", "6", "--out", str(out),
+         *ONE_DEVICE]
+    )  # fmt: skip
     assert code == 0
     result = json.loads((out / "results.json").read_text())
     assert sorted(result["arms"]) == ["full", "lim", "random"]
@@ -132,7 +137,7 @@ def test_search_r1_smoke_runs_every_arm(tmp_path, reader_engine):
     out = tmp_path / "search"
     code = cli.main(
         ["repro", "search-r1", "--seeds", "1", "--steps", "2", "--prep-steps", "2",
-         "--out", str(out)]
+         "--out", str(out), *ONE_DEVICE]
     )  # fmt: skip
     assert code == 0
     result = json.loads((out / "results.json").read_text())
