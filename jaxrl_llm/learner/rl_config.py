@@ -78,7 +78,8 @@ class MeshConfig:
     tensor: int = documented(1, "Devices on the tensor-parallel axis; -1: the devices left over.")
     rollout_devices: int = documented(
         0,
-        "Devices set apart for the sampler (the last ones; the trainer's mesh takes the rest): "
+        "Devices set apart for the sampler (the last of the run's `devices`; the trainer's "
+        "mesh takes the rest): "
         "rollout and training run on their own devices, the weights moved after each update "
         "(timing/weight_sync, weight_sync/bytes); 0: the sampler shares the trainer's devices. "
         "JAX backend, one process.",
