@@ -12,7 +12,8 @@ Why 4 steps (measured at 9db0f01, 2026-12-07, AMD EPYC Zen 4, validating every 2
 12): greedy validation, 42.2% at step 0, reads 93.8 / 95.3 / 93.8 / 92.2% at steps 2, 4, 6,
 8 with the JAX engine and 90.6 / 93.8 / 92.2 / 92.2% with vLLM, flat after; greedy tool
 calls per row 0.44 at step 0 and 0.98-1.0 from step 2 on. Step 2 leaves the backends 3.1
-points apart, step 4 1.6 (as at bc05e36 on the AVX2 EPYC: 95.3 and 93.8%). Held-out
+points apart, step 4 1.6 (as at bc05e36 on the AVX2 EPYC: 95.3 and 93.8%, and on one
+device, `MeshConfig.devices = 1`, at 2daf5aa: 95.3 and 93.8%, tool calls 1.0). Held-out
 accuracy is the test of learning here: the mean training reward of one step (64 samples)
 moves by up to 0.30 from one step to the next in these runs, so it needs many steps to
 show a trend (12 did, at three times this test's time).
