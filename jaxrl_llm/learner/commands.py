@@ -68,12 +68,11 @@ def check_mesh(m: MeshConfig) -> None:
     import jax
 
     from jaxrl_llm.learner.plan_shapes import host_mesh_shape
-    from jaxrl_llm.sharding.mesh import resolve_mesh_shape, run_devices
+    from jaxrl_llm.sharding.mesh import resolve_mesh_shape, run_device_count
 
     if jax.process_count() > 1 and m.devices != -1:  # the run's own check names it
         return
-    n = jax.device_count() if m.devices == -1 else len(run_devices(m.devices))
-    trainer = n - m.rollout_devices
+    trainer = run_device_count(m.devices, jax.device_count()) - m.rollout_devices
     if trainer <= 0:  # the run's own check names rollout_devices (`learner.run`)
         return
     _, _, tensor = resolve_mesh_shape(m.data, m.fsdp, m.tensor, num_devices=trainer)

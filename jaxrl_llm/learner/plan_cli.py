@@ -162,22 +162,10 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ConfigError(f"--device-memory-gb = {args.device_memory_gb}: expected a size > 0")
 
 
-def _run_devices(setting: int, available: int) -> int:
-    """The devices a run of `--devices` uses (`MeshConfig.devices`, -1: all)."""
-    if setting == -1:
-        return available
-    if not 1 <= setting <= available:
-        raise ConfigError(
-            f"MeshConfig.devices = {setting}: the plan is for {available} devices (--devices); "
-            f"use 1 to {available}, or -1 for all"
-        )
-    return setting
-
-
 def main(args: argparse.Namespace) -> int:
     from jaxrl_llm.config import parse_gin
     from jaxrl_llm.learner.rl_config import RLConfig
-    from jaxrl_llm.sharding.mesh import resolve_mesh_shape
+    from jaxrl_llm.sharding.mesh import resolve_mesh_shape, run_device_count
 
     _check_flags(args)
     parse_gin(args.gin_file or ["grpo_tiny.gin"], args.gin_param)
@@ -188,20 +176,20 @@ def main(args: argparse.Namespace) -> int:
     numerics = dict(dtype=p.dtype, param_dtype=p.param_dtype, remat=p.remat)
     cfg = model_config(checkpoint, **numerics)
     m = rl.mesh
-    devices = _run_devices(m.devices, args.devices)
+    devices = run_device_count(m.devices, args.devices, where="the plan (--devices)")
     if m.rollout_devices >= devices:
         raise ConfigError(
             f"MeshConfig.rollout_devices = {m.rollout_devices} leaves none of the "
             f"{devices} devices to the trainer"
         )
     per_host = args.devices_per_host
-    if (m.rollout_devices or m.devices != -1) and per_host and per_host < args.devices:
-        name, value = ("rollout_devices", m.rollout_devices) if m.rollout_devices else (
-            "devices", m.devices)  # fmt: skip
+    found = m.one_process_setting()
+    if found is not None and per_host and per_host < args.devices:
+        name, value, multi_host = found
         raise ConfigError(
             f"MeshConfig.{name} = {value} runs on one process only so far "
-            f"(--devices-per-host={per_host} of {args.devices} is several); use "
-            f"{0 if name == 'rollout_devices' else -1} for multi-host runs"
+            f"(--devices-per-host={per_host} of {args.devices} is several); use {multi_host} "
+            "for multi-host runs"
         )
     # The trainer's mesh takes the devices the sampler's do not (`learner.run._meshes`).
     trainer = devices - m.rollout_devices

@@ -91,6 +91,17 @@ class MeshConfig:
         "CPU host simulating several devices; -1: all. One process.",
     )
 
+    def one_process_setting(self) -> tuple[str, int, int] | None:
+        """(field, value, the value a multi-host run needs) of the first field set to
+        something that runs on one process only so far, or None: devices apart for the
+        sampler would take its weights across hosts outside the trainer's collectives (each
+        host samples on its own devices instead: `sharding.hosts`), and a run's first
+        devices would be the first host's."""
+        for name, multi_host in (("rollout_devices", 0), ("devices", -1)):
+            if (value := getattr(self, name)) != multi_host:
+                return name, value, multi_host
+        return None
+
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)

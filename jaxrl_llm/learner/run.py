@@ -187,18 +187,13 @@ def build_learner(cfg: RLConfig, tokenizer: Any = None) -> Learner:
 
 
 def _check_one_process(cfg: RLConfig) -> None:
-    """A setting that runs on one process only so far, refused before anything loads: a
-    sampler on devices apart from the trainer's would take its weights across hosts by a
-    transfer outside the trainer's collectives (each host samples on its own devices
-    instead: `sharding.hosts`); the first devices of a run (`MeshConfig.devices`) would be
-    the first host's."""
-    n, m = jax.process_count(), cfg.mesh
-    if n == 1:
-        return
-    for name, value, off in (("rollout_devices", m.rollout_devices, 0), ("devices", m.devices, -1)):
-        if value != off:
-            raise ConfigError(f"MeshConfig.{name} = {value} runs on one process only so far "
-                              f"(this run has {n}); use {off} for multi-host runs")  # fmt: skip
+    """A setting that runs on one process only so far (`MeshConfig.one_process_setting`),
+    refused before anything loads."""
+    n, found = jax.process_count(), cfg.mesh.one_process_setting()
+    if n > 1 and found is not None:
+        name, value, multi_host = found
+        raise ConfigError(f"MeshConfig.{name} = {value} runs on one process only so far "
+                          f"(this run has {n}); use {multi_host} for multi-host runs")  # fmt: skip
 
 
 def _meshes(m: MeshConfig) -> tuple[Mesh, Mesh | None]:

@@ -62,18 +62,24 @@ def sampler_mesh_shape(rollout_devices: int, tensor: int) -> tuple[int, int, int
     return rollout_devices // t, 1, t
 
 
-def run_devices(count: int = -1, devices=None) -> list:
-    """The devices a run uses (`MeshConfig.devices`): the first `count` of `devices` (all of
-    `jax.devices()` by default), or all of them for -1. Too many, or 0, is a `ConfigError`."""
-    devices = list(jax.devices() if devices is None else devices)
+def run_device_count(count: int, available: int, where: str = "this process") -> int:
+    """How many devices a run uses (`MeshConfig.devices`) of `available`: `count`, or all of
+    them for -1. Too many, or 0, is a `ConfigError` naming `where` the devices are counted."""
     if count == -1:
-        return devices
-    if not 1 <= count <= len(devices):
+        return available
+    if not 1 <= count <= available:
         raise ConfigError(
-            f"MeshConfig.devices = {count}: this process has {len(devices)} devices; use 1 to "
-            f"{len(devices)}, or -1 for all"
+            f"MeshConfig.devices = {count}: {where} has {available} devices; use 1 to "
+            f"{available}, or -1 for all"
         )
-    return devices[:count]
+    return count
+
+
+def run_devices(count: int = -1, devices=None) -> list:
+    """The devices a run uses: the first `run_device_count` of `devices` (all of
+    `jax.devices()` by default)."""
+    devices = list(jax.devices() if devices is None else devices)
+    return devices[: run_device_count(count, len(devices))]
 
 
 def build_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, *, devices=None) -> Mesh:

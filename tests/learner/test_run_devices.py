@@ -58,7 +58,7 @@ def test_plan_takes_the_runs_devices(capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1}
     assert cli.main(["plan", "--devices=8", "--gin_param=MeshConfig.devices=16"]) == 2
-    assert "MeshConfig.devices = 16: the plan is for 8 devices" in capsys.readouterr().err
+    assert "MeshConfig.devices = 16: the plan (--devices) has 8 devices" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # measured: 11-14 s a case (a one-step run)
