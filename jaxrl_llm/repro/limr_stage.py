@@ -23,7 +23,7 @@ from jaxrl_llm.data import limr, limr_select
 from jaxrl_llm.data.limr_plot import plot_lim_curves
 from jaxrl_llm.data.tasks import arithmetic, mixed_value
 from jaxrl_llm.repro.runner import train_run
-from jaxrl_llm.repro.specs import Prepared, PrepOptions
+from jaxrl_llm.repro.specs import PREPARED, Prepared, PrepOptions, preparation_signature
 
 COUNTS = {"easy": 16, "hard": 20, "noisy": 12}
 PROMPTS_PER_STEP = 8  # limr_tiny_mix.gin's DataConfig.prompts_per_step
@@ -62,21 +62,32 @@ def _score_by_kind(scores: limr.LimScores, rows: list[dict]) -> dict[str, float]
     return {k: round(float(np.mean(v)), 3) if v else math.nan for k, v in by_kind.items()}
 
 
-def _scoring_run(run_dir: Path, train: Path, val: Path, steps: int) -> float:
-    """GRPO on the full set for the scoring epochs (no validation); seconds taken. A finished
-    run of the same (deterministic) set in ``run_dir`` is reused."""
+def _scoring_run(
+    run_dir: Path, train: Path, val: Path, steps: int, gin_params: tuple[str, ...]
+) -> float:
+    """GRPO on the full set for the scoring epochs (no validation); seconds taken. The
+    caller's `gin_params` first, the scoring run's own data and step bindings after them. A
+    finished run in ``run_dir`` trained from the same bindings (`PREPARED`'s signature) is
+    reused."""
     t0 = time.perf_counter()
-    if (run_dir / "samples" / f"step_{steps}.jsonl").exists():
-        log.info("reusing the finished scoring run %s", run_dir)
-        return 0.0
     params = [
+        *gin_params,
         f"TRAIN = '{train}'",
         f"VAL = '{val}'",
         f"RLConfig.steps = {steps}",
         "RLConfig.eval_every = 0",
         "RLConfig.save_every = 0",
     ]
+    signature = preparation_signature(GIN, train, params)
+    record = run_dir / PREPARED
+    finished = (run_dir / "samples" / f"step_{steps}.jsonl").exists() and record.is_file()
+    if finished and json.loads(record.read_text()).get("signature") == signature:
+        log.info("reusing the finished scoring run %s", run_dir)
+        return 0.0
+    record.unlink(missing_ok=True)
     train_run([GIN], params, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"signature": signature}) + "\n")
     return time.perf_counter() - t0
 
 
@@ -87,7 +98,7 @@ def prepare_limr(opts: PrepOptions) -> Prepared:
     steps_per_epoch = math.ceil(sum(COUNTS.values()) / PROMPTS_PER_STEP)
     epochs = EPOCHS if opts.prep_steps is None else max(1, opts.prep_steps // steps_per_epoch)
     scoring_dir = opts.out_dir / "limr_scoring"
-    scoring_s = _scoring_run(scoring_dir, train, val, epochs * steps_per_epoch)
+    scoring_s = _scoring_run(scoring_dir, train, val, epochs * steps_per_epoch, opts.gin_params)
     scores = limr.score_run(scoring_dir, steps_per_epoch, epochs)
     plot_lim_curves(scores, opts.out_dir / "lim_curves.png", threshold=THRESHOLD)
     lim_path = data_dir / "lim.jsonl"

@@ -130,14 +130,16 @@ def run_repro(
 ) -> dict[str, Any]:
     """Prepares, runs every arm for every seed, writes ``out_dir/results.json``; returns it.
     `gin_params` are added to every RL run after the arm's and the runner's own bindings
-    (so they win), checked against every arm before anything trains."""
+    (so they win), checked against every arm before anything trains; the preparation's RL
+    runs take them too, under its own data and step bindings (`PrepOptions.gin_params`)."""
     if not seeds:
         raise ValueError(f"repro {repro.name} needs at least one seed, got none")
     check_gin_params(repro, gin_params)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     prepare = repro.prepare_fn()
-    prepared = prepare(PrepOptions(out_dir, tuple(seeds), prep_steps)) if prepare else Prepared()
+    options = PrepOptions(out_dir, tuple(seeds), prep_steps, tuple(gin_params))
+    prepared = prepare(options) if prepare else Prepared()
     prep_s = time.perf_counter() - t0
     curves: list[RunCurve] = []
     reused = 0

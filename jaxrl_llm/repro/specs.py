@@ -10,6 +10,7 @@ an SFT checkpoint) plus notes for the report (e.g. what the selection kept).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import json
 from collections.abc import Callable, Mapping
@@ -35,6 +36,19 @@ def finished_preparation(out: Path, signature: str) -> dict | None:
     return {**notes, "reused": True}
 
 
+def preparation_signature(gin_file: str, data: Path, params: list[str]) -> str:
+    """What decides a preparation's training (an SFT, LIMR's scoring run) besides the code:
+    the gin file, the bindings (the step budget and output folder among them) and the
+    training data, hashed."""
+    from jaxrl_llm.config import resolve_gin_file
+
+    h = hashlib.sha256()
+    for part in (resolve_gin_file(gin_file).read_bytes(), "\n".join(params).encode(),
+                 data.read_bytes()):  # fmt: skip
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()
+
+
 @dataclasses.dataclass(frozen=True)
 class Arm:
     name: str
@@ -46,12 +60,16 @@ class Arm:
 @dataclasses.dataclass(frozen=True)
 class PrepOptions:
     """What the caller of a preparation controls: where it writes, the seeds it must serve,
-    and ``prep_steps``, a cap on its own training (None: the reproduction's default; small
-    values for smoke tests)."""
+    ``prep_steps``, a cap on its own training (None: the reproduction's default; small
+    values for smoke tests), and the bindings every RL run takes."""
 
     out_dir: Path
     seeds: tuple[int, ...]
     prep_steps: int | None = None
+    # The caller's `--gin_param` bindings, for the preparation's own RL runs (LIMR's scoring
+    # run): settings of the machine or the algorithm, e.g. `MeshConfig.devices = 1`. The
+    # preparation's bindings of its data and step count come after them and win.
+    gin_params: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,14 +15,19 @@ rather than training it again, so a resumed reproduction never mixes checkpoints
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from jaxrl_llm.data.tasks import arithmetic, stepwise
-from jaxrl_llm.repro.specs import PREPARED, Prepared, PrepOptions, finished_preparation
+from jaxrl_llm.repro.specs import (
+    PREPARED,
+    Prepared,
+    PrepOptions,
+    finished_preparation,
+    preparation_signature,
+)
 
 SFT_GIN = "torl_sft_tiny.gin"
 N_PROBLEMS = 4000
@@ -38,18 +43,6 @@ def sft_run(gin_files: list[str], params: list[str]) -> dict[str, float]:
     return run_sft(SFTConfig())
 
 
-def sft_signature(gin_file: str, data: Path, params: list[str]) -> str:
-    """What decides an SFT's result besides the code: the gin file, the bindings (the step
-    budget and output folder among them) and the training data."""
-    from jaxrl_llm.config import resolve_gin_file
-
-    h = hashlib.sha256()
-    for part in (resolve_gin_file(gin_file).read_bytes(), "\n".join(params).encode(),
-                 data.read_bytes()):  # fmt: skip
-        h.update(hashlib.sha256(part).digest())
-    return h.hexdigest()
-
-
 def prepared_sft(
     gin_file: str,
     data: Path,
@@ -61,7 +54,7 @@ def prepared_sft(
     params)`): its last validation loss and seconds, or, when a run with the same settings
     finished there (`finished_preparation`), those it recorded with `reused`. The record is
     removed before training and written after it, so a crash mid-training leaves none."""
-    signature = sft_signature(gin_file, data, params)
+    signature = preparation_signature(gin_file, data, params)
     notes = finished_preparation(out, signature)
     if notes is not None:
         return notes

@@ -59,3 +59,23 @@ def test_selection_on_known_curves(tmp_path, monkeypatch):
     # A second call finds the finished scoring run and does not train again.
     limr_stage.prepare_limr(PrepOptions(tmp_path, (0,)))
     assert len(calls) == 1
+
+
+def test_the_callers_bindings_reach_the_scoring_run_under_its_own(tmp_path, monkeypatch):
+    calls, seen = [], []
+    fake = _fake_scoring_run(calls)
+
+    def run(gin_files, params, run_dir):
+        seen.append(list(params))
+        return fake(gin_files, params, run_dir)
+
+    monkeypatch.setattr(limr_stage, "train_run", run)
+    user = ("MeshConfig.devices = 1", "RLConfig.steps = 2")
+    limr_stage.prepare_limr(PrepOptions(tmp_path, (0,), gin_params=user))
+    # The caller's bindings first; the run's own step count after them wins.
+    assert seen[0][:2] == list(user) and seen[0][-3] == "RLConfig.steps = 24"
+    limr_stage.prepare_limr(PrepOptions(tmp_path, (0,), gin_params=user))
+    assert len(calls) == 1  # the same bindings: the finished run is reused
+    # Other bindings: the run trained from them is not taken for this one.
+    limr_stage.prepare_limr(PrepOptions(tmp_path, (0,), gin_params=("MeshConfig.devices = 2",)))
+    assert len(calls) == 2 and seen[1][0] == "MeshConfig.devices = 2"

@@ -12,8 +12,9 @@ from jaxrl_llm.metrics import read_metrics
 from jaxrl_llm.repro.limr_stage import COUNTS
 from jaxrl_llm.testing import ScriptedEngine
 
-# Every RL run of an arm on one of the 8 simulated devices (tests/learner/rl_helpers.py: a
-# tiny model's steps over all 8 are several times slower; sharding is tested elsewhere).
+# Every RL run on one of the 8 simulated devices, the arms' and LIMR's scoring run
+# (tests/learner/rl_helpers.py: a tiny model's steps over all 8 are several times slower;
+# sharding is tested elsewhere).
 ONE_DEVICE = ["--gin_param", "MeshConfig.devices = 1"]
 
 
@@ -32,7 +33,7 @@ def test_unknown_reproduction_is_refused(capsys):
     assert "invalid choice: 'r1'" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # measured: 118-145 s on 2 shared cores (6-step scoring run + 3 two-step arms)
+@pytest.mark.slow  # 87 s alone, 118-145 s on 2 shared cores (6-step scoring run, 3 two-step arms)
 def test_limr_smoke_runs_every_arm(tmp_path, capsys):
     out = tmp_path / "limr"
     code = cli.main(
