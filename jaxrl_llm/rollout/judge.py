@@ -67,6 +67,7 @@ class Judge:
         from flax import nnx
 
         from jaxrl_llm.assets import resolve_checkpoint
+        from jaxrl_llm.rollout.backends import takes_devices
         from jaxrl_llm.rollout.config import RolloutConfig
         from jaxrl_llm.rollout.loading import resolve_dtype
         from jaxrl_llm.rollout.sampler import SamplerContext, build_sampler
@@ -84,11 +85,12 @@ class Judge:
             n=1, max_new_tokens=config.max_new_tokens, temperature=0.0,
             max_slots=config.max_slots, backend=config.backend, max_tool_calls=0,
         )  # fmt: skip
-        # Our engine samples on the judge's own (host-local) mesh; vLLM places itself.
+        # A backend on JAX devices samples on the judge's own (host-local) mesh; one that
+        # places itself (vLLM) is given none.
         ctx = SamplerContext(
             cfg=cfg, policy=model, tokenizer=tokenizer, mesh=mesh, checkpoint=path,
             max_prompt_length=config.max_prompt_length,
-            sampling_mesh=mesh if config.backend == "jax" else None,
+            sampling_mesh=mesh if takes_devices(config.backend) else None,
         )  # fmt: skip
         sampler = build_sampler(ctx)
         try:

@@ -6,6 +6,7 @@ verdict that does not parse is asked again at a temperature with seeds fixed by 
 The retry and metric tests script the judge's sampler (`Sampler` contract): no model."""
 
 import dataclasses
+from typing import ClassVar
 
 import gin
 import numpy as np
@@ -161,3 +162,33 @@ def _judge_model():
     model = from_pretrained(builtin_checkpoint(), dtype="float32")
     assert isinstance(model, CausalLM)
     return model
+
+
+class _Recorded:
+    """A sampler factory's stand-in: keeps the context it was built with, samples nothing."""
+
+    contexts: ClassVar[list] = []
+
+    def __init__(self, ctx):
+        self.contexts.append(ctx)
+        self.policy_version = None
+
+    push_weights = generate = metrics = release = close = lambda self, *a, **k: None
+
+
+@pytest.mark.parametrize("places_itself", [False, True])
+def test_the_judge_gives_its_mesh_to_a_backend_on_jax_devices_only(monkeypatch, places_itself):
+    """The judge reads the backend's record (`rollout.backends`), not its name: one on JAX
+    devices samples on the judge's own mesh, one that places itself (vLLM) is given none."""
+    from jaxrl_llm.rollout import backends
+
+    record = backends.Backend(f"{__name__}:_Recorded", "", places_itself=places_itself)
+    monkeypatch.setitem(backends.BACKENDS, "jax", record)
+    _Recorded.contexts.clear()
+    judge = Judge.load("judge:builtin", JudgeConfig(backend="jax"))
+    (ctx,) = _Recorded.contexts
+    assert isinstance(judge.sampler, _Recorded)
+    assert (ctx.sampling_mesh is None) == places_itself
+    assert ctx.sampling_mesh is None or ctx.sampling_mesh is ctx.mesh
+    assert backends.takes_devices("jax") != places_itself
+    assert backends.takes_devices("package.module:factory")  # a plug-in is given them
