@@ -60,11 +60,13 @@ class DeviceMetrics:
 
 
 def make_experience(
-    cfg: RLConfig, learner: Learner, samples: Rollout
+    cfg: RLConfig, learner: Learner, samples: Rollout, step: int
 ) -> tuple[Experience, DeviceMetrics, float]:
     """Rows on the host; they go to the mesh once (over ("data", "fsdp"),
-    `hosts.put_batch`) for the experience pass, and the `TrainBatch` stays there. Returns
-    the experience, its device metrics and the padding share of its forwards."""
+    `hosts.put_batch`) for the experience pass, and the `TrainBatch` stays there. The
+    step's update programs not compiled yet compile on a thread meanwhile
+    (`compile_ahead`). Returns the experience, its device metrics and the padding share of
+    its forwards."""
     pad = learner.tokenizer.pad_token_id
     seqs = pack_sequences(samples.completions, cfg.seq_len, 0 if pad is None else pad)
     state, mesh = learner.state, learner.mesh
@@ -77,6 +79,9 @@ def make_experience(
     # The overlong filter (DAPO) leaves truncated samples out of the loss only: their scores
     # still place rewards and count in their group's baseline.
     keep = ~seqs.truncated if cfg.algo.overlong_filter else np.ones(B, bool)
+    plan = mini_batch_plan(cfg, mesh, step, seqs.length)
+    shapes = [_micro_batch_shape(cfg, part.rows.size) for part in plan]
+    learner.compiler.start(learner, shapes, [p.packing for p in plan], trained_mask.dtype)
     rows = lambda x: hosts.put_batch(x, hosts.batch_sharding(mesh, x.shape))
     critic = state.critic.params if state.critic is not None else None
     # An environment's per-turn rewards go on their turns' tokens; else each score on the
@@ -105,6 +110,39 @@ def make_experience(
     # Counted on the mesh: a host holds its own samples only (multi-host), the batch all.
     device.add(tokens, jnp.sum(batch.loss_mask))
     return exp, device, padding_fraction(seqs.length, packing, cfg.seq_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class MiniBatch:
+    """One update's rows of the batch (host int32 [mini]) and their packing (None: one
+    padded sample per row)."""
+
+    rows: np.ndarray
+    packing: Packing[np.ndarray] | None
+
+
+def mini_batch_plan(cfg: RLConfig, mesh: Mesh, step: int, lengths: np.ndarray) -> list[MiniBatch]:
+    """The step's `ppo_epochs` x `mini_batches` updates in order: each epoch a permutation
+    of the B samples drawn from (seed, step), cut into mini-batches, each packed when that
+    pays (`_packing`; `lengths` [B]: each sample's tokens)."""
+    a = cfg.algo
+    B = len(lengths)
+    mini = B // a.mini_batches
+    micro = micro_batch_rows(a.micro_batch_size, mini)
+    rng = np.random.default_rng([cfg.seed, step])
+    plan = []
+    for _ in range(a.ppo_epochs):
+        order = rng.permutation(B).astype(np.int32)
+        for k in range(a.mini_batches):
+            rows = order[k * mini : (k + 1) * mini]
+            plan.append(MiniBatch(rows, _packing(cfg, mesh, lengths[rows], micro)))
+    return plan
+
+
+def _micro_batch_shape(cfg: RLConfig, mini: int) -> tuple[int, int, int]:
+    """[M, mb, T] of a mini-batch of `mini` samples (`steps.to_micro_batches`)."""
+    mb = micro_batch_rows(cfg.algo.micro_batch_size, mini)
+    return (mini // mb, mb, cfg.seq_len)
 
 
 def _packing(
@@ -154,28 +192,21 @@ def update(
     padding share of the updates' forwards."""
     a, mesh, batch = cfg.algo, learner.mesh, exp.batch
     policy, critic = learner.state.policy, learner.state.critic
-    B = batch.input_ids.shape[0]
     positions = 0
-    mini = B // a.mini_batches
     out = DeviceMetrics()
-    rng = np.random.default_rng([cfg.seed, step])
     progress = bar(f"update {step}", a.ppo_epochs * a.mini_batches, unit="mb")
     replicated = NamedSharding(mesh, PartitionSpec())
-    for _ in range(a.ppo_epochs):
-        order = rng.permutation(B).astype(np.int32)
-        for k in range(a.mini_batches):
-            rows = hosts.put_batch(order[k * mini : (k + 1) * mini], replicated)
-            mb = learner.micro_batches(batch, rows)
-            lengths = exp.length[order[k * mini : (k + 1) * mini]]
-            packing = _packing(cfg, mesh, lengths, micro_batch_rows(a.micro_batch_size, mini))
-            positions += forward_positions(lengths.size, packing, cfg.seq_len)
-            packing = _put_packing(mesh, packing)
-            if learner.critic_step is not None:
-                critic, cm = learner.critic_step(critic, mb, packing)
-                _add_update(out, cm, "critic")
-            policy, pm = learner.policy_step(policy, mb, packing, learner.frozen)
-            _add_update(out, pm, "actor")
-            progress.update()
+    learner.compiler.wait()  # the programs `make_experience` had compiled ahead
+    for part in mini_batch_plan(cfg, mesh, step, exp.length):
+        mb = learner.micro_batches(batch, hosts.put_batch(part.rows, replicated))
+        positions += forward_positions(part.rows.size, part.packing, cfg.seq_len)
+        packing = _put_packing(mesh, part.packing)
+        if learner.critic_step is not None:
+            critic, cm = learner.critic_step(critic, mb, packing)
+            _add_update(out, cm, "critic")
+        policy, pm = learner.policy_step(policy, mb, packing, learner.frozen)
+        _add_update(out, pm, "actor")
+        progress.update()
     progress.close()
     out.add({"actor/lr_step": policy.step})
     return policy, critic, out, 1.0 - a.ppo_epochs * float(exp.length.sum()) / positions

@@ -192,7 +192,7 @@ def train_step(
     metrics.update(staleness_metrics(samples, step))
     metrics.update(group_metrics(cfg, samples.scores))
     t1 = time.perf_counter()
-    exp, device, padding = learn.make_experience(cfg, learner, samples)
+    exp, device, padding = learn.make_experience(cfg, learner, samples, step)
     metrics.update(learn.host_metrics(exp))
     metrics["perf/experience_padding_frac"] = padding
     # The phase timers' one barrier: the update consumes exp.batch, so waiting for it costs

@@ -33,6 +33,7 @@ from jaxrl_llm.data.prompts import PromptData, check_data_files, check_template,
 from jaxrl_llm.learner import ahead as ahead_lib
 from jaxrl_llm.learner import lora as lora_lib
 from jaxrl_llm.learner.checkpoint import Checkpointer, base_identity, check_base, nothing_to_resume
+from jaxrl_llm.learner.compile_ahead import UpdateCompiler
 from jaxrl_llm.learner.experience import make_experience_fn
 from jaxrl_llm.learner.optim import make_optimizer
 from jaxrl_llm.learner.rl_config import MeshConfig, RLConfig
@@ -91,6 +92,8 @@ class Learner:
     on_policy: bool  # `steps.exactly_on_policy`: no old-logprob forward
     checkpoint: Path  # the HF folder the policy was loaded from (a server sampler loads it)
     sampling_mesh: Mesh | None = None  # the sampler's own devices (`MeshConfig.rollout_devices`)
+    # The update's programs compiled while the experience pass runs (`compile_ahead`).
+    compiler: UpdateCompiler = dataclasses.field(default_factory=UpdateCompiler)
 
     def policy_params(self) -> Any:
         """The policy's whole State: the trained params, plus the frozen base with LoRA."""

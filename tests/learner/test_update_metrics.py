@@ -31,7 +31,7 @@ def _update_metrics(per_update: list[dict[str, float]]) -> dict[str, float]:
     )  # fmt: skip
     learner = SimpleNamespace(
         mesh=mesh, micro_batches=lambda batch, rows: None, critic_step=None,
-        policy_step=policy_step, frozen=None,
+        policy_step=policy_step, frozen=None, compiler=SimpleNamespace(wait=lambda: None),
         state=SimpleNamespace(policy=SimpleNamespace(step=jnp.asarray(1)), critic=None),
     )  # fmt: skip
     exp = SimpleNamespace(
