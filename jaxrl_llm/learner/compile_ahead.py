@@ -40,8 +40,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _abstract(x: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+def _abstract(x: Any) -> Any:
+    """An array's shape, dtype and sharding (what its program depends on); anything else as
+    it is (the lowering reads its value's type)."""
+    if isinstance(x, jax.Array):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    return x
 
 
 def abstract_micro_batches(
