@@ -14,7 +14,7 @@ a row count not seen before (at most four per mini-batch size, `packing.row_buck
 Nothing here decides a result: a program compiled here is the one the call would have
 compiled (the same function, arguments of the same shapes, dtypes and shardings), and if a
 compile here fails or its arguments miss the call's, the call compiles its own (and raises
-its own error). XLA:CPU compiles with both cores of a two-core host, so what this overlaps
+its own error). XLA:CPU compiles on about 1.7 of a two-core host's cores, so what this overlaps
 is the update's tracing (Python, one core) and the experience pass's run with the update's
 compile; docs/performance.md has the measured first step.
 """

@@ -61,12 +61,12 @@ class DeviceMetrics:
 
 def make_experience(
     cfg: RLConfig, learner: Learner, samples: Rollout, step: int
-) -> tuple[Experience, DeviceMetrics, float]:
+) -> tuple[Experience, DeviceMetrics, float, list[MiniBatch]]:
     """Rows on the host; they go to the mesh once (over ("data", "fsdp"),
     `hosts.put_batch`) for the experience pass, and the `TrainBatch` stays there. The
     step's update programs not compiled yet compile on a thread meanwhile
-    (`compile_ahead`). Returns the experience, its device metrics and the padding share of
-    its forwards."""
+    (`compile_ahead`). Returns the experience, its device metrics, the padding share of its
+    forwards and the step's mini-batch plan (`mini_batch_plan`, for `update`)."""
     pad = learner.tokenizer.pad_token_id
     seqs = pack_sequences(samples.completions, cfg.seq_len, 0 if pad is None else pad)
     state, mesh = learner.state, learner.mesh
@@ -109,7 +109,7 @@ def make_experience(
     device.add({k: tokens.pop(k) for k in PER_SAMPLE if k in tokens})
     # Counted on the mesh: a host holds its own samples only (multi-host), the batch all.
     device.add(tokens, jnp.sum(batch.loss_mask))
-    return exp, device, padding_fraction(seqs.length, packing, cfg.seq_len)
+    return exp, device, padding_fraction(seqs.length, packing, cfg.seq_len), plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,22 +182,22 @@ def host_metrics(exp: Experience) -> dict[str, float]:
 
 
 def update(
-    cfg: RLConfig, learner: Learner, step: int, exp: Experience
+    cfg: RLConfig, learner: Learner, step: int, exp: Experience, plan: list[MiniBatch]
 ) -> tuple[TrainState, TrainState | None, DeviceMetrics, float]:
-    """ppo_epochs x mini_batches updates of the learner's policy (and critic); each
-    mini-batch is cut from the batch on the mesh as [M, mb, T] (`learner.micro_batches`) and
-    packed (`_packing`). Returns the updated policy and critic states (the steps donate the
-    ones they are given: the caller puts these in their place), each metric's values, one
-    per update, each counted by its update's trained tokens (`_add_update`), and the
-    padding share of the updates' forwards."""
+    """The `plan`'s updates of the learner's policy (and critic), `make_experience`'s
+    `mini_batch_plan`: each mini-batch is cut from the batch on the mesh as [M, mb, T]
+    (`learner.micro_batches`) and packed as the plan says. Returns the updated policy and
+    critic states (the steps donate the ones they are given: the caller puts these in
+    their place), each metric's values, one per update, each counted by its update's
+    trained tokens (`_add_update`), and the padding share of the updates' forwards."""
     a, mesh, batch = cfg.algo, learner.mesh, exp.batch
     policy, critic = learner.state.policy, learner.state.critic
     positions = 0
     out = DeviceMetrics()
-    progress = bar(f"update {step}", a.ppo_epochs * a.mini_batches, unit="mb")
+    progress = bar(f"update {step}", len(plan), unit="mb")
     replicated = NamedSharding(mesh, PartitionSpec())
     learner.compiler.wait()  # the programs `make_experience` had compiled ahead
-    for part in mini_batch_plan(cfg, mesh, step, exp.length):
+    for part in plan:
         mb = learner.micro_batches(batch, hosts.put_batch(part.rows, replicated))
         positions += forward_positions(part.rows.size, part.packing, cfg.seq_len)
         packing = _put_packing(mesh, part.packing)

@@ -19,6 +19,7 @@ def xla_step_bytes(cfg, mesh, w: Workload, algo=None, optim=None) -> dict[str, i
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from jaxrl_llm.learner.compile_ahead import abstract_micro_batches
     from jaxrl_llm.learner.optim import OptimConfig, make_optimizer
     from jaxrl_llm.learner.rl_config import AlgoConfig
     from jaxrl_llm.learner.state import TrainState
@@ -26,7 +27,6 @@ def xla_step_bytes(cfg, mesh, w: Workload, algo=None, optim=None) -> dict[str, i
     from jaxrl_llm.models import CausalLM
     from jaxrl_llm.models.lora import apply_lora
     from jaxrl_llm.sharding.rules import ShardingContext, state_shardings
-    from jaxrl_llm.types import TrainBatch
 
     ctx = ShardingContext(mesh, TRAIN_RULES)
 
@@ -63,14 +63,8 @@ def xla_step_bytes(cfg, mesh, w: Workload, algo=None, optim=None) -> dict[str, i
         opt_state,
         jax.ShapeDtypeStruct(state.rng.shape, state.rng.dtype, sharding=repl),
     )
-    rows = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
     shape = (w.micro_batches, w.micro_batch, w.seq_len)
-    f = lambda dt: jax.ShapeDtypeStruct(shape, dt, sharding=rows)
-    g = lambda: f(jnp.float32)
-    batch = TrainBatch(
-        input_ids=f(jnp.int32), loss_mask=g(), old_logprobs=g(), ref_logprobs=g(),
-        advantages=g(), returns=g(), old_values=g(), rollout_logprobs=g(),
-    )  # fmt: skip
+    batch = abstract_micro_batches(mesh, shape, jnp.float32)  # as the run lays it out
     step = make_policy_step(graphdef, tx, algo or AlgoConfig(), 1.0)
     ma = step.lower(state, batch, None, *frozen).compile().memory_analysis()
     if ma is None:

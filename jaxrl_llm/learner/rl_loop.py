@@ -192,7 +192,7 @@ def train_step(
     metrics.update(staleness_metrics(samples, step))
     metrics.update(group_metrics(cfg, samples.scores))
     t1 = time.perf_counter()
-    exp, device, padding = learn.make_experience(cfg, learner, samples, step)
+    exp, device, padding, plan = learn.make_experience(cfg, learner, samples, step)
     metrics.update(learn.host_metrics(exp))
     metrics["perf/experience_padding_frac"] = padding
     # The phase timers' one barrier: the update consumes exp.batch, so waiting for it costs
@@ -201,7 +201,9 @@ def train_step(
     jax.block_until_ready(exp.batch)
     metrics["timing/experience"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    policy, critic, updates, metrics["perf/padding_frac"] = learn.update(cfg, learner, step, exp)
+    policy, critic, updates, metrics["perf/padding_frac"] = learn.update(
+        cfg, learner, step, exp, plan
+    )
     learner.state.policy, learner.state.critic = policy, critic
     if producer is not None and publish:  # before the fetch below waits for the update
         producer.publish(step, policy.params, learner.frozen)

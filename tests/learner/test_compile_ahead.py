@@ -37,7 +37,7 @@ def _run(tmp_path, name: str) -> tuple[list[dict], list[str]]:
     parse_gin([], [
         *TINY_RL_PARAMS, f"RLConfig.run_dir = '{tmp_path / name}'", "RLConfig.steps = 2",
         "RLConfig.save_every = 0", "AlgoConfig.estimator = 'gae'", "MeshConfig.devices = -1",
-        # Micro-batches of 4 samples, packed (2 rows of 116 tokens each).
+        # Micro-batches of 4 samples, several to a packed row of 116 tokens.
         "AlgoConfig.micro_batch_size = 4", "AlgoConfig.ppo_epochs = 2",
         "DataConfig.max_prompt_length = 100",
     ])  # fmt: skip
@@ -63,7 +63,6 @@ def test_the_update_compiles_ahead_and_trains_the_same(tmp_path, monkeypatch):
     ahead, threads = _run(tmp_path, "ahead")
     # Policy and critic, each mini-batch's packing: every update program lowered ahead.
     assert len(threads) >= 2 and set(threads) == {"compile-ahead"}, threads
-    assert threading.main_thread().name not in threads
 
     monkeypatch.setattr(compile_ahead.UpdateCompiler, "start", lambda self, *a: None)
     plain, threads = _run(tmp_path, "plain")

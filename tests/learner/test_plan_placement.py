@@ -181,7 +181,7 @@ def test_the_experience_batch_stays_on_device_through_the_update(tmp_path, monke
     seen = {}
     update = learn.update
 
-    def spy(cfg_, learner, step, exp):
+    def spy(cfg_, learner, step, exp, plan):
         seen["mesh"] = tuple(learner.mesh.shape[a] for a in MESH_AXES)
         cut = learner.micro_batches
 
@@ -191,7 +191,7 @@ def test_the_experience_batch_stays_on_device_through_the_update(tmp_path, monke
             return out
 
         monkeypatch.setattr(learner, "micro_batches", micro_batches)
-        return update(cfg_, learner, step, exp)
+        return update(cfg_, learner, step, exp, plan)
 
     monkeypatch.setattr(learn, "update", spy)
     rl_loop.run_rl(cfg)

@@ -397,7 +397,7 @@ def test_search_r1_tool_turns_in_the_loop(tmp_path, monkeypatch, masked):
     assert records[-1]["env/tool_calls/mean"] == 1.0
     assert records[-1]["env/ratio_of_valid_action"] == 1.0
     tok = load_tokenizer(builtin_checkpoint())
-    ((exp, _, _),) = seen  # (experience, its device metrics, padding share)
+    ((exp, _, _, _),) = seen  # (experience, its device metrics, padding share, plan)
     assert exp.rollout.policy_version == 1 and exp.rollout.group_size == cfg.rollout.n
     assert [c.tool_calls for c in exp.rollout.completions] == [1] * len(exp.rollout.completions)
     batch, model_masks = exp.batch, exp.model_mask

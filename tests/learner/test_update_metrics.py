@@ -37,7 +37,8 @@ def _update_metrics(per_update: list[dict[str, float]]) -> dict[str, float]:
     exp = SimpleNamespace(
         batch=SimpleNamespace(input_ids=np.zeros((B, T), np.int32)), length=np.full(B, T)
     )
-    _, _, out, _ = learn.update(cfg, learner, 1, exp)  # pyright: ignore[reportArgumentType]
+    plan = learn.mini_batch_plan(cfg, mesh, 1, exp.length)  # pyright: ignore[reportArgumentType]
+    _, _, out, _ = learn.update(cfg, learner, 1, exp, plan)  # pyright: ignore[reportArgumentType]
     return learn.fetch(out)
 
 
