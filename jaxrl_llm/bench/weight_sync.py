@@ -6,9 +6,14 @@ What runs: the policy (`--checkpoint`: 'builtin', an HF folder, or a `models.pre
 with random weights) is loaded on the trainer's mesh (every device but the last
 `--rollout-devices`, FSDP over them), and the RL loop's own push to a sampler apart
 (`hosts.WeightSync` into the sampling layout on the last devices, no cast: one transfer of
-every array) is timed `--repeats` times after a warm-up; median and best. The sampling
-layout holds the whole model on every sampler device (tensor = 1 here), so the move writes
-`bytes_written` = `bytes` x the sampler's devices, and its rate counts those.
+every array) is timed `--repeats` times after a warm-up; median and best. Each move is of
+arrays the trainer's devices have just written (a jitted copy, untimed), as after an update:
+moving the same arrays again would time what an earlier move left cached (JAX keeps the
+host copy it assembles on the source array). The sampling layout holds the whole model on
+every sampler device (tensor = 1 here): `bytes_delivered` = `bytes` x the sampler's
+devices. `bytes_written` counts the distinct buffers the sampler's arrays hold: on CPU
+devices they share one host copy (`sharding/transfer.py`), so it is `bytes`; on
+accelerators each device holds its own. Rates count `bytes_written`.
 
 The bandwidth it is held against is measured beside it: each timed move is followed by a
 streaming read (`machine.read_probe`: a sum over 256 MB, which reads each byte once), and
@@ -33,6 +38,7 @@ links.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import tempfile
@@ -57,18 +63,33 @@ def _timed(fn, repeats: int) -> list[float]:
     return [waited_call(fn)[1] for _ in range(repeats)]
 
 
-def _paired(move, read, repeats: int) -> tuple[list[float], list[float]]:
-    """(move seconds, read seconds) of `repeats` rounds of one `move()` then one `read()`,
-    after a warm-up move. Each move's arrays live until the read after it is timed; the
-    next move replaces them, as each sync replaces the sampler's copy."""
-    waited_call(move)
+def _paired(fresh, move, read, repeats: int) -> tuple[list[float], list[float]]:
+    """(move seconds, read seconds) of `repeats` rounds of one `move(fresh())` then one
+    `read()`, after a warm-up move; `fresh()` (untimed) gives new arrays to move. Each move's
+    arrays live until the next move is done, as the sampler keeps its copy until a sync
+    replaces it."""
+    held = [waited_call(lambda: move(waited_call(fresh)[0]))[0]]
     moves, reads = [], []
     for _ in range(repeats):
-        moved, move_s = waited_call(move)
+        source = waited_call(fresh)[0]
+        moved, move_s = waited_call(functools.partial(move, source))
         moves.append(move_s)
         reads.append(waited_call(read)[1])
-        del moved
+        held[:] = [moved]  # the copy before it goes now
+        del moved, source
     return moves, reads
+
+
+def _distinct_bytes(tree: Any) -> int:
+    """Bytes of the distinct device buffers under `tree`'s arrays (shared ones once)."""
+    import jax
+
+    buffers = {
+        (s.data.unsafe_buffer_pointer(), s.data.nbytes)
+        for x in jax.tree.leaves(tree)
+        for s in x.addressable_shards
+    }
+    return sum(n for _, n in buffers)
 
 
 def measure(path: Path, rollout_devices: int, repeats: int) -> dict[str, Any]:
@@ -100,10 +121,12 @@ def measure(path: Path, rollout_devices: int, repeats: int) -> dict[str, Any]:
     same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
     nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
     # The sampling layout replicates over the sampler's "data" axis: one copy per data group.
-    written = sum(s.data.nbytes for x in jax.tree.leaves(moved) for s in x.addressable_shards)
+    delivered = sum(s.data.nbytes for x in jax.tree.leaves(moved) for s in x.addressable_shards)
+    written = _distinct_bytes(moved)
+    del moved
     copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p))
     read, read_bytes = read_probe()
-    move_s, read_s = _paired(lambda: sync(params), read, repeats)
+    move_s, read_s = _paired(lambda: copy(params), sync, read, repeats)
     copy_s = _timed(lambda: copy(params), repeats)
     reads = [read_bytes / t for t in read_s]  # the read rate after each move
     fraction = statistics.median(written / t / r for t, r in zip(move_s, reads, strict=True))
@@ -111,6 +134,7 @@ def measure(path: Path, rollout_devices: int, repeats: int) -> dict[str, Any]:
         "trainer_devices": len(devices) - r,
         "sampler_devices": r,
         "bytes": nbytes,
+        "bytes_delivered": delivered,
         "bytes_written": written,
         "arrays": len(jax.tree.leaves(params)),
         "on_sampler_devices": on_sampler,
