@@ -46,6 +46,7 @@ from jaxrl_llm.models import CausalLM
 from jaxrl_llm.models.kv_int8 import pool_bytes_per_token, pool_dtype
 from jaxrl_llm.models.paged import batch_axes
 from jaxrl_llm.rollout import layouts
+from jaxrl_llm.rollout.ahead import AheadCompiles, abstract
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
 from jaxrl_llm.rollout.pages import SlotPages
 from jaxrl_llm.rollout.programs import DecodePrograms
@@ -133,6 +134,7 @@ class Engine(engine_api.Engine):
             num_pages=self.num_pages, kv_dtype=self.kv_dtype, eos_ids=self.eos_ids,
         )  # fmt: skip
         self.trace_counts = self.programs.trace_counts
+        self._ahead = AheadCompiles()
         self._build()
 
     # ----------------------------------------------------------------- shardings
@@ -356,7 +358,15 @@ class Engine(engine_api.Engine):
         self, params: Any, state: DecodeState, num_steps: int
     ) -> tuple[DecodeState, StepRecords]:
         """`num_steps` decode steps in one call (a scan; skipped when no slot is active)."""
+        self._ahead.wait(int(num_steps))
         return self._steps_fn(int(num_steps))(self.place_params(params), state)
+
+    def compile_steps_ahead(self, params: Any, num_steps: int) -> None:
+        """Compile `generate_steps`' program for `params` (placed) on a thread, once
+        (`rollout/ahead.py`); its first call waits for it."""
+        state = jax.eval_shape(self._init_fn)
+        lower = lambda: self._steps_fn(int(num_steps)).lower(abstract(params), state)
+        self._ahead.start(int(num_steps), lower)
 
     def append_tokens(
         self,
