@@ -31,15 +31,16 @@ def abstract(tree: Any) -> Any:
 
 
 class AheadCompiles:
-    """Programs compiled on threads before their first call, each key once per process."""
+    """Programs compiled on threads before their first call, each key once (an engine
+    holds one)."""
 
     def __init__(self) -> None:
         self._started: set[Hashable] = set()
         self._threads: dict[Hashable, threading.Thread] = {}
 
     def start(self, key: Hashable, lower: Callable[[], Any]) -> None:
-        """Compile `lower()` (a `jax.stages.Lowered`) on a thread, unless `key` was started
-        before."""
+        """Call `lower()` on a thread and compile the `jax.stages.Lowered` it returns, unless
+        `key` was started before."""
         if key in self._started:
             return
         self._started.add(key)

@@ -364,8 +364,8 @@ class Engine(engine_api.Engine):
     def compile_steps_ahead(self, params: Any, num_steps: int) -> None:
         """Compile `generate_steps`' program for `params` (placed) on a thread, once
         (`rollout/ahead.py`); its first call waits for it."""
-        state = jax.eval_shape(self._init_fn)
-        lower = lambda: self._steps_fn(int(num_steps)).lower(abstract(params), state)
+        state = lambda: jax.eval_shape(self._init_fn)
+        lower = lambda: self._steps_fn(int(num_steps)).lower(abstract(params), state())
         self._ahead.start(int(num_steps), lower)
 
     def append_tokens(
