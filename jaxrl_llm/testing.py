@@ -417,6 +417,9 @@ class ScriptedEngine:
             return int(self.eos_ids[0])
         return self.filler
 
+    def compile_steps_ahead(self, params, num_steps: int) -> None:
+        """Nothing to compile: its steps run on the host."""
+
     def generate_steps(self, params, state, num_steps: int):
         from jaxrl_llm.rollout.records import StepRecords
 

@@ -68,15 +68,15 @@ def _paired(fresh, move, read, repeats: int) -> tuple[list[float], list[float]]:
     `read()`, after a warm-up move; `fresh()` (untimed) gives new arrays to move. Each move's
     arrays live until the next move is done, as the sampler keeps its copy until a sync
     replaces it."""
-    held = [waited_call(lambda: move(waited_call(fresh)[0]))[0]]
+    previous = waited_call(lambda: move(waited_call(fresh)[0]))[0]
     moves, reads = [], []
     for _ in range(repeats):
         source = waited_call(fresh)[0]
         moved, move_s = waited_call(functools.partial(move, source))
+        del previous, source  # the sampler lets its old copy go once the new one is in
         moves.append(move_s)
         reads.append(waited_call(read)[1])
-        held[:] = [moved]  # the copy before it goes now
-        del moved, source
+        previous = moved  # noqa: F841 (held, not read: the next round lets it go)
     return moves, reads
 
 

@@ -32,20 +32,13 @@ import numpy as np
 
 from jaxrl_llm.learner.packing import Packing
 from jaxrl_llm.sharding import hosts
+from jaxrl_llm.sharding.reshard import abstract
 from jaxrl_llm.types import TrainBatch
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 log = logging.getLogger(__name__)
-
-
-def _abstract(x: Any) -> Any:
-    """An array's shape, dtype and sharding (what its program depends on); anything else as
-    it is (the lowering reads its value's type)."""
-    if isinstance(x, jax.Array):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-    return x
 
 
 def abstract_micro_batches(
@@ -104,9 +97,9 @@ class UpdateCompiler:
                 jobs.append((mb, abstract_packing(learner.mesh, packing)))
         if not jobs:
             return
-        policy = jax.tree.map(_abstract, learner.state.policy)
+        policy = abstract(learner.state.policy)
         critic = learner.state.critic
-        critic = None if critic is None else jax.tree.map(_abstract, critic)
+        critic = None if critic is None else abstract(critic)
         args = (learner, policy, critic, jobs)
         self._thread = threading.Thread(target=_compile, args=args, name="compile-ahead")
         self._thread.start()

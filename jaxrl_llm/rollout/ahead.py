@@ -20,14 +20,7 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import jax
-
 log = logging.getLogger(__name__)
-
-
-def abstract(tree: Any) -> Any:
-    """Each array of `tree` as its shape, dtype and sharding (what its program depends on)."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 class AheadCompiles:

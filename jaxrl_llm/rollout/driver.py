@@ -166,9 +166,7 @@ class RolloutDriver:
         eng = self.engine
         params = eng.place_params(eng.load_params() if params is None else params)
         total = sum(sp.n for sp in call.sampling)
-        ahead = getattr(eng, "compile_steps_ahead", None)  # `rollout/ahead.py`
-        if ahead is not None:
-            ahead(params, self.steps_per_call)
+        eng.compile_steps_ahead(params, self.steps_per_call)  # `rollout/ahead.py`
         state = eng.init_decode_state()
         inflight = None  # the last call's records, read after the next call is dispatched
         call.pool = cf.ThreadPoolExecutor(self.tool_workers) if tool is not None else None

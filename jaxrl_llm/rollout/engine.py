@@ -46,7 +46,7 @@ from jaxrl_llm.models import CausalLM
 from jaxrl_llm.models.kv_int8 import pool_bytes_per_token, pool_dtype
 from jaxrl_llm.models.paged import batch_axes
 from jaxrl_llm.rollout import layouts
-from jaxrl_llm.rollout.ahead import AheadCompiles, abstract
+from jaxrl_llm.rollout.ahead import AheadCompiles
 from jaxrl_llm.rollout.jetstream_compat import HFTokenizer, engine_api, tokenizer_pb2
 from jaxrl_llm.rollout.pages import SlotPages
 from jaxrl_llm.rollout.programs import DecodePrograms
@@ -54,7 +54,7 @@ from jaxrl_llm.rollout.prompt_checks import prompt_problem, prompt_problems, ref
 from jaxrl_llm.rollout.records import DecodeState, ParamsRef, Prefix, StepRecords
 from jaxrl_llm.rollout.sampling import SamplingParams, SlotSampling, sample_seed
 from jaxrl_llm.sharding import SAMPLE_RULES, ShardingContext, build_mesh, reshard
-from jaxrl_llm.sharding.reshard import target_shardings
+from jaxrl_llm.sharding.reshard import abstract, target_shardings
 from jaxrl_llm.sharding.rules import Rules
 
 Array = jax.Array
@@ -66,7 +66,8 @@ class Engine(engine_api.Engine):
     """JetStream-API engine: `prefill`, `insert`, `generate`, plus what RL needs.
 
     Extra methods used by `rollout.driver`: `insert_slot` (per-slot sampling and budget),
-    `generate_steps` (k steps per call), `append_tokens` (tool output into a live slot),
+    `generate_steps` (k steps per call; `compile_steps_ahead` compiles its program on a
+    thread as a rollout starts), `append_tokens` (tool output into a live slot),
     `deactivate`, `place_params`, `can_insert`, `release_prompt`, `release_slot`.
     `trace_counts` counts traces (= compiles) per function.
 

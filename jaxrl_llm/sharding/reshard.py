@@ -21,6 +21,13 @@ def target_shardings(state: Any, mesh: Mesh, rules: Rules) -> Any:
     )
 
 
+def abstract(tree: Any) -> Any:
+    """Each jax.Array of `tree` as its shape, dtype and sharding (what a program compiled
+    for it depends on); any other leaf as it is (a lowering reads its value's type)."""
+    spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    return jax.tree.map(lambda x: spec(x) if isinstance(x, jax.Array) else x, tree)
+
+
 def already_placed(tree: Any, shardings: Any) -> bool:
     leaves, shard_leaves = jax.tree.leaves(tree), jax.tree.leaves(shardings)
     return all(

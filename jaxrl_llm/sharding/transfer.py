@@ -93,6 +93,5 @@ def put_apart(tree: Any, shardings: Any) -> Any:
     targets = jax.tree.leaves(shardings)
     if not _on_cpu(leaves, targets):
         return jax.device_put(tree, shardings)
-    jax.block_until_ready(leaves)
     host = [assemble(x) for x in leaves]
     return jax.device_put(jax.tree.unflatten(treedef, host), shardings)
