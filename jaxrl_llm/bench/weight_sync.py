@@ -13,7 +13,10 @@ host copy it assembles on the source array). The sampling layout holds the whole
 every sampler device (tensor = 1 here): `bytes_delivered` = `bytes` x the sampler's
 devices. `bytes_written` counts the distinct buffers the sampler's arrays hold: on CPU
 devices they share one host copy (`sharding/transfer.py`), so it is `bytes`; on
-accelerators each device holds its own. Rates count `bytes_written`.
+accelerators each device holds its own. Rates count `bytes_written`. `--transfer` picks the
+move's path (`transfer.put_apart`): `host` (one host copy), `devices` (gathered whole on the
+trainer's devices, then copied device to device) or `auto` (host on CPU devices, device to
+device elsewhere), so an accelerator host can time both.
 
 The bandwidth it is held against is measured beside it: each timed move is followed by a
 streaming read (`machine.read_probe`: a sum over 256 MB, which reads each byte once), and
@@ -40,6 +43,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -54,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="weight-sync: the devices set apart for the sampler (default: half of them)",
+    )
+    parser.add_argument(
+        "--transfer",
+        choices=("auto", "host", "devices"),
+        default="auto",
+        help="weight-sync: the move's path (`sharding/transfer.put_apart`): through one host "
+        "copy, device to device, or auto (host on CPU devices, device to device elsewhere)",
     )
 
 
@@ -92,7 +103,28 @@ def _distinct_bytes(tree: Any) -> int:
     return sum(n for _, n in buffers)
 
 
-def measure(path: Path, rollout_devices: int, repeats: int) -> dict[str, Any]:
+def free_bytes() -> int:
+    """The host memory free now (not counting what the kernel could reclaim)."""
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _check_room(nbytes: int, sampler_devices: int) -> None:
+    """Refuses `--transfer devices` on CPU devices when the host's free memory cannot hold
+    what it needs: each simulated sampler device holds its own copy (the host path shares
+    one), twice while the previous move is kept, beside the trainer's params and a fresh
+    copy of them."""
+    need = nbytes * (2 * sampler_devices + 2)
+    free = free_bytes()
+    if need > free:
+        raise SystemExit(
+            f"bench weight-sync: --transfer devices on CPU devices needs about {need / 1e9:.1f} "
+            f"GB ({sampler_devices} sampler copies of {nbytes / 1e9:.2f} GB, twice, and the "
+            f"trainer's two), and {free / 1e9:.1f} GB is free: use --transfer host, fewer "
+            "--rollout-devices or a smaller --checkpoint"
+        )
+
+
+def measure(path: Path, rollout_devices: int, repeats: int, transfer: str) -> dict[str, Any]:
     """The move of the policy at `path` from the trainer's devices to the sampler's."""
     import jax
     import jax.numpy as jnp
@@ -113,13 +145,15 @@ def measure(path: Path, rollout_devices: int, repeats: int) -> dict[str, Any]:
     train = build_mesh(fsdp=-1, devices=devices[:-r])
     sampler = build_mesh(*sampler_mesh_shape(r, 1), devices=devices[-r:])
     params = nnx.state(from_pretrained(path, mesh=train))
+    nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    if transfer == "devices" and devices[0].platform == "cpu":
+        _check_room(nbytes, r)
     out = target_shardings(params, sampler, SAMPLE_RULES)
-    sync = hosts.WeightSync(params, train, out)
+    sync = hosts.WeightSync(params, train, out, transfer=transfer)
     moved = sync(params)
     on_sampler = all(x.sharding.device_set <= set(devices[-r:]) for x in jax.tree.leaves(moved))
     pairs = zip(jax.tree.leaves(params), jax.tree.leaves(moved), strict=True)
     same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
-    nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
     # The sampling layout replicates over the sampler's "data" axis: one copy per data group.
     delivered = sum(s.data.nbytes for x in jax.tree.leaves(moved) for s in x.addressable_shards)
     written = _distinct_bytes(moved)
@@ -131,6 +165,7 @@ def measure(path: Path, rollout_devices: int, repeats: int) -> dict[str, Any]:
     reads = [read_bytes / t for t in read_s]  # the read rate after each move
     fraction = statistics.median(written / t / r for t, r in zip(move_s, reads, strict=True))
     return {
+        "transfer": transfer,
         "trainer_devices": len(devices) - r,
         "sampler_devices": r,
         "bytes": nbytes,
@@ -150,7 +185,7 @@ def measure(path: Path, rollout_devices: int, repeats: int) -> dict[str, Any]:
 def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_checkpoint(args.checkpoint, Path(tmp))
-        moved = measure(path, args.rollout_devices, args.repeats)
+        moved = measure(path, args.rollout_devices, args.repeats, args.transfer)
     ceilings = machine_ceilings()
     move_rate = moved["bytes_written"] / moved["move_s"]["median"]
     copy_rate = moved["bytes"] / moved["local_copy_s"]["median"]

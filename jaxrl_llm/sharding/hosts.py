@@ -48,7 +48,7 @@ from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.sharding.axes import MESH_AXES
 from jaxrl_llm.sharding.reshard import already_placed, target_shardings
 from jaxrl_llm.sharding.rules import SAMPLE_RULES, Rules
-from jaxrl_llm.sharding.transfer import put_apart
+from jaxrl_llm.sharding.transfer import PATHS, put_apart
 
 
 def _host_devices(mesh: Mesh, process: int) -> list:
@@ -109,9 +109,9 @@ class WeightSync:
     jittable map applied on the way (e.g. to bfloat16). One process: the trainer's own
     arrays when they are already in the sampling layout (no copy), else one jitted
     cast/reshard; on devices apart from the trainer's (`MeshConfig.rollout_devices`), the
-    cast where the params are, then a transfer (`transfer.put_apart`). Several processes: one
-    jitted collective into the host-replicated layout, then each host wraps the shards it
-    holds as arrays of its local mesh.
+    cast where the params are, then a transfer (`transfer.put_apart`, by `transfer`: one of
+    `transfer.PATHS`). Several processes: one jitted collective into the host-replicated
+    layout, then each host wraps the shards it holds as arrays of its local mesh.
     """
 
     def __init__(
@@ -122,8 +122,12 @@ class WeightSync:
         *,
         cast: Callable[[Any], Any] | None = None,
         rules: Rules = SAMPLE_RULES,
+        transfer: str = "auto",
     ):
+        if transfer not in PATHS:
+            raise ValueError(f"WeightSync transfer {transfer!r}: use one of {PATHS}")
         self._multi = jax.process_count() > 1
+        self._transfer = transfer
         self._local = jax.tree.leaves(local_shardings)
         treedef = jax.tree.structure(abstract)
         target = local_shardings
@@ -156,7 +160,7 @@ class WeightSync:
         processes: the jitted cast and gather into the host-replicated layout, always new
         buffers); `local` finishes it with none. One process: the whole sync."""
         if self._apart:
-            return put_apart(self._move(params), self._out)
+            return put_apart(self._move(params), self._out, self._transfer)
         if not self._multi and self._cast is None and already_placed(params, self._local):
             return params
         return self._move(params)

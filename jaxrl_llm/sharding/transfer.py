@@ -22,10 +22,19 @@ once. Measured in docs/performance.md (`jaxrl-llm bench weight-sync`); reusing t
 buffers of an earlier move once no array held them was measured there too and not kept.
 
 On accelerators a destination device needs a buffer in its own memory, and
-`jax.device_put` moves the arrays as before; for an FSDP-sharded source that is the same
-trip through the host. Gathering on the trainer's devices first, so that JAX copies device
-to device, is the path to build there; it is not built, since no accelerator was at hand
-to measure it.
+`jax.device_put` of an FSDP-sharded source takes the same trip through the host (device to
+host, assembled on one thread, host to each device). So `copy_between_devices` has each
+sampler device pull what it needs straight from the trainer's devices: from every source
+shard the part that overlaps its own slice (cut on the source device when the shard holds
+more, a replicated shard read from a different replica by each destination), copied device
+to device, then put together where it landed by a small jitted program. Each destination
+receives its bytes once, from all the sources at once, and the trainer's devices hold
+nothing extra. The pieces of one array live on a destination until they are put together;
+the copies are waited for every `PENDING_BYTES` queued, so the pieces in flight stay about
+that size. `put_apart` takes this path for any device that is not a CPU; `path` picks
+either on any platform (the benchmark's `--transfer`). On CPU devices it is correct but
+holds a copy per device where the host path shares one; no accelerator was at hand to time
+it.
 
 Sharing is safe because a jax.Array is immutable: the shared buffer is only ever read, and
 it lives as long as any array on it (each device buffer made from it holds a reference to
@@ -40,12 +49,17 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 ALIGN = 64  # XLA:CPU takes a host buffer aligned to this many bytes without a copy
 # Arrays at least this large are assembled a shard per thread (numpy's copy releases the
 # GIL); below it the threads' overhead outweighs the copy.
 PARALLEL_BYTES = 4 << 20
+# The device path waits for its copies whenever this many bytes have been queued since the
+# last wait: the pieces in flight on a destination device are at most about that much.
+PENDING_BYTES = 1 << 30
+PATHS = ("auto", "host", "devices")
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -87,11 +101,84 @@ def _on_cpu(leaves: list[Any], shardings: list[Any]) -> bool:
     return all(d.platform == "cpu" for d in devices)
 
 
-def put_apart(tree: Any, shardings: Any) -> Any:
-    """`tree` (jax arrays of one process) laid out as `shardings` on other devices."""
+def put_apart(tree: Any, shardings: Any, path: str = "auto") -> Any:
+    """`tree` (jax arrays of one process) laid out as `shardings` on other devices: through
+    one aligned host copy ("host", what "auto" takes when every device is a CPU) or device
+    to device ("devices", `copy_between_devices`; "auto" anywhere else)."""
+    if path not in PATHS:
+        raise ValueError(f"transfer path {path!r}: use one of {PATHS}")
     leaves, treedef = jax.tree.flatten(tree)
     targets = jax.tree.leaves(shardings)
-    if not _on_cpu(leaves, targets):
-        return jax.device_put(tree, shardings)
+    if path == "devices" or (path == "auto" and not _on_cpu(leaves, targets)):
+        return copy_between_devices(tree, shardings)
     host = [assemble(x) for x in leaves]
     return jax.device_put(jax.tree.unflatten(treedef, host), shardings)
+
+
+def copy_between_devices(tree: Any, shardings: Any) -> Any:
+    """`tree` laid out as `shardings`, each destination device pulling its part from the
+    source shards that hold it, device to device, and assembling it where it lands (module
+    docstring); waits every `PENDING_BYTES`."""
+    leaves, treedef = jax.tree.flatten(tree)
+    targets = jax.tree.leaves(shardings)
+    out, pending, queued = [], [], 0
+    for x, target in zip(leaves, targets, strict=True):
+        out.append(_pulled(x, target))
+        pending.append(out[-1])
+        queued += x.nbytes
+        if queued >= PENDING_BYTES:
+            jax.block_until_ready(pending)  # their pieces are freed once assembled
+            pending, queued = [], 0
+    return jax.tree.unflatten(treedef, out)
+
+
+Box = tuple[tuple[int, int], ...]  # [start, stop) on each axis
+
+
+def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
+    return tuple(i.indices(n)[:2] for i, n in zip(index, shape, strict=True))
+
+
+def _pulled(x: jax.Array, target: Any) -> jax.Array:
+    """`x` as `target` lays it out: each destination device copies the overlap of its box
+    with each distinct source shard's (the j-th destination from the j-th replica of a
+    replicated shard), and a jitted program there puts the pieces together."""
+    replicas: dict[Box, list[jax.Array]] = {}
+    for shard in x.addressable_shards:
+        replicas.setdefault(_box(shard.index, x.shape), []).append(shard.data)
+    pieces = []
+    for j, (device, index) in enumerate(target.addressable_devices_indices_map(x.shape).items()):
+        box = _box(index, x.shape)
+        parts, offsets = [], []
+        for source_box, datas in replicas.items():
+            overlap = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(box, source_box))
+            if any(lo >= hi for lo, hi in overlap):
+                continue
+            data = datas[j % len(datas)]
+            if overlap != source_box:  # cut where it is, before it crosses
+                data = data[_relative(overlap, source_box)]
+            parts.append(jax.device_put(data, device))
+            offsets.append(tuple(r.start for r in _relative(overlap, box)))
+        shape = tuple(b - a for a, b in box)
+        whole = len(parts) == 1 and parts[0].shape == shape
+        pieces.append(parts[0] if whole else _put_together(shape, x.dtype, tuple(offsets))(*parts))
+    return jax.make_array_from_single_device_arrays(x.shape, target, pieces)
+
+
+def _relative(inner: Box, outer: Box) -> tuple[slice, ...]:
+    """`inner` as slices of an array that holds `outer`."""
+    return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(inner, outer, strict=True))
+
+
+@functools.cache
+def _put_together(shape: tuple[int, ...], dtype: Any, offsets: tuple[tuple[int, ...], ...]):
+    """A jitted program that writes its pieces at `offsets` into one array of `shape` (run on
+    the device the pieces are on)."""
+
+    def together(*parts):
+        out = jnp.zeros(shape, dtype)
+        for part, at in zip(parts, offsets, strict=True):
+            out = jax.lax.dynamic_update_slice(out, part, at)
+        return out
+
+    return jax.jit(together)

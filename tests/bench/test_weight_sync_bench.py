@@ -37,3 +37,22 @@ def test_bench_weight_sync_json(capsys):
 def test_bench_weight_sync_needs_devices_for_both_sides(capsys):
     with pytest.raises(SystemExit, match="must leave the trainer at least one"):
         cli.main(["bench", "weight-sync", "--rollout-devices", "8"])
+
+
+def test_bench_weight_sync_times_the_device_to_device_path(capsys):
+    """`--transfer devices` (the accelerators' path, `transfer.copy_between_devices`) on CPU
+    devices: the same arrays on the sampler's devices, a copy of its own on each of them."""
+    args = ["bench", "weight-sync", "--rollout-devices", "3", "--repeats", "1"]
+    assert cli.main([*args, "--transfer", "devices"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["transfer"] == "devices"
+    assert out["on_sampler_devices"] and out["equal_to_the_trainers"]
+    assert out["bytes_written"] == out["bytes_delivered"] == 3 * out["bytes"]
+
+
+def test_bench_weight_sync_refuses_a_device_path_the_host_memory_cannot_hold(monkeypatch):
+    from jaxrl_llm.bench import weight_sync
+
+    monkeypatch.setattr(weight_sync, "free_bytes", lambda: 1 << 20)
+    with pytest.raises(SystemExit, match="use --transfer host, fewer --rollout-devices"):
+        cli.main(["bench", "weight-sync", "--rollout-devices", "3", "--transfer", "devices"])

@@ -69,3 +69,53 @@ def test_aligned_empty_is_aligned_for_any_size_and_dtype():
     for shape, dtype in [((), np.float32), ((3,), np.int8), ((1000, 7), ml_dtypes.bfloat16)]:
         a = transfer.aligned_empty(shape, dtype)
         assert a.shape == shape and a.dtype == dtype and a.ctypes.data % transfer.ALIGN == 0
+
+
+@pytest.mark.parametrize("spec", [P(), P(None, "tensor")])
+def test_the_device_path_equals_device_put_and_never_goes_through_the_host(spec, monkeypatch):
+    """The accelerators' path, run on CPU devices: each destination device pulls its part
+    from every source shard that holds some of it, device to device."""
+    monkeypatch.setattr(transfer, "PENDING_BYTES", 1 << 20)  # waits inside the tree too
+    puts, waits = [], []
+    put, wait = jax.device_put, jax.block_until_ready
+
+    def recording_put(x, device=None, **kw):
+        if isinstance(device, jax.Device) and isinstance(x, jax.Array):
+            puts.append((x.shape, next(iter(x.devices())), device))
+        return put(x, device, **kw)
+
+    monkeypatch.setattr(jax, "device_put", recording_put)
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waits.append(1) or wait(x))
+    train, sampler = _meshes()
+    tree = _trainer_tree(train)
+    shard = lambda x: NamedSharding(sampler, spec if x.ndim == 2 and x.shape[1] % 2 == 0 else P())
+    targets = jax.tree.map(shard, tree)
+    moved = transfer.put_apart(tree, targets, path="devices")
+    for x, y, s in zip(*map(jax.tree.leaves, (tree, moved, targets))):
+        assert y.sharding.is_equivalent_to(s, y.ndim) and y.dtype == x.dtype
+        assert y.sharding.device_set == set(sampler.devices.flat)
+        assert x._npy_value is None  # never assembled on the host
+    reference = put(tree, targets)  # the host path (it caches a host copy on `tree`)
+    for x, y, r in zip(*map(jax.tree.leaves, (tree, moved, reference))):
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(r))
+    # The 8 MB array's rows are split over the four trainer devices: each destination pulls
+    # one piece from each (cut to its columns where the target splits them).
+    rows = [(shape, src, dst) for shape, src, dst in puts if shape[:1] == (512,)]
+    cols = 1024 if spec == P() else 512
+    assert {shape for shape, _, _ in rows} == {(512, cols)}
+    assert sorted((src.id, dst.id) for _, src, dst in rows) == sorted(
+        (s.id, d.id) for s in train.devices.flat for d in sampler.devices.flat
+    )
+    # A replicated source: each destination reads another replica.
+    bias = [(src, dst) for shape, src, dst in puts if shape == (48,)]
+    assert len({src for src, _ in bias}) == 4 and len(bias) == 4
+    assert all(src in set(train.devices.flat) for _, src, _ in puts)
+    assert waits  # the 8 MB array passed PENDING_BYTES
+
+
+def test_an_unknown_path_is_refused_by_name():
+    train, sampler = _meshes()
+    tree = {"b": jax.device_put(np.ones(4, np.float32), NamedSharding(train, P()))}
+    with pytest.raises(ValueError, match="'auto', 'host', 'devices'"):
+        transfer.put_apart(tree, {"b": NamedSharding(sampler, P())}, path="d2d")
