@@ -29,12 +29,12 @@ shard the part that overlaps its own slice (cut on the source device when the sh
 more, a replicated shard read from a different replica by each destination), copied device
 to device, then put together where it landed by a small jitted program. Each destination
 receives its bytes once, from all the sources at once, and the trainer's devices hold
-nothing extra. The pieces of one array live on a destination until they are put together;
-the copies are waited for every `PENDING_BYTES` queued, so the pieces in flight stay about
-that size. `put_apart` takes this path for any device that is not a CPU; `path` picks
-either on any platform (the benchmark's `--transfer`). On CPU devices it is correct but
-holds a copy per device where the host path shares one; no accelerator was at hand to time
-it.
+nothing extra but the cut parts of their shards, for a target that splits them. The
+pieces of one array live on a destination until they are put together; the copies are
+waited for every `PENDING_BYTES` queued, so the pieces in flight stay about that size.
+`put_apart` takes this path for any device that is not a CPU; `path` picks either on any
+platform (the benchmark's `--transfer`). On CPU devices it is correct but holds a copy per
+device where the host path shares one; no accelerator was at hand to time it.
 
 Sharing is safe because a jax.Array is immutable: the shared buffer is only ever read, and
 it lives as long as any array on it (each device buffer made from it holds a reference to
