@@ -14,9 +14,9 @@ every sampler device (tensor = 1 here): `bytes_delivered` = `bytes` x the sample
 devices. `bytes_written` counts the distinct buffers the sampler's arrays hold: on CPU
 devices they share one host copy (`sharding/transfer.py`), so it is `bytes`; on
 accelerators each device holds its own. Rates count `bytes_written`. `--transfer` picks the
-move's path (`transfer.put_apart`): `host` (one host copy), `devices` (gathered whole on the
-trainer's devices, then copied device to device) or `auto` (host on CPU devices, device to
-device elsewhere), so an accelerator host can time both.
+move's path (`transfer.put_apart`): `host` (one host copy), `devices` (each sampler device
+pulls its part from the trainer's shards, device to device) or `auto` (host on CPU devices,
+device to device elsewhere), so an accelerator host can time both.
 
 The bandwidth it is held against is measured beside it: each timed move is followed by a
 streaming read (`machine.read_probe`: a sum over 256 MB, which reads each byte once), and
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--transfer",
-        choices=("auto", "host", "devices"),
+        choices=("auto", "host", "devices"),  # transfer.PATHS (parsing imports no JAX)
         default="auto",
         help="weight-sync: the move's path (`sharding/transfer.put_apart`): through one host "
         "copy, device to device, or auto (host on CPU devices, device to device elsewhere)",

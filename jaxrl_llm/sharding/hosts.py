@@ -48,7 +48,7 @@ from jaxrl_llm.config_checks import ConfigError
 from jaxrl_llm.sharding.axes import MESH_AXES
 from jaxrl_llm.sharding.reshard import already_placed, target_shardings
 from jaxrl_llm.sharding.rules import SAMPLE_RULES, Rules
-from jaxrl_llm.sharding.transfer import PATHS, put_apart
+from jaxrl_llm.sharding.transfer import check_path, put_apart
 
 
 def _host_devices(mesh: Mesh, process: int) -> list:
@@ -124,8 +124,7 @@ class WeightSync:
         rules: Rules = SAMPLE_RULES,
         transfer: str = "auto",
     ):
-        if transfer not in PATHS:
-            raise ValueError(f"WeightSync transfer {transfer!r}: use one of {PATHS}")
+        check_path(transfer)  # when the sync is built, not at its first move
         self._multi = jax.process_count() > 1
         self._transfer = transfer
         self._local = jax.tree.leaves(local_shardings)

@@ -101,12 +101,17 @@ def _on_cpu(leaves: list[Any], shardings: list[Any]) -> bool:
     return all(d.platform == "cpu" for d in devices)
 
 
+def check_path(path: str) -> None:
+    """A `ValueError` naming the choices unless `path` is one of `PATHS`."""
+    if path not in PATHS:
+        raise ValueError(f"transfer path {path!r}: use one of {PATHS}")
+
+
 def put_apart(tree: Any, shardings: Any, path: str = "auto") -> Any:
     """`tree` (jax arrays of one process) laid out as `shardings` on other devices: through
     one aligned host copy ("host", what "auto" takes when every device is a CPU) or device
     to device ("devices", `copy_between_devices`; "auto" anywhere else)."""
-    if path not in PATHS:
-        raise ValueError(f"transfer path {path!r}: use one of {PATHS}")
+    check_path(path)
     leaves, treedef = jax.tree.flatten(tree)
     targets = jax.tree.leaves(shardings)
     if path == "devices" or (path == "auto" and not _on_cpu(leaves, targets)):

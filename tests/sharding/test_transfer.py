@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_llm.sharding import transfer
+from jaxrl_llm.sharding import hosts, transfer
 
 
 def _meshes():
@@ -117,5 +117,8 @@ def test_the_device_path_equals_device_put_and_never_goes_through_the_host(spec,
 def test_an_unknown_path_is_refused_by_name():
     train, sampler = _meshes()
     tree = {"b": jax.device_put(np.ones(4, np.float32), NamedSharding(train, P()))}
+    out = {"b": NamedSharding(sampler, P())}
     with pytest.raises(ValueError, match="'auto', 'host', 'devices'"):
-        transfer.put_apart(tree, {"b": NamedSharding(sampler, P())}, path="d2d")
+        transfer.put_apart(tree, out, path="d2d")
+    with pytest.raises(ValueError, match="'auto', 'host', 'devices'"):  # when it is built
+        hosts.WeightSync(tree, train, out, transfer="d2d")
